@@ -1,0 +1,59 @@
+"""`scalelab`: compare runs, plan jobs, render SLURM scripts."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from scalelab.results.record import read_records
+    from scalelab.results.sweep import aggregate, attach_efficiency
+    from scalelab.results.table import render
+
+    missing = [p for p in args.paths if not Path(p).exists()]
+    if missing:
+        print(f"error: {missing[0]} does not exist (give run.json files, job dirs or sweep dirs)", file=sys.stderr)
+        return 2
+    records = read_records(args.paths)
+    if not records:
+        print(f"error: no run.json under {' '.join(args.paths)}", file=sys.stderr)
+        return 2
+    for p in args.paths:
+        if Path(p).is_dir() and any(Path(p).glob("*/run.json")):
+            attach_efficiency(records, aggregate(p, write=False))
+    text = render(records, args.format)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+        print(f"wrote {args.out}")
+    else:
+        print(text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scalelab", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    cmp = sub.add_parser("compare", help="table / dashboard of run records")
+    cmp.add_argument("paths", nargs="+", help="run.json files, job dirs or sweep dirs")
+    cmp.add_argument("--format", choices=["table", "markdown", "json", "html"], default="table")
+    cmp.add_argument("--out", help="write to this file instead of stdout")
+    cmp.set_defaults(func=_compare)
+    try:
+        from scalelab.plan import cli as plan_cli
+
+        plan = sub.add_parser("plan", help="predict memory, communication, step time and cost")
+        plan_cli.add_arguments(plan)
+        plan.set_defaults(func=plan_cli.run)
+    except ImportError:
+        pass
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    sys.exit(args.func(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Turn a composed Hydra config into a validated JobSpec, before any rank starts.
+
+Every check raises ConfigError with one line naming the bad value and what would be valid.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import hydra.utils
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from scalelab.errors import ConfigError
+from scalelab.scaling.batch import BatchPlan, derive_batch
+from scalelab.scaling.lr import DECAYS, RULES, scaled_lr, warmup_steps
+from scalelab.strategies.base import RunSpec, StrategyPlan
+from scalelab.strategies.registry import choices
+
+PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true")
+LOGGERS = ("wandb", "csv", "none")
+LAUNCHERS = ("local", "srun")
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
+
+
+@dataclass
+class JobSpec:
+    plan: StrategyPlan
+    run: RunSpec
+    batch: BatchPlan
+    lr: float
+    seq_len: int
+
+
+def resolve_accelerator(requested: str) -> str:
+    import torch
+
+    if requested not in ACCELERATORS:
+        raise ConfigError(f"trainer.accelerator={requested!r} is not known: choose one of {', '.join(ACCELERATORS)}")
+    if requested == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if requested in ("gpu", "cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"trainer.accelerator={requested} but no CUDA device is visible: use auto or cpu")
+        return "gpu"
+    return "cpu"
+
+
+def _int(cfg: DictConfig, key: str, minimum: int) -> int:
+    value = OmegaConf.select(cfg, key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{key}={value!r} must be an integer >= {minimum}")
+    return value
+
+
+def _one_of(value: Any, key: str, valid) -> None:
+    if value not in valid:
+        raise ConfigError(f"{key}={value!r} is not valid: choose one of {', '.join(map(str, valid))}")
+
+
+def model_arch(cfg: DictConfig) -> Any:
+    try:
+        return hydra.utils.instantiate(cfg.model.arch)
+    except Exception as e:  # noqa: BLE001 - report which model config failed, in one line
+        cause = e.__cause__ or e
+        raise ConfigError(f"model={cfg.model.get('name')}: {str(cause).splitlines()[0]}") from e
+
+
+def build_plan(cfg: DictConfig) -> StrategyPlan:
+    try:
+        return hydra.utils.instantiate(cfg.strategy, _convert_="all")
+    except Exception as e:  # noqa: BLE001
+        cause = e.__cause__ or e
+        if isinstance(cause, ConfigError):
+            raise cause from e
+        raise ConfigError(f"strategy={cfg.strategy.get('name')}: {str(cause).splitlines()[0]}") from e
+
+
+def validate(cfg: DictConfig) -> JobSpec:
+    """All checks that can run without starting a rank."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", "") or "config"
+        raise ConfigError(f"{key}: {str(e).splitlines()[0]} (set it on the command line)") from e
+    for group, key in (("strategy", "strategy.name"), ("model", "model.name"), ("optim", "optim.name")):
+        _one_of(OmegaConf.select(cfg, key), key, choices(group))
+    devices = _int(cfg, "trainer.devices", 1)
+    nodes = _int(cfg, "trainer.num_nodes", 1)
+    max_steps = _int(cfg, "trainer.max_steps", 1)
+    warm = _int(cfg, "trainer.warmup_steps", 0)
+    if warm >= max_steps:
+        raise ConfigError(f"trainer.warmup_steps={warm} must be < trainer.max_steps={max_steps} "
+                          "(warm-up steps are excluded from the measured figures)")
+    _one_of(str(cfg.trainer.precision), "trainer.precision", PRECISIONS)
+    _one_of(cfg.logger.name, "logger.name", LOGGERS)
+    _one_of(cfg.launcher.name, "launcher.name", LAUNCHERS)
+    accelerator = resolve_accelerator(cfg.trainer.accelerator)
+    if accelerator == "gpu":
+        import torch
+
+        if cfg.launcher.name == "local" and devices > torch.cuda.device_count():
+            raise ConfigError(f"trainer.devices={devices} but only {torch.cuda.device_count()} GPU(s) are visible")
+    if cfg.data.source == "files":
+        for f in cfg.data.files or []:
+            if not Path(str(f)).expanduser().exists():
+                raise ConfigError(f"data.files: {f!r} does not exist (give existing text files or folders)")
+    arch = model_arch(cfg)
+    seq_len = getattr(arch, "seq_len", None) or getattr(arch, "in_features")
+    plan = build_plan(cfg)
+    world = devices * nodes
+    degrees = plan.parallel_degrees(world)
+    micro = cfg.data.get("micro_batch_size")
+    batch = derive_batch(_int(cfg, "data.global_batch_size", 1), degrees["dp"], micro)
+    run = RunSpec(world_size=world, num_nodes=nodes, devices_per_node=devices, accelerator=accelerator,
+                  precision=str(cfg.trainer.precision), model_arch=arch, batch=batch)
+    plan.validate(run)
+    ls = cfg.lr_scaling
+    _one_of(ls.rule, "lr_scaling.rule", RULES)
+    _one_of(ls.decay, "lr_scaling.decay", DECAYS)
+    warmup_steps(ls.warmup_steps, max_steps)
+    lr = scaled_lr(float(cfg.optim.lr), int(ls.base_batch_size), batch.global_batch_size, ls.rule)
+    return JobSpec(plan=plan, run=run, batch=batch, lr=lr, seq_len=int(seq_len))

@@ -1,0 +1,45 @@
+"""A sampler that makes every world size see the same global batches.
+
+Optimizer step s consumes global batch perm[s*B : (s+1)*B] (one seeded permutation per epoch).
+Rank r of D data-parallel ranks, micro-batch m, accumulation A (B = D*m*A) takes micro-batch k
+of step s from perm[s*B + (k*D + r)*m : ... + m]. So `single` at batch B and DDP at D ranks
+average the gradient over exactly the same B samples: the runs are comparable step for step.
+Lightning's own DistributedSampler would interleave differently per world size, so it is
+turned off (Trainer(use_distributed_sampler=False)).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+
+class GlobalBatchSampler(Sampler[int]):
+    def __init__(self, num_samples: int, global_batch: int, micro_batch: int, dp_rank: int,
+                 dp_size: int, seed: int, shuffle: bool = True):
+        if global_batch % (micro_batch * dp_size):
+            raise ValueError(f"global batch {global_batch} is not a multiple of micro batch "
+                             f"{micro_batch} x {dp_size} data-parallel ranks")
+        self.n, self.B, self.m = num_samples, global_batch, micro_batch
+        self.rank, self.D, self.seed, self.shuffle = dp_rank, dp_size, seed, shuffle
+        self.A = global_batch // (micro_batch * dp_size)
+        self.steps = num_samples // global_batch
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.steps * self.A * self.m
+
+    def __iter__(self) -> Iterator[int]:
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            perm = torch.randperm(self.n, generator=g)
+        else:
+            perm = torch.arange(self.n)
+        for s in range(self.steps):
+            for k in range(self.A):
+                start = s * self.B + (k * self.D + self.rank) * self.m
+                yield from perm[start: start + self.m].tolist()

@@ -1,0 +1,73 @@
+"""LightningModules that hold a plain nn.Module (built from the model config) and a task.
+
+The strategy plan may parallelize the plain module in configure_model (FSDP2, tensor
+parallel), where Lightning has already set up the device mesh.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from scalelab.scaling.lr import build_scheduler
+
+
+def build_net(arch: Any) -> torch.nn.Module:
+    from scalelab.models.gpt import GPT, GPTConfig
+    from scalelab.models.mlp import MLPClassifier, MLPConfig
+
+    if isinstance(arch, GPTConfig):
+        return GPT(arch)
+    if isinstance(arch, MLPConfig):
+        return MLPClassifier(arch)
+    raise TypeError(f"no model for config {type(arch).__name__}")
+
+
+class LitModule(L.LightningModule):
+    def __init__(self, arch: Any, task: str, optimizer: Callable, lr: float, max_steps: int,
+                 warmup: float, decay: str, min_lr_ratio: float, plan: Any = None):
+        super().__init__()
+        self.arch, self.task, self.plan = arch, task, plan
+        self.make_optimizer, self.lr = optimizer, lr
+        self.schedule = dict(max_steps=max_steps, warmup=warmup, decay=decay, min_lr_ratio=min_lr_ratio)
+        self.net = build_net(arch)
+        self._parallelized = False
+
+    def configure_model(self) -> None:
+        if self.plan is not None and not self._parallelized:
+            self.net = self.plan.parallelize(self.net, self.device_mesh)
+            self._parallelized = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def loss(self, batch: torch.Tensor) -> torch.Tensor:
+        if self.task == "lm":
+            logits = self.net(batch[:, :-1])
+            return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        # classify: a window of bytes scaled to [0, 1] -> the class of the byte that follows
+        n = self.arch.in_features
+        logits = self.net(batch[:, :n].float() / 255.0)
+        return F.cross_entropy(logits.float(), batch[:, n] % self.arch.num_classes)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> dict:
+        loss = self.loss(batch)
+        # Rank 0's own loss, per step, for the progress bar and logger; the run record holds
+        # the all-rank mean (gathered once at the end, so no per-step collective is added).
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        return {"loss": loss, "raw_loss": loss.detach()}
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.log("val/loss", self.loss(batch), sync_dist=True)
+
+    @property
+    def flops_per_batch(self) -> int | None:
+        """Read by Lightning's ThroughputMonitor (per micro-batch, this rank)."""
+        return getattr(self, "_flops_per_batch", None)
+
+    def configure_optimizers(self):
+        opt = self.make_optimizer(self.parameters(), lr=self.lr)
+        sched = build_scheduler(opt, **self.schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

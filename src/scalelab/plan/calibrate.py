@@ -1,0 +1,283 @@
+"""Fit a hardware profile to measured runs (--calibrate) and compare predictions with runs (--validate).
+
+Each job dir of a sweep holds a `run.json` (DESIGN.md, run record contract). The step-time model of
+step_time.py is linear in a handful of physical rates, so calibration is a least-squares fit:
+
+    t_measured ~= overhead + strategy_overhead[s] + compute_flops / (peak x efficiency)
+                  + optimizer_bytes / memory_bw + bus_bytes / link_bw + ring_hops x latency
+
+Rows are divided by the measured time (we minimise relative error, which is how --validate
+judges), the unknowns are constrained >= 0 (non-negative least squares, Lawson & Hanson 1974), and
+a weak pull towards the prior profile keeps rates the sweep cannot separate (e.g. bandwidth vs
+latency when every run moves the same buffers) at physically sensible values instead of 0 or inf.
+A strategy gets its own overhead term only when the sweep has >= 2 runs of it (single/ddp share the
+base overhead: plain Lightning).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from .hardware import Hardware, Link, save_hardware
+from .spec import STRATEGIES, ModelSpec, PlanError, conf_dir
+from .step_time import Terms, build_terms, linear_features, step_time, theta_of
+
+BASE_STRATEGIES = ("single", "ddp")
+PRIOR_WEIGHT = 1e-3          # pull of a rate towards its prior, relative to one run's squared error
+
+
+# --------------------------------------------------------------------------------------------
+# Reading runs
+# --------------------------------------------------------------------------------------------
+def find_runs(sweep_dir: str | Path) -> list[tuple[Path, dict]]:
+    root = Path(sweep_dir)
+    if not root.exists():
+        raise PlanError(f"sweep directory {str(root)!r} does not exist")
+    runs = []
+    for p in sorted(root.rglob("run.json")):
+        try:
+            runs.append((p, json.loads(p.read_text())))
+        except (OSError, json.JSONDecodeError) as exc:
+            runs.append((p, {"status": "unreadable", "error": str(exc)}))
+    if not runs:
+        raise PlanError(f"no run.json under {str(root)!r}")
+    return runs
+
+
+def _pipeline_microbatches(run: dict) -> int | None:
+    par = run.get("parallel") or {}
+    for key in ("microbatches", "n_microbatches", "num_microbatches", "chunks"):
+        if par.get(key):
+            return int(par[key])
+    pipe = run.get("pipeline") or {}
+    for key in ("n_microbatches", "microbatches", "chunks"):
+        if pipe.get(key):
+            return int(pipe[key])
+    return None
+
+
+def model_from_run(run: dict) -> ModelSpec:
+    m = run.get("model") or {}
+    kind = m.get("kind", "gpt")
+    try:
+        n = int(m["n_params"])
+        layers, hidden = int(m.get("n_layers") or 1), int(m.get("d_model") or m.get("hidden"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PlanError(f"run.json model lacks n_params/n_layers/d_model: {m}") from exc
+    if kind == "mlp":
+        return ModelSpec(n, layers, hidden, 1, int(m.get("vocab_size") or 1), 1, kind="mlp")
+    return ModelSpec(n, layers, hidden, int(m.get("n_heads") or 1), int(m.get("vocab_size") or 1),
+                     int(m.get("seq_len") or 1), int(m.get("ffn_hidden") or 0), kind="gpt")
+
+
+def terms_from_run(run: dict) -> Terms:
+    """The planner's view of a measured run (same code path as `scalelab plan`)."""
+    name = run.get("strategy")
+    if name not in STRATEGIES:
+        raise PlanError(f"unknown strategy {name!r} in run.json; valid: {', '.join(STRATEGIES)}")
+    par = run.get("parallel") or {}
+    tp, pp = int(par.get("tp") or 1), int(par.get("pp") or 1)
+    micro = int(run["per_device_batch_size"])
+    accum = int(run.get("accumulate_grad_batches") or 1)
+    m = accum
+    if STRATEGIES[name].pipeline:
+        # The per-rank batch is cut into pipeline micro-batches (notes/cpu-strategies.md: 4).
+        chunks = _pipeline_microbatches(run) or 4
+        if micro % chunks == 0:
+            micro, m = micro // chunks, accum * chunks
+    hw = run.get("hardware") or {}
+    return build_terms(
+        model_from_run(run), name, devices=int(run.get("devices_per_node") or run["world_size"]),
+        nodes=int(run.get("num_nodes") or 1), tp=tp, pp=pp, micro_batch=micro,
+        global_batch=int(run["global_batch_size"]), micro_batches=m,
+        precision=run.get("precision", "32"), optimizer=run.get("optimizer", "adam"),
+        activation_checkpointing=bool(run.get("activation_checkpointing", False)),
+        threads=int(hw.get("threads_per_rank") or 1))
+
+
+def measured(run: dict) -> dict:
+    mem = run.get("memory") or {}
+    ms = mem.get("model_state_bytes_per_rank") or []
+    rss = mem.get("peak_rss_bytes_per_rank") or []
+    return {"step_s": float((run.get("step_time_s") or {}).get("median") or 0.0),
+            "model_states_bytes": max(ms) if ms else None,
+            "peak_rss_bytes": max(rss) if rss else None}
+
+
+def usable_runs(sweep_dir) -> tuple[list[tuple[Path, dict, Terms]], list[tuple[Path, str]]]:
+    ok, skipped = [], []
+    for path, run in find_runs(sweep_dir):
+        if run.get("status") != "completed":
+            skipped.append((path, f"status {run.get('status')!r}"))
+            continue
+        if measured(run)["step_s"] <= 0:
+            skipped.append((path, "no step_time_s.median"))
+            continue
+        try:
+            ok.append((path, run, terms_from_run(run)))
+        except (PlanError, KeyError, TypeError, ValueError) as exc:
+            skipped.append((path, str(exc)))
+    return ok, skipped
+
+
+# --------------------------------------------------------------------------------------------
+# Fitting
+# --------------------------------------------------------------------------------------------
+def nnls(A: np.ndarray, b: np.ndarray, max_iter: int = 500) -> np.ndarray:
+    """min ||A x - b|| subject to x >= 0 (Lawson & Hanson, "Solving Least Squares Problems", ch. 23)."""
+    n = A.shape[1]
+    x, passive = np.zeros(n), np.zeros(n, dtype=bool)
+    w = A.T @ (b - A @ x)
+    for _ in range(max_iter):
+        if passive.all() or w[~passive].max(initial=-np.inf) <= 1e-12:
+            break
+        j = np.argmax(np.where(passive, -np.inf, w))
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(A[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+        w = A.T @ (b - A @ x)
+    return x
+
+
+def fit(rows: list[dict[str, float]], times: list[float], prior: dict[str, float],
+        prior_weight: float = PRIOR_WEIGHT) -> dict[str, float]:
+    """Non-negative relative least squares of times ~ sum(theta_k x_k).
+
+    Unknowns are scaled by their prior value (overheads by the median step time) so the columns are
+    comparable; rate columns (compute, memory, links) get a weak pull towards the prior, which
+    only matters where the runs cannot tell two rates apart. Overheads get none.
+    """
+    cols = sorted({k for r in rows for k, v in r.items() if v != 0.0})
+    t_med = float(np.median(times))
+    free = [k for k in cols if k == "overhead" or k.startswith("strategy:")]
+    scale = {k: (t_med if k in free else (prior.get(k) or t_med)) for k in cols}
+    A = np.array([[r.get(k, 0.0) * scale[k] / t for k in cols] for r, t in zip(rows, times)])
+    b = np.ones(len(rows))
+    pulled = [i for i, k in enumerate(cols) if k not in free]
+    if pulled:
+        lam = math.sqrt(prior_weight)
+        P = np.zeros((len(pulled), len(cols)))
+        P[np.arange(len(pulled)), pulled] = lam
+        A = np.vstack([A, P])
+        b = np.concatenate([b, [lam * prior.get(cols[i], 0.0) / scale[cols[i]] for i in pulled]])
+    u = nnls(A, b)
+    return {k: float(u[i] * scale[k]) for i, k in enumerate(cols)}
+
+
+def apply_theta(hw: Hardware, theta: dict[str, float], name: str) -> Hardware:
+    """A copy of `hw` with fitted rates (rates fitted to 0 keep the prior: not identified)."""
+    def rate(key, old):
+        return 1 / theta[key] if theta.get(key, 0) > 0 else old
+    strat = dict(hw.strategy_overhead_s)
+    for k, v in theta.items():
+        if k.startswith("strategy:"):
+            strat[k.split(":", 1)[1]] = v
+    host = dict(hw.host)
+    host["link_bandwidth_bytes_per_s"] = rate("host_link", host["link_bandwidth_bytes_per_s"])
+    host["memory_bandwidth_bytes_per_s"] = rate("host_memory", host["memory_bandwidth_bytes_per_s"])
+    return replace(
+        hw, name=name, step_overhead_s=theta.get("overhead", hw.step_overhead_s),
+        strategy_overhead_s=strat,
+        compute_efficiency=1 / theta["compute"] if theta.get("compute", 0) > 0 else hw.compute_efficiency,
+        memory_bandwidth_bytes_per_s=rate("memory", hw.memory_bandwidth_bytes_per_s),
+        intra_node=Link(rate("intra_bw", hw.intra_node.bandwidth_bytes_per_s),
+                        theta.get("intra_lat", hw.intra_node.latency_s)),
+        inter_node=Link(rate("inter_bw", hw.inter_node.bandwidth_bytes_per_s),
+                        theta.get("inter_lat", hw.inter_node.latency_s)),
+        host=host)
+
+
+def calibrate(sweep_dir, base: Hardware, out_path=None) -> tuple[Hardware, dict]:
+    """Fit `base` to the runs under `sweep_dir`; write the profile to out_path (if given)."""
+    runs, skipped = usable_runs(sweep_dir)
+    if not runs:
+        raise PlanError(f"no completed run with a step time under {str(sweep_dir)!r} "
+                        f"({len(skipped)} skipped)")
+    counts: dict[str, int] = {}
+    for _, _, t in runs:
+        counts[t.strategy.name] = counts.get(t.strategy.name, 0) + 1
+    rows, times = [], []
+    for _, run, terms in runs:
+        x = linear_features(terms, base)
+        s = terms.strategy.name
+        if s in BASE_STRATEGIES or counts[s] < 2:
+            x.pop(f"strategy:{s}")
+        rows.append(x)
+        times.append(measured(run)["step_s"])
+    prior = theta_of(base)
+    theta = fit(rows, times, prior)
+    name = Path(out_path).stem if out_path else f"{base.name}_calibrated"
+    hw = apply_theta(base, theta, name)
+    report = []
+    for (path, run, terms), t in zip(runs, times):
+        pred = step_time(terms, hw)["step_s"]
+        report.append({"run": str(path.parent), "strategy": terms.strategy.name,
+                       "world_size": terms.layout.world, "measured_step_s": t,
+                       "predicted_step_s": pred, "ratio": pred / t})
+    rel = [r["ratio"] - 1 for r in report]
+    hw.calibration = {
+        "sweep_dir": str(Path(sweep_dir).resolve()), "base_profile": base.name,
+        "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "runs": len(runs),
+        "skipped": len(skipped), "fitted_terms": sorted(theta),
+        "rms_relative_error": float(np.sqrt(np.mean(np.square(rel)))),
+        "max_relative_error": float(np.max(np.abs(rel))),
+    }
+    hw.note = (f"Calibrated from {len(runs)} runs in {hw.calibration['sweep_dir']} on "
+               f"{hw.calibration['date']} (base: {base.name}). " + base.note)
+    if out_path is not None:
+        save_hardware(hw, out_path, header=f"# Fitted by `scalelab plan --calibrate {sweep_dir}`; "
+                                           f"use with --hardware {out_path}")
+    return hw, {"profile": hw.to_dict(), "theta": theta, "runs": report,
+                "skipped": [{"run": str(p), "reason": r} for p, r in skipped]}
+
+
+def default_calibrated_path(base_name: str) -> Path:
+    return conf_dir() / "hardware" / f"{base_name}_calibrated.yaml"
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+def validate(sweep_dir, hw: Hardware) -> dict:
+    """Predicted vs measured step time and model-state memory for every completed run."""
+    runs, skipped = usable_runs(sweep_dir)
+    rows = []
+    for path, run, terms in runs:
+        meas = measured(run)
+        t = step_time(terms, hw)
+        st = terms.states
+        pred_states = st.total_bytes + st.offloaded_bytes   # on CPU, host and device are one RAM
+        pred_rss = pred_states + terms.activations_bytes + st.buffers_bytes + hw.runtime_memory_bytes
+        rows.append({
+            "run": str(path.parent), "strategy": terms.strategy.name,
+            "world_size": terms.layout.world, "precision": terms.precision,
+            "model": (run.get("model") or {}).get("name"),
+            "predicted_step_s": t["step_s"], "measured_step_s": meas["step_s"],
+            "step_ratio": t["step_s"] / meas["step_s"],
+            "predicted_model_states_bytes": pred_states,
+            "measured_model_states_bytes": meas["model_states_bytes"],
+            "model_states_ratio": (pred_states / meas["model_states_bytes"]
+                                   if meas["model_states_bytes"] else None),
+            "predicted_total_bytes": pred_rss, "measured_peak_rss_bytes": meas["peak_rss_bytes"],
+            "rss_ratio": pred_rss / meas["peak_rss_bytes"] if meas["peak_rss_bytes"] else None,
+            "breakdown": t,
+        })
+    step_err = [abs(r["step_ratio"] - 1) for r in rows]
+    mem_err = [abs(r["model_states_ratio"] - 1) for r in rows if r["model_states_ratio"]]
+    return {"hardware": hw.name, "runs": rows,
+            "skipped": [{"run": str(p), "reason": r} for p, r in skipped],
+            "max_step_error": max(step_err) if step_err else None,
+            "max_model_states_error": max(mem_err) if mem_err else None}

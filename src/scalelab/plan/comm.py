@@ -1,0 +1,162 @@
+"""Communication per training step: which collectives each strategy issues, their sizes and cost.
+
+Cost model: the ring alpha-beta model (Patarasuk & Yuan 2009; Thakur et al. 2005) written with the
+bus-bandwidth factors of nccl-tests (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md). For a
+buffer of S bytes over n ranks with bus bandwidth B and per-hop latency alpha:
+
+    all-reduce       t = 2 (n-1) alpha + S * 2 (n-1)/n / B   (reduce-scatter then all-gather)
+    reduce-scatter   t =   (n-1) alpha + S *   (n-1)/n / B   (S = the full, unsharded buffer)
+    all-gather       t =   (n-1) alpha + S *   (n-1)/n / B
+    send/recv (p2p)  t =         alpha + S / B
+
+S * factor is also what each rank sends, so it is the "bytes per step per device" we report.
+nccl-tests' busbw is exactly S * factor / t, so a profile's bandwidth is a measured busbw.
+
+Volumes per step (Psi = parameters of the device's tp/pp chunk, g/p = comm bytes per gradient /
+parameter element):
+- DDP: all-reduce Psi g once per step (no_sync while accumulating), in 25 MiB buckets (the first
+  1 MiB), overlapped with backward (Li et al. 2020, "PyTorch Distributed", VLDB).
+- ZeRO-1/2 (Rajbhandari et al. 2020, Sec. 7): reduce-scatter Psi g + all-gather Psi p = 2 Psi, same
+  as DP. Stage 1 reduces at the accumulation boundary, stage 2 in every backward (overlap_comm).
+- ZeRO-3 / FSDP FULL_SHARD: all-gather forward + all-gather backward + reduce-scatter = 3 Psi, per
+  layer unit and per micro-batch, prefetched (overlappable). FSDP SHARD_GRAD_OP skips the second
+  all-gather (2 Psi).
+- Tensor parallel (Shoeybi et al. 2019, Megatron-LM Sec. 3): per layer and micro-batch 2 all-reduces
+  of b s h activations in forward and 2 in backward (+ 1 for the vocab-parallel embedding forward,
+  + 1 for the output layer's input gradient); with sequence parallelism (Korthikanti et al. 2022)
+  each becomes an all-gather + reduce-scatter of the same total volume. On the critical path.
+- Pipeline (Narayanan et al. 2021): per micro-batch one b s h send forward and one backward per
+  stage boundary; the tied embedding's gradient is all-reduced between the first and last stage.
+- ZeRO-Offload (Ren et al. 2021): fp32 gradient partition device->host every backward, updated
+  16-bit partition host->device every step; ZeRO-3 param offload also fetches each partition from
+  host for every gather.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, asdict
+
+from .model_states import DS_REDUCE_BUCKET_ELEMENTS, local_params
+from .spec import Layout, ModelSpec, Strategy
+
+MiB = 2 ** 20
+DDP_BUCKET_BYTES = 25 * MiB          # DistributedDataParallel bucket_cap_mb default (conf/strategy/ddp.yaml)
+DDP_FIRST_BUCKET_BYTES = 1 * MiB     # torch.distributed _DEFAULT_FIRST_BUCKET_BYTES
+
+
+@dataclass
+class Collective:
+    name: str              # what it is for
+    op: str                # all_reduce | reduce_scatter | all_gather | p2p | host_copy
+    group: str             # dp | tp | pp | host
+    group_size: int
+    bytes_per_call: float  # the buffer S (full size for reduce-scatter / all-gather)
+    calls: float           # per optimizer step
+    overlappable: bool     # may hide behind compute (bucketed DP sync, ZeRO-3/FSDP prefetch)
+    crosses_nodes: bool = False
+
+    @property
+    def bus_factor(self) -> float:
+        n = self.group_size
+        return {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n,
+                "all_gather": (n - 1) / n, "p2p": 1.0, "host_copy": 1.0}[self.op]
+
+    @property
+    def hops(self) -> float:
+        """Latency terms per call (ring steps)."""
+        n = self.group_size
+        return {"all_reduce": 2 * (n - 1), "reduce_scatter": n - 1, "all_gather": n - 1,
+                "p2p": 1, "host_copy": 0}[self.op]
+
+    @property
+    def bytes_per_step(self) -> float:
+        """Bytes each device sends per step (= S x bus factor x calls)."""
+        return self.bytes_per_call * self.bus_factor * self.calls
+
+    @property
+    def latency_hops_per_step(self) -> float:
+        return self.hops * self.calls
+
+    def time_s(self, bandwidth: float, latency: float) -> float:
+        return self.latency_hops_per_step * latency + self.bytes_per_step / bandwidth
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["bytes_per_step_per_device"] = self.bytes_per_step
+        return d
+
+
+def _buckets(size: float, bucket: float, first: float | None = None) -> int:
+    if size <= 0:
+        return 0
+    if first is not None:
+        return 1 + math.ceil(max(0.0, size - first) / bucket)
+    return math.ceil(size / bucket)
+
+
+def comm_element_bytes(strategy: Strategy, precision: str) -> tuple[int, int]:
+    """(gradient, parameter) bytes per element on the wire. Autocast DDP keeps fp32 gradients;
+    FSDP (Lightning's param/reduce dtype) and DeepSpeed communicate 16-bit under mixed precision."""
+    if precision == "32" or strategy.family == "torch":
+        return 4, 4
+    return 2, 2
+
+
+def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision: str) -> list[Collective]:
+    psi = local_params(model, layout)
+    g, p = comm_element_bytes(strategy, precision)
+    n, m = layout.dp, layout.micro_batches
+    dp_x = layout.group_spans_nodes("dp")
+    out: list[Collective] = []
+    units = model.n_layers + 1      # one FSDP / ZeRO-3 unit per block + the root (embedding, head)
+
+    if n > 1 and strategy.name != "single":
+        if strategy.family == "torch":
+            calls = _buckets(psi * g, DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES)
+            out.append(Collective("dp_grad_all_reduce", "all_reduce", "dp", n, psi * g / calls,
+                                  calls, True, dp_x))
+        elif strategy.shard_params:                   # fsdp, fsdp_grad_op, fsdp_tp, zero3(_offload)
+            out.append(Collective("param_all_gather_fwd", "all_gather", "dp", n, psi * p / units,
+                                  units * m, True, dp_x))
+            if strategy.reshard_after_forward:
+                out.append(Collective("param_all_gather_bwd", "all_gather", "dp", n, psi * p / units,
+                                      units * m, True, dp_x))
+            out.append(Collective("grad_reduce_scatter", "reduce_scatter", "dp", n, psi * g / units,
+                                  units * m, True, dp_x))
+        else:                                          # zero1, zero2(_offload)
+            per_step = 1 if strategy.zero_stage == 1 else m
+            b = _buckets(psi, DS_REDUCE_BUCKET_ELEMENTS)
+            out.append(Collective("grad_reduce_scatter", "reduce_scatter", "dp", n, psi * g / b,
+                                  b * per_step, strategy.zero_stage == 2, dp_x))
+            out.append(Collective("param_all_gather", "all_gather", "dp", n, psi * p / b, b, False, dp_x))
+
+    if strategy.offload_optimizer:
+        out.append(Collective("grad_to_host", "host_copy", "host", 1, psi / n * 4,
+                              m if strategy.zero_stage else 1, False))
+        fetches = 1 + (2 * m if strategy.offload_params else 0)
+        out.append(Collective("param_from_host", "host_copy", "host", 1, psi / n * p, fetches, False))
+
+    if layout.tp > 1:
+        e = 4 if precision == "32" else 2
+        act = layout.micro_batch * model.seq_len * model.hidden * e
+        per_micro = 4 * math.ceil(model.n_layers / layout.pp) + 2
+        out.append(Collective("tp_activation_all_reduce", "all_reduce", "tp", layout.tp, act,
+                              per_micro * m, False, layout.group_spans_nodes("tp")))
+
+    if layout.pp > 1:
+        e = 4 if precision == "32" else 2
+        act = layout.micro_batch * model.seq_len * model.hidden * e
+        pp_x = layout.group_spans_nodes("pp")
+        out.append(Collective("pp_activation_send", "p2p", "pp", layout.pp, act, 2 * m, False, pp_x))
+        if model.kind == "gpt":
+            out.append(Collective("pp_tied_embedding_all_reduce", "all_reduce", "pp", 2,
+                                  model.vocab * model.hidden / layout.tp * g, 1, False, pp_x))
+    return out
+
+
+def by_op(colls: list[Collective]) -> dict[str, float]:
+    """Bytes per step per device, summed by collective type (device links only)."""
+    d: dict[str, float] = {}
+    for c in colls:
+        d[c.op] = d.get(c.op, 0.0) + c.bytes_per_step
+    return d

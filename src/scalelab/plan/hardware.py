@@ -1,0 +1,210 @@
+"""Hardware profiles (conf/hardware/*.yaml) and the CPU probe that writes this_cpu.yaml.
+
+A profile describes one device and its links. Keys (all plain YAML, SI units):
+  name, note, devices_per_node, threads_per_device (CPU: a "device" is a rank of N threads)
+  peak_flops {fp32, bf16, fp16}       dense matmul FLOP/s of one device
+  compute_efficiency                  fraction of peak reached on the model's FLOPs (fitted by --calibrate)
+  memory_bytes, runtime_memory_bytes  device memory; what the runtime takes before the model (CUDA
+                                      context / the Python+torch process)
+  memory_bandwidth_bytes_per_s        drives the optimizer step (memory-bound)
+  intra_node / inter_node {bandwidth_bytes_per_s, latency_s}   collective bus bandwidth (nccl-tests
+                                      "busbw") per device and per-hop latency
+  host {link_bandwidth_bytes_per_s, memory_bandwidth_bytes_per_s}   PCIe and host RAM (offload)
+  comm_overlap                        fraction of bucketed gradient/prefetch comm hidden behind compute
+  step_overhead_s, strategy_overhead_s {name: s}   per-step framework cost (fitted by --calibrate)
+  cost_per_device_hour, power_watts
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import time
+from dataclasses import dataclass, field, asdict
+from pathlib import Path
+
+import yaml
+
+from .spec import PlanError, conf_dir
+
+
+@dataclass
+class Link:
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+
+@dataclass
+class Hardware:
+    name: str
+    peak_flops: dict
+    memory_bytes: float
+    memory_bandwidth_bytes_per_s: float
+    intra_node: Link
+    inter_node: Link
+    devices_per_node: int = 8
+    threads_per_device: int = 1
+    compute_efficiency: float = 0.5
+    comm_overlap: float = 0.0
+    step_overhead_s: float = 0.0
+    strategy_overhead_s: dict = field(default_factory=dict)
+    runtime_memory_bytes: float = 0.0
+    host: dict = field(default_factory=lambda: {"link_bandwidth_bytes_per_s": 25e9,
+                                                "memory_bandwidth_bytes_per_s": 50e9})
+    cost_per_device_hour: float = 0.0
+    power_watts: float = 0.0
+    note: str = ""
+    calibration: dict | None = None
+    source: str = ""
+
+    def peak(self, dtype: str) -> float:
+        if dtype not in self.peak_flops:
+            raise PlanError(f"hardware {self.name!r} has no peak_flops.{dtype}; "
+                            f"has: {', '.join(self.peak_flops)}")
+        return float(self.peak_flops[dtype])
+
+    def link(self, crosses_nodes: bool) -> Link:
+        return self.inter_node if crosses_nodes else self.intra_node
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("source")
+        if d["calibration"] is None:
+            d.pop("calibration")
+        return d
+
+
+def list_hardware() -> list[str]:
+    d = conf_dir() / "hardware"
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+
+
+def _link(d: dict | None, what: str, source: str) -> Link:
+    if not isinstance(d, dict) or "bandwidth_bytes_per_s" not in d:
+        raise PlanError(f"hardware profile {source!r} lacks {what}.bandwidth_bytes_per_s")
+    return Link(float(d["bandwidth_bytes_per_s"]), float(d.get("latency_s", 0.0)))
+
+
+def parse_hardware(d: dict, source: str = "") -> Hardware:
+    """Build a Hardware from a YAML mapping; unknown keys are ignored (room for notes)."""
+    if not isinstance(d, dict):
+        raise PlanError(f"hardware profile {source!r} is not a YAML mapping")
+    missing = [k for k in ("name", "peak_flops", "memory_bytes", "memory_bandwidth_bytes_per_s",
+                           "intra_node") if k not in d]
+    if missing:
+        raise PlanError(f"hardware profile {source!r} lacks {', '.join(missing)}")
+    intra = _link(d["intra_node"], "intra_node", source)
+    inter = _link(d.get("inter_node", d["intra_node"]), "inter_node", source)
+    known = {f for f in Hardware.__dataclass_fields__} - {"intra_node", "inter_node", "source"}
+    kw = {k: v for k, v in d.items() if k in known}
+    kw["peak_flops"] = {k: float(v) for k, v in d["peak_flops"].items()}
+    for k in ("memory_bytes", "memory_bandwidth_bytes_per_s", "compute_efficiency", "comm_overlap",
+              "step_overhead_s", "runtime_memory_bytes", "cost_per_device_hour", "power_watts"):
+        if k in kw:
+            kw[k] = float(kw[k])
+    kw["strategy_overhead_s"] = {k: float(v) for k, v in (d.get("strategy_overhead_s") or {}).items()}
+    return Hardware(intra_node=intra, inter_node=inter, source=source, **kw)
+
+
+def load_hardware(name_or_path: str) -> Hardware:
+    """A profile by name (conf/hardware/NAME.yaml) or by path to a .yaml file."""
+    p = Path(name_or_path)
+    if not (p.suffix in (".yaml", ".yml") and p.is_file()):
+        p = conf_dir() / "hardware" / f"{name_or_path}.yaml"
+    if not p.is_file():
+        raise PlanError(f"unknown hardware {name_or_path!r}; valid: "
+                        f"{', '.join(list_hardware()) or '(none in ' + str(conf_dir() / 'hardware') + ')'}"
+                        " or a path to a .yaml profile")
+    with open(p) as fh:
+        return parse_hardware(yaml.safe_load(fh), str(p))
+
+
+def save_hardware(hw: Hardware, path: str | Path, header: str = "") -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(hw.to_dict(), sort_keys=False, default_flow_style=False, width=100)
+    path.write_text((header.rstrip() + "\n" if header else "") + text)
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# CPU probe
+# --------------------------------------------------------------------------------------------
+def _matmul_rate(torch, dtype, n: int, budget_s: float) -> float:
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    torch.mm(a, b)                                     # warm-up (packing, thread pool)
+    reps, t0 = 0, time.perf_counter()
+    while True:
+        torch.mm(a, b)
+        reps += 1
+        dt = time.perf_counter() - t0
+        if dt >= budget_s and reps >= 3:
+            return 2 * n ** 3 * reps / dt
+
+
+def _copy_bandwidth(torch, budget_s: float) -> float:
+    src = torch.ones(16 * 2 ** 20)                     # 64 MiB: well beyond the caches
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    reps, t0 = 0, time.perf_counter()
+    while True:
+        dst.copy_(src)
+        reps += 1
+        dt = time.perf_counter() - t0
+        if dt >= budget_s and reps >= 3:
+            return 2 * src.numel() * 4 * reps / dt     # read + write
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def probe_cpu(out_path: str | Path | None = None, threads: int = 1, budget_s: float = 0.4) -> Hardware:
+    """Measure this CPU with torch (one device = one rank of `threads` threads) and write a profile.
+
+    fp32/bf16/fp16 matmul FLOP/s (n = 512), a copy bandwidth for the optimizer step; links are the
+    gloo-over-loopback figures of notes/perf-baseline.md until --calibrate fits them.
+    """
+    import torch                                       # only the probe needs torch
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        peak = {"fp32": _matmul_rate(torch, torch.float32, 512, budget_s),
+                "bf16": _matmul_rate(torch, torch.bfloat16, 512, budget_s),
+                "fp16": _matmul_rate(torch, torch.float16, 256, budget_s / 2)}
+        mem_bw = _copy_bandwidth(torch, budget_s)
+    finally:
+        torch.set_num_threads(prev)
+    cores = os.cpu_count() or 1
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        ram = 8 * 2 ** 30
+    when = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    hw = Hardware(
+        name="this_cpu", peak_flops={k: round(v, -6) for k, v in peak.items()},
+        memory_bytes=float(ram // cores), memory_bandwidth_bytes_per_s=round(mem_bw, -6),
+        intra_node=Link(1.3e9, 1.0e-4), inter_node=Link(1.25e8, 1.0e-4),
+        devices_per_node=cores, threads_per_device=threads, compute_efficiency=0.6,
+        comm_overlap=0.0, step_overhead_s=0.003, runtime_memory_bytes=350e6,
+        host={"link_bandwidth_bytes_per_s": round(mem_bw, -6), "memory_bandwidth_bytes_per_s": round(mem_bw, -6)},
+        cost_per_device_hour=0.02, power_watts=10.0,
+        note=(f"Measured by `scalelab plan --probe` on {when}: {_cpu_name()}, {cores} cores, "
+              f"torch {torch.__version__}, {threads} thread(s) per device; peak_flops = torch.mm "
+              f"n=512 (fp16 n=256), memory bandwidth = 64 MiB copy. A device is one rank of "
+              f"{threads} thread(s); memory_bytes = RAM / cores. Links: gloo all_reduce over "
+              "loopback, 1.1-1.6 GB/s (notes/perf-baseline.md); gloo does not overlap comm with "
+              "backward (comm_overlap 0). compute_efficiency, overheads, links: rerun "
+              "`scalelab plan --calibrate SWEEP_DIR` to fit them. Cost and power are assumptions "
+              "(a cloud vCPU-hour, a core's share of a server's power)."))
+    if out_path is not None:
+        save_hardware(hw, out_path, header="# This CPU, measured by a matmul/copy probe "
+                                           "(scalelab plan --probe). See `note`.")
+    return hw

@@ -1,0 +1,120 @@
+"""Model-state memory per device: parameters, gradients, optimizer state.
+
+Source: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+Models" (arXiv:1910.02054), Sec. 3.1 and Fig. 1. With Psi parameters, N_d data-parallel ranks and
+mixed-precision Adam, each rank holds 2 Psi (16-bit params) + 2 Psi (16-bit grads) + K Psi
+(optimizer: fp32 master params, momentum, variance, K = 12):
+
+    baseline DP  (2 + 2 + K) Psi                 ZeRO-1 (P_os)     2 Psi + 2 Psi + K Psi / N_d
+    ZeRO-2 (P_os+g)  2 Psi + (2 + K) Psi / N_d   ZeRO-3 (P_os+g+p) (2 + 2 + K) Psi / N_d
+
+How each strategy family stores the states (bytes per parameter: params, grads, optimizer):
+- torch (single/ddp/tp/pipeline) and fsdp under Lightning: mixed precision is autocast, weights
+  and grads stay fp32 -> 4, 4, 8 (Adam m, v) or 4 (SGD momentum), whatever the precision. FSDP
+  keeps fp32 shards and gathers 16-bit copies (Lightning's FSDPPrecision param_dtype).
+- deepspeed (zero*): mixed precision "as DeepSpeed does it" -> 2, 2, K with K = 12 (Adam) or 8
+  (SGD: master + momentum). In fp32, ZeRO-1/2 still clone the fp32 partition for the optimizer
+  (stage_1_and_2.py, `single_partition_of_fp32_groups`), so K = 12 there too; ZeRO-3 reuses it
+  (stage3.py `_create_fp32_partitions`), K = 8.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, asdict
+import math
+
+from .spec import Layout, ModelSpec, Strategy
+
+# Lightning's DeepSpeedStrategy default reduce_bucket_size (elements).
+DS_REDUCE_BUCKET_ELEMENTS = 200_000_000
+
+
+def zero_paper_bytes(psi: float, n_d: int, stage: int, k: int = 12) -> float:
+    """Per-rank model-state bytes from the ZeRO paper (mixed precision; stage 0 = plain DP)."""
+    if stage == 0:
+        return (2 + 2 + k) * psi
+    if stage == 1:
+        return (2 + 2) * psi + k * psi / n_d
+    if stage == 2:
+        return 2 * psi + (2 + k) * psi / n_d
+    if stage == 3:
+        return (2 + 2 + k) * psi / n_d
+    raise ValueError(f"ZeRO stage must be 0..3, got {stage}")
+
+
+def bytes_per_param(strategy: Strategy, precision: str, optimizer: str) -> tuple[int, int, int]:
+    """(param, grad, optimizer-state) bytes per parameter for this strategy family."""
+    moments = 8 if optimizer == "adam" else 4          # Adam m + v, or SGD momentum (fp32)
+    if strategy.family == "deepspeed":
+        if precision == "32":
+            master = 0 if strategy.zero_stage == 3 else 4
+            return 4, 4, moments + master
+        return 2, 2, moments + 4                       # K = 12 for Adam (ZeRO paper)
+    return 4, 4, moments
+
+
+@dataclass
+class ModelStates:
+    params_bytes: float          # resident on the device at the step's peak
+    grads_bytes: float
+    optimizer_bytes: float
+    buffers_bytes: float         # transient: gathered layers (FSDP/ZeRO-3), reduce buckets
+    offloaded_bytes: float       # kept in host memory instead (ZeRO-Offload)
+    params_per_device: float     # parameters this device holds a shard of (Psi / (tp pp))
+    updated_params_per_device: float  # parameters whose optimizer step this device runs
+
+    @property
+    def total_bytes(self) -> float:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["model_states_bytes"] = self.total_bytes
+        return d
+
+
+def local_params(model: ModelSpec, layout: Layout) -> float:
+    """Parameters of the largest model chunk one device works on: a pipeline stage holds
+    ceil(L / pp) blocks plus the (tied) embedding, which Megatron keeps on the first and the last
+    stage; tensor parallelism splits every weight matrix t ways (LayerNorms, replicated, ignored)."""
+    if layout.pp == 1:
+        share = 1.0
+    else:
+        full = model.n_layers * model.layer_params + model.embedding_params
+        stage = math.ceil(model.n_layers / layout.pp) * model.layer_params + model.embedding_params
+        share = stage / full
+    return model.n_params * share / layout.tp
+
+
+def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision: str,
+                 optimizer: str) -> ModelStates:
+    psi = local_params(model, layout)
+    p_b, g_b, o_b = bytes_per_param(strategy, precision, optimizer)
+    n = layout.dp
+    params = psi * p_b / (n if strategy.shard_params else 1)
+    grads = psi * g_b / (n if strategy.shard_grads else 1)
+    opt = psi * o_b / (n if strategy.shard_optimizer else 1)
+    updated = psi / (n if strategy.shard_optimizer else 1)
+    offloaded = 0.0
+    if strategy.offload_optimizer:
+        # ZeRO-Offload (Ren et al. 2021): fp32 master + moments and the fp32 gradient partition
+        # live on the host; the device keeps the 16-bit params (stage 2 estimate: 2 Psi).
+        offloaded += opt + psi * 4 / n
+        opt, grads = 0.0, 0.0
+    if strategy.offload_params:
+        offloaded += params
+        params = 0.0
+
+    gathered_b = 2 if precision != "32" else 4        # dtype of gathered copies / comm
+    largest = model.largest_layer_params / layout.tp
+    buffers = 0.0
+    if strategy.shard_params and n > 1:
+        if strategy.reshard_after_forward:
+            # One unit in use + one prefetched, plus that unit's unsharded gradient before its
+            # reduce-scatter (DeepSpeed's own ZeRO-3 estimate uses 4 bytes x largest layer).
+            buffers = largest * (2 * gathered_b + g_b)
+        else:
+            # SHARD_GRAD_OP keeps the whole gathered model from forward to the end of backward.
+            buffers = psi * gathered_b + largest * g_b
+    elif strategy.family == "deepspeed" and n > 1:
+        buffers = min(psi, DS_REDUCE_BUCKET_ELEMENTS) * g_b   # gradient reduce bucket
+    return ModelStates(params, grads, opt, buffers, offloaded, psi, updated)

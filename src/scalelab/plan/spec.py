@@ -1,0 +1,281 @@
+"""Inputs of the planner: the model, the strategy's traits, precision, the parallel layout.
+
+Everything here is plain data plus the checks that turn bad input into one clear line
+(`PlanError`, a ValueError) naming the bad value and what would be valid.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+
+class PlanError(ValueError):
+    """Bad planner input. The message is one line naming the value and the valid choices."""
+
+
+def conf_dir() -> Path:
+    """The repo's top-level conf/ (SCALELAB_CONF_DIR wins; then the source checkout; then ./conf)."""
+    env = os.environ.get("SCALELAB_CONF_DIR")
+    if env:
+        return Path(env).resolve()
+    # src/scalelab/plan/spec.py -> parents[3] is the repo root of an editable/source checkout.
+    repo_conf = Path(__file__).resolve().parents[3] / "conf"
+    if repo_conf.is_dir():
+        return repo_conf
+    return (Path.cwd() / "conf").resolve()
+
+
+# --------------------------------------------------------------------------------------------
+# Strategies: what each one shards, where it keeps things, and how it communicates.
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    family: str                 # "torch" (autocast, fp32 weights), "fsdp", "deepspeed"
+    shard_params: bool = False  # parameters partitioned at rest across the data-parallel group
+    shard_grads: bool = False
+    shard_optimizer: bool = False
+    reshard_after_forward: bool = True  # FSDP FULL_SHARD / ZeRO-3 free gathered params after use
+    zero_stage: int | None = None
+    offload_optimizer: bool = False     # optimizer states (+ fp32 grads) live in host memory
+    offload_params: bool = False
+    tensor_parallel: bool = False
+    pipeline: bool = False
+    note: str = ""
+
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
+    Strategy("single", "torch", note="one replica per device, no gradient sync"),
+    Strategy("ddp", "torch", note="replicate, all-reduce gradients (bucketed, overlapped with backward)"),
+    Strategy("fsdp", "fsdp", True, True, True, note="FULL_SHARD: ZeRO-3-like, per-layer units"),
+    Strategy("fsdp_grad_op", "fsdp", True, True, True, reshard_after_forward=False,
+             note="SHARD_GRAD_OP: ZeRO-2-like, params stay gathered from forward to backward"),
+    Strategy("zero1", "deepspeed", shard_optimizer=True, zero_stage=1),
+    Strategy("zero2", "deepspeed", shard_grads=True, shard_optimizer=True, zero_stage=2),
+    Strategy("zero3", "deepspeed", True, True, True, zero_stage=3),
+    Strategy("zero2_offload", "deepspeed", shard_grads=True, shard_optimizer=True, zero_stage=2,
+             offload_optimizer=True),
+    Strategy("zero3_offload", "deepspeed", True, True, True, zero_stage=3,
+             offload_optimizer=True, offload_params=True),
+    Strategy("tp", "torch", tensor_parallel=True, note="Megatron tensor parallel (+ DDP over dp)"),
+    Strategy("fsdp_tp", "fsdp", True, True, True, tensor_parallel=True,
+             note="2D: tensor parallel inside, FSDP over the data-parallel dimension"),
+    Strategy("pipeline", "torch", pipeline=True, note="1F1B pipeline (+ DDP over dp)"),
+]}
+
+
+def get_strategy(name: str) -> Strategy:
+    if name not in STRATEGIES:
+        raise PlanError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]
+
+
+# --------------------------------------------------------------------------------------------
+# Precision
+# --------------------------------------------------------------------------------------------
+_PRECISION_ALIASES = {
+    "32": "32", "32-true": "32", "fp32": "32",
+    "bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed",
+    "fp16-mixed": "fp16-mixed", "16-mixed": "fp16-mixed", "fp16": "fp16-mixed", "16": "fp16-mixed",
+}
+PRECISIONS = ("32", "bf16-mixed", "fp16-mixed")
+
+
+def normalize_precision(p: str) -> str:
+    key = str(p).strip().lower()
+    if key not in _PRECISION_ALIASES:
+        raise PlanError(f"unknown precision {p!r}; valid: {', '.join(PRECISIONS)} "
+                        "(aliases: 32-true, bf16, 16-mixed, fp16)")
+    return _PRECISION_ALIASES[key]
+
+
+def compute_dtype(precision: str) -> str:
+    """Key into a hardware profile's peak_flops for the matmuls of this precision."""
+    return {"32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}[precision]
+
+
+def activation_bytes(precision: str) -> int:
+    """Bytes per stored activation element: 16-bit under mixed precision, else 4."""
+    return 4 if precision == "32" else 2
+
+
+OPTIMIZERS = ("adam", "sgd")
+
+
+def normalize_optimizer(o: str) -> str:
+    key = str(o).strip().lower()
+    key = {"adamw": "adam", "adam": "adam", "sgd": "sgd"}.get(key, key)
+    if key not in OPTIMIZERS:
+        raise PlanError(f"unknown optimizer {o!r}; valid: adam (also adamw), sgd (with momentum)")
+    return key
+
+
+CHECKPOINTING = ("none", "selective", "full")
+
+
+def normalize_checkpointing(c) -> str:
+    if c is True:
+        return "full"
+    if c in (False, None):
+        return "none"
+    key = str(c).strip().lower()
+    if key not in CHECKPOINTING:
+        raise PlanError(f"unknown activation checkpointing {c!r}; valid: {', '.join(CHECKPOINTING)}")
+    return key
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelSpec:
+    """A GPT-style decoder (or an MLP: kind="mlp", hidden = width, seq_len = 1).
+
+    n_params is what the model-state formulas use; the shape drives FLOPs, activations and
+    per-layer communication. `shape_inferred` marks a shape guessed from --params alone.
+    """
+    n_params: int
+    n_layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    seq_len: int
+    ffn_hidden: int = 0          # 0 -> 4 * hidden
+    kind: str = "gpt"
+    shape_inferred: bool = False
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def layer_params(self) -> int:
+        """One transformer block: QKV + out proj (4h^2 + 4h), MLP (2hf + f + h), 2 LayerNorms (4h)."""
+        if self.kind == "mlp":
+            return self.hidden * self.hidden + self.hidden
+        h, f = self.hidden, self.ffn
+        return 4 * h * h + 2 * h * f + 9 * h + f
+
+    @property
+    def embedding_params(self) -> int:
+        """Token embedding (tied with the output head) + learned positions."""
+        if self.kind == "mlp":
+            return max(0, self.n_params - self.n_layers * self.layer_params)
+        return self.vocab * self.hidden + self.seq_len * self.hidden
+
+    @property
+    def largest_layer_params(self) -> int:
+        return max(self.layer_params, self.embedding_params)
+
+    @staticmethod
+    def gpt_params(n_layers: int, hidden: int, vocab: int, seq_len: int, ffn_hidden: int = 0) -> int:
+        m = ModelSpec(0, n_layers, hidden, 1, vocab, seq_len, ffn_hidden)
+        return n_layers * m.layer_params + m.embedding_params + 2 * hidden  # + final LayerNorm
+
+    @classmethod
+    def from_shape(cls, n_layers, hidden, heads, vocab, seq_len, ffn_hidden=0, n_params=None):
+        for flag, v in (("--layers", n_layers), ("--hidden", hidden), ("--heads", heads),
+                        ("--vocab", vocab), ("--seq-len", seq_len)):
+            if v is None or int(v) < 1:
+                raise PlanError(f"{flag} must be a positive integer, got {v!r}")
+        if hidden % heads:
+            raise PlanError(f"--heads {heads} does not divide --hidden {hidden}; valid heads: "
+                            f"{', '.join(str(d) for d in _divisors(hidden) if d <= 256)}")
+        n = n_params or cls.gpt_params(n_layers, hidden, vocab, seq_len, ffn_hidden)
+        return cls(int(n), int(n_layers), int(hidden), int(heads), int(vocab), int(seq_len),
+                   int(ffn_hidden or 0))
+
+    @classmethod
+    def from_params(cls, n_params: float, seq_len: int = 2048, vocab: int = 50257):
+        """Guess a GPT shape for N parameters: 12 L h^2 ~ N with h = 128 L (the aspect ratio of
+        GPT-3 175B and LLaMA-7B), h rounded to a multiple of 128, heads of size 128."""
+        n = int(float(n_params))
+        if n < 1:
+            raise PlanError(f"--params must be positive, got {n_params!r}")
+        layers = max(1, round((n / (12 * 128 ** 2)) ** (1 / 3)))
+        hidden = max(128, round(math.sqrt(n / (12 * layers)) / 128) * 128)
+        return replace(cls(n, layers, hidden, max(1, hidden // 128), vocab, seq_len),
+                       shape_inferred=True)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# --------------------------------------------------------------------------------------------
+# Parallel layout
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Layout:
+    world: int
+    nodes: int
+    devices_per_node: int
+    dp: int
+    tp: int
+    pp: int
+    micro_batch: int
+    global_batch: int
+    micro_batches: int           # per optimizer step per data-parallel replica (accumulation or pipeline m)
+    sequence_parallel: bool = field(default=True)
+
+    def group_spans_nodes(self, group: str) -> bool:
+        """Megatron rank order: tp fastest, then dp, then pp. A group crosses a node boundary when
+        its span of consecutive ranks exceeds a node."""
+        span = {"tp": self.tp, "dp": self.tp * self.dp, "pp": self.world, "world": self.world}[group]
+        size = {"tp": self.tp, "dp": self.dp, "pp": self.pp, "world": self.world}[group]
+        return size > 1 and span > self.devices_per_node
+
+
+def resolve_layout(strategy: Strategy, model: ModelSpec, devices: int, nodes: int = 1,
+                   tp: int | None = None, pp: int | None = None, micro_batch: int = 1,
+                   global_batch: int | None = None, micro_batches: int | None = None) -> Layout:
+    """Check the degrees and batch sizes against each other; fill defaults.
+
+    Defaults: tp strategy -> tp = devices per node (TP inside a node); fsdp_tp -> tp = devices per
+    node on several nodes, else 2; pipeline -> pp = world, m = 4 pp micro-batches; otherwise
+    global batch = dp x micro-batch (no accumulation).
+    """
+    if devices is None or int(devices) < 1:
+        raise PlanError(f"--devices must be >= 1 (devices per node), got {devices!r}")
+    if nodes is None or int(nodes) < 1:
+        raise PlanError(f"--nodes must be >= 1, got {nodes!r}")
+    if micro_batch is None or int(micro_batch) < 1:
+        raise PlanError(f"--micro-batch must be >= 1, got {micro_batch!r}")
+    devices, nodes, micro_batch = int(devices), int(nodes), int(micro_batch)
+    world = devices * nodes
+    if tp is None:
+        tp = 1
+        if strategy.tensor_parallel:
+            tp = devices if (strategy.name == "tp" or nodes > 1) else min(2, world)
+    if pp is None:
+        pp = world // tp if strategy.pipeline else 1
+    tp, pp = int(tp), int(pp)
+    if tp < 1 or pp < 1:
+        raise PlanError(f"--tp and --pp must be >= 1, got tp={tp} pp={pp}")
+    if tp > 1 and not strategy.tensor_parallel:
+        raise PlanError(f"--tp {tp} needs a tensor-parallel strategy; valid: tp, fsdp_tp "
+                        f"(got --strategy {strategy.name})")
+    if pp > 1 and not strategy.pipeline:
+        raise PlanError(f"--pp {pp} needs --strategy pipeline (got --strategy {strategy.name})")
+    if model.kind == "gpt" and model.heads % tp:
+        raise PlanError(f"--tp {tp} does not divide --heads {model.heads}; valid tp: "
+                        f"{', '.join(str(d) for d in _divisors(model.heads) if world % d == 0)}")
+    if pp > model.n_layers:
+        raise PlanError(f"--pp {pp} exceeds the number of layers {model.n_layers}; "
+                        f"valid pp: 1..{model.n_layers}")
+    if world % (tp * pp):
+        raise PlanError(f"tp x pp = {tp * pp} does not divide the {world} devices; valid tp x pp: "
+                        f"{', '.join(str(d) for d in _divisors(world))}")
+    dp = world // (tp * pp)
+    per_step = dp * micro_batch
+    if global_batch is None:
+        m = micro_batches or (4 * pp if strategy.pipeline else 1)
+        global_batch = per_step * m
+    global_batch = int(global_batch)
+    if global_batch < 1 or global_batch % per_step:
+        raise PlanError(f"--global-batch {global_batch} is not divisible by dp x micro-batch = "
+                        f"{dp} x {micro_batch} = {per_step}; valid: multiples of {per_step}")
+    return Layout(world, nodes, devices, dp, tp, pp, micro_batch, global_batch,
+                  global_batch // per_step)

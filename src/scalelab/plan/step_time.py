@@ -1,0 +1,238 @@
+"""The planner: memory, communication, step time, throughput, MFU, scaling efficiency and cost.
+
+Step time on one device (every term is per optimizer step):
+
+    t = overhead + compute + bubble + optimizer + exposed communication
+
+- compute = hardware FLOPs of the device's share / (peak[dtype] x compute_efficiency)
+  (flops.py; the share is 1/(dp tp) of the batch's FLOPs, the slowest pipeline stage for pp > 1)
+- bubble = (p - 1) / m x compute for a pipeline of p stages and m micro-batches (GPipe, Huang et al.
+  2019; 1F1B has the same bubble, Narayanan et al. 2021 Sec. 2.2)
+- optimizer = bytes the update streams (read + write params, grads, states) / memory bandwidth; it is
+  memory-bound. An offloaded optimizer streams host memory instead.
+- communication = sum of the collectives' ring cost (comm.py); the overlappable part (bucketed DP
+  sync, ZeRO-3/FSDP prefetch) hides behind compute up to `comm_overlap` (a hardware-profile
+  fraction: about 0 on CPU gloo, which does not overlap, see notes/perf-baseline.md; high on NCCL)
+- overhead = per-step framework cost (Python, Lightning loop, hooks) + a per-strategy extra; both
+  are fitted from real runs by `--calibrate`; they dominate tiny models.
+Every term is linear in one hardware rate, which is what makes `calibrate.py` a least-squares fit
+(see `linear_features`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from . import activations as act_mod
+from . import flops as flops_mod
+from .comm import Collective, by_op, collectives
+from .hardware import Hardware, load_hardware
+from .model_states import ModelStates, bytes_per_param, model_states
+from .spec import (Layout, ModelSpec, Strategy, compute_dtype, get_strategy, normalize_checkpointing,
+                   normalize_optimizer, normalize_precision, resolve_layout)
+
+
+@dataclass
+class Terms:
+    """Hardware-independent quantities of one configuration."""
+    model: ModelSpec
+    strategy: Strategy
+    layout: Layout
+    precision: str
+    optimizer: str
+    checkpointing: str
+    states: ModelStates
+    activations_bytes: float
+    colls: list
+    model_flops_per_step: float     # whole job, no recomputation (MFU numerator)
+    hw_flops_per_device: float      # executed by the slowest device per step
+    bubble_fraction: float
+    opt_device_bytes: float         # memory traffic of the optimizer step on the device
+    opt_host_bytes: float           # ... on the host (offload)
+    threads: int                    # CPU threads per rank (scales a CPU profile's peak)
+
+
+def _stage_share(model: ModelSpec, layout: Layout) -> float:
+    """Fraction of one replica's FLOPs done by the slowest pipeline stage (output layer on the last)."""
+    if layout.pp == 1 or model.kind != "gpt":
+        return 1.0 / layout.pp
+    tok = model.seq_len
+    layer = flops_mod.layer_forward_flops(model, tok)
+    head = 2 * tok * model.hidden * model.vocab
+    total = model.n_layers * layer + head
+    return (math.ceil(model.n_layers / layout.pp) * layer + head) / total
+
+
+def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1, nodes: int = 1,
+                tp: int | None = None, pp: int | None = None, micro_batch: int = 1,
+                global_batch: int | None = None, micro_batches: int | None = None,
+                precision: str = "bf16-mixed", optimizer: str = "adam",
+                activation_checkpointing="none", threads: int | None = None,
+                sequence_parallel: bool = True) -> Terms:
+    strat = strategy if isinstance(strategy, Strategy) else get_strategy(strategy)
+    prec = normalize_precision(precision)
+    opt = normalize_optimizer(optimizer)
+    ckpt = normalize_checkpointing(activation_checkpointing)
+    layout = resolve_layout(strat, model, devices, nodes, tp, pp, micro_batch, global_batch, micro_batches)
+    layout = replace(layout, sequence_parallel=sequence_parallel)
+    states = model_states(model, strat, layout, prec, opt)
+    acts = act_mod.activation_bytes_per_device(model, layout, prec, ckpt)
+    colls = collectives(model, strat, layout, prec)
+    samples = layout.global_batch
+    per_replica = flops_mod.hardware_flops(model, samples / layout.dp, ckpt)
+    hw_flops = per_replica * _stage_share(model, layout) / layout.tp
+    # Optimizer step traffic per updated parameter: read+write params and states, read grads.
+    p_b, g_b, o_b = bytes_per_param(strat, prec, opt)
+    traffic = states.updated_params_per_device * (2 * p_b + g_b + 2 * o_b)
+    dev, host = (0.0, traffic) if strat.offload_optimizer else (traffic, 0.0)
+    bubble = (layout.pp - 1) / layout.micro_batches if layout.pp > 1 else 0.0
+    return Terms(model, strat, layout, prec, opt, ckpt, states, acts, colls,
+                 flops_mod.model_flops(model, samples), hw_flops, bubble, dev, host, threads or 0)
+
+
+def _peak(hw: Hardware, terms: Terms) -> float:
+    threads = terms.threads or hw.threads_per_device
+    return hw.peak(compute_dtype(terms.precision)) * threads / hw.threads_per_device
+
+
+def _link_params(hw: Hardware, c: Collective) -> tuple[float, float]:
+    if c.op == "host_copy":
+        return float(hw.host["link_bandwidth_bytes_per_s"]), 0.0
+    link = hw.link(c.crosses_nodes)
+    return link.bandwidth_bytes_per_s, link.latency_s
+
+
+def linear_features(terms: Terms, hw: Hardware) -> dict[str, float]:
+    """x such that step time = sum(theta[k] * x[k]) with theta from `theta_of(hw)`.
+
+    Overlap is taken as a constant fraction here (exact when comm_overlap = 0, as on CPU gloo)."""
+    x = {"overhead": 1.0, f"strategy:{terms.strategy.name}": 1.0,
+         "compute": terms.hw_flops_per_device * (1 + terms.bubble_fraction) / _peak(hw, terms),
+         "memory": terms.opt_device_bytes, "host_memory": terms.opt_host_bytes,
+         "intra_bw": 0.0, "intra_lat": 0.0, "inter_bw": 0.0, "inter_lat": 0.0, "host_link": 0.0}
+    for c in terms.colls:
+        keep = 1 - hw.comm_overlap if c.overlappable else 1.0
+        if c.op == "host_copy":
+            x["host_link"] += keep * c.bytes_per_step
+            continue
+        side = "inter" if c.crosses_nodes else "intra"
+        x[f"{side}_bw"] += keep * c.bytes_per_step
+        x[f"{side}_lat"] += keep * c.latency_hops_per_step
+    return x
+
+
+def theta_of(hw: Hardware) -> dict[str, float]:
+    th = {"overhead": hw.step_overhead_s, "compute": 1 / hw.compute_efficiency,
+          "memory": 1 / hw.memory_bandwidth_bytes_per_s,
+          "host_memory": 1 / float(hw.host["memory_bandwidth_bytes_per_s"]),
+          "intra_bw": 1 / hw.intra_node.bandwidth_bytes_per_s, "intra_lat": hw.intra_node.latency_s,
+          "inter_bw": 1 / hw.inter_node.bandwidth_bytes_per_s, "inter_lat": hw.inter_node.latency_s,
+          "host_link": 1 / float(hw.host["link_bandwidth_bytes_per_s"])}
+    for name, s in hw.strategy_overhead_s.items():
+        th[f"strategy:{name}"] = s
+    return th
+
+
+def step_time(terms: Terms, hw: Hardware) -> dict[str, float]:
+    compute = terms.hw_flops_per_device / (_peak(hw, terms) * hw.compute_efficiency)
+    bubble = terms.bubble_fraction * compute
+    optim = (terms.opt_device_bytes / hw.memory_bandwidth_bytes_per_s
+             + terms.opt_host_bytes / float(hw.host["memory_bandwidth_bytes_per_s"]))
+    total = overlappable = 0.0
+    for c in terms.colls:
+        t = c.time_s(*_link_params(hw, c))
+        total += t
+        overlappable += t if c.overlappable else 0.0
+    # DDP buckets only hide behind backward (2/3 of compute); ZeRO-3/FSDP prefetch behind all of it.
+    window = compute * (2 / 3 if terms.strategy.family == "torch" else 1.0)
+    hidden = min(hw.comm_overlap * overlappable, window)
+    overhead = hw.step_overhead_s + hw.strategy_overhead_s.get(terms.strategy.name, 0.0)
+    step = overhead + compute + bubble + optim + total - hidden
+    return {"step_s": step, "compute_s": compute, "comm_exposed_s": total - hidden,
+            "comm_total_s": total, "bubble_s": bubble, "optimizer_s": optim, "overhead_s": overhead}
+
+
+def plan(model: ModelSpec, strategy: str, hardware: Hardware | str, *, devices: int = 1,
+         nodes: int = 1, tp: int | None = None, pp: int | None = None, micro_batch: int = 1,
+         global_batch: int | None = None, micro_batches: int | None = None,
+         precision: str = "bf16-mixed", optimizer: str = "adam", activation_checkpointing="none",
+         tokens: float | None = None, threads: int | None = None,
+         sequence_parallel: bool = True) -> dict:
+    """Plan one configuration. Returns the JSON document of `scalelab plan --json` (stable keys)."""
+    hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
+    terms = build_terms(model, strategy, devices=devices, nodes=nodes, tp=tp, pp=pp,
+                        micro_batch=micro_batch, global_batch=global_batch,
+                        micro_batches=micro_batches, precision=precision, optimizer=optimizer,
+                        activation_checkpointing=activation_checkpointing, threads=threads,
+                        sequence_parallel=sequence_parallel)
+    L, st = terms.layout, terms.states
+    times = step_time(terms, hw)
+    samples_per_s = L.global_batch / times["step_s"]
+    tokens_per_s = samples_per_s * model.seq_len
+    peak_job = _peak(hw, terms) * L.world
+    mfu = terms.model_flops_per_step / (times["step_s"] * peak_job)
+
+    # Scaling efficiency (weak scaling, DESIGN.md): one device doing one replica's share of the
+    # step with the same micro-batch, number of micro-batches, precision and optimizer.
+    base = build_terms(model, "single", devices=1, micro_batch=L.micro_batch,
+                       micro_batches=L.micro_batches,
+                       precision=precision, optimizer=optimizer,
+                       activation_checkpointing=activation_checkpointing, threads=threads)
+    base_t = step_time(base, hw)["step_s"]
+    base_sps = base.layout.global_batch / base_t
+    efficiency = samples_per_s / (L.world * base_sps)
+
+    device_total = (st.total_bytes + terms.activations_bytes + st.buffers_bytes
+                    + hw.runtime_memory_bytes)
+    train = None
+    if tokens:
+        steps = float(tokens) / (L.global_batch * model.seq_len)
+        seconds = steps * times["step_s"]
+        device_hours = seconds / 3600 * L.world
+        train = {"tokens": float(tokens), "steps": steps, "time_s": seconds,
+                 "device_hours": device_hours, "cost": device_hours * hw.cost_per_device_hour,
+                 "energy_kwh": device_hours * hw.power_watts / 1000}
+    colls = terms.colls
+    return {
+        "inputs": {
+            "model": {"n_params": model.n_params, "n_layers": model.n_layers, "hidden": model.hidden,
+                      "heads": model.heads, "vocab": model.vocab, "seq_len": model.seq_len,
+                      "ffn_hidden": model.ffn, "kind": model.kind,
+                      "shape_inferred": model.shape_inferred},
+            "strategy": terms.strategy.name, "hardware": hw.name, "precision": terms.precision,
+            "optimizer": terms.optimizer, "activation_checkpointing": terms.checkpointing,
+            "parallel": {"world_size": L.world, "nodes": L.nodes, "devices_per_node": L.devices_per_node,
+                         "dp": L.dp, "tp": L.tp, "pp": L.pp, "micro_batch": L.micro_batch,
+                         "global_batch": L.global_batch, "micro_batches_per_step": L.micro_batches,
+                         "sequence_parallel": L.sequence_parallel and L.tp > 1},
+        },
+        "memory": {
+            "parameters_bytes_per_device": st.params_bytes,
+            "gradients_bytes_per_device": st.grads_bytes,
+            "optimizer_bytes_per_device": st.optimizer_bytes,
+            "model_states_bytes_per_device": st.total_bytes,
+            "activations_bytes_per_device": terms.activations_bytes,
+            "buffers_bytes_per_device": st.buffers_bytes,
+            "runtime_bytes_per_device": hw.runtime_memory_bytes,
+            "total_bytes_per_device": device_total,
+            "device_memory_bytes": hw.memory_bytes,
+            "fits": device_total <= hw.memory_bytes,
+            "offloaded_bytes_per_device": st.offloaded_bytes,
+        },
+        "comm": {
+            "bytes_per_step_per_device": sum(c.bytes_per_step for c in colls if c.op != "host_copy"),
+            "by_collective": {k: v for k, v in by_op(colls).items() if k != "host_copy"},
+            "host_transfer_bytes_per_step_per_device": sum(c.bytes_per_step for c in colls
+                                                           if c.op == "host_copy"),
+            "collectives": [c.as_dict() for c in colls],
+        },
+        "flops": {"model_per_step": terms.model_flops_per_step,
+                  "hardware_per_step_per_device": terms.hw_flops_per_device,
+                  "model_per_token": terms.model_flops_per_step / (L.global_batch * model.seq_len)},
+        "time": times,
+        "throughput": {"tokens_per_s": tokens_per_s, "samples_per_s": samples_per_s},
+        "mfu": mfu,
+        "scaling_efficiency": efficiency,
+        "baseline_1_device": {"step_s": base_t, "samples_per_s": base_sps},
+        "train": train,
+    }

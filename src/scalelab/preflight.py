@@ -1,0 +1,91 @@
+"""Validate every job a command line would run, before Hydra starts the first one.
+
+For `-m`, the sweep is expanded the way Hydra's BasicSweeper does it (command-line sweeps
+plus `hydra.sweeper.params` from experiments), each job's config is composed and validated.
+A bad value anywhere stops the whole command with one line, and no job (so no rank) starts.
+"""
+from __future__ import annotations
+
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+
+from scalelab.config import validate
+from scalelab.errors import ConfigError
+from scalelab.paths import conf_dir
+from scalelab.strategies.registry import choices
+
+# Hydra flags after which there is no training to validate.
+_PASS_THROUGH = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion",
+                 "-sc", "--version", "--config-dir", "-cd", "--config-name", "-cn", "--experimental-rerun"}
+_MAX_JOBS = 5000
+
+
+def _groups() -> list[str]:
+    return sorted(p.name for p in conf_dir().iterdir() if p.is_dir())
+
+
+def _check_group_values(parsed) -> None:
+    groups = _groups()
+    for o in parsed:
+        key = o.key_or_group
+        if key in groups and not o.is_delete():
+            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
+            valid = choices(key)
+            for v in values:
+                if v is not None and str(v) not in valid:
+                    raise ConfigError(f"{key}={v} is not known: choose one of {', '.join(valid)}")
+
+
+def _compose(overrides: list[str], hydra_cfg: bool = False):
+    try:
+        return compose("train", overrides=overrides, return_hydra_config=hydra_cfg)
+    except HydraException as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        raise ConfigError("; ".join(lines[:2])) from e
+
+
+def expand(args: list[str]) -> list[list[str]]:
+    """The override lists of every job the command would run (one list for a single run)."""
+    overrides = [a for a in args if not a.startswith("-")]
+    multirun = "-m" in args or "--multirun" in args
+    parser = OverridesParser.create()
+    try:
+        parsed = parser.parse_overrides(overrides)
+    except HydraException as e:
+        raise ConfigError(str(e).splitlines()[0]) from e
+    _check_group_values(parsed)
+    if not multirun:
+        return [overrides]
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    base = _compose(fixed, hydra_cfg=True)
+    if "BasicSweeper" not in str(base.hydra.sweeper.get("_target_", "")):
+        return [fixed]  # other sweepers (Optuna) choose values at run time: check the fixed part
+    params = base.hydra.sweeper.get("params") or {}
+    sweep_args = [f"{k}={v}" for k, v in params.items()] + overrides
+    jobs = BasicSweeper.split_arguments(parser.parse_overrides(sweep_args), max_batch_size=None)
+    flat = [job for batch in jobs for job in batch]
+    if len(flat) > _MAX_JOBS:
+        raise ConfigError(f"the sweep expands to {len(flat)} jobs (more than {_MAX_JOBS}); narrow it")
+    return flat
+
+
+def preflight(args: list[str]) -> int:
+    """Validate all jobs; returns how many. Raises ConfigError on the first bad one."""
+    if any(a.split("=")[0] in _PASS_THROUGH for a in args):
+        return 0
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        jobs = expand(args)
+        for job in jobs:
+            cfg = _compose(job)
+            try:
+                validate(cfg)
+            except ConfigError as e:
+                swept = " ".join(o for o in job if o not in args) if len(jobs) > 1 else ""
+                raise ConfigError(f"{e}" + (f" [job: {swept}]" if swept else "")) from e
+    GlobalHydra.instance().clear()
+    return len(jobs)

@@ -1,0 +1,83 @@
+"""Sweep aggregation: scaling efficiency of runs that differ only in world size.
+
+Two groupings, each against the smallest world size in the group (the baseline):
+- strong scaling: same global batch (each rank does less work as N grows);
+- weak scaling: same per-rank batch (the global batch grows with N).
+efficiency(N) = throughput(N) / (N x throughput(N0) / N0)
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from scalelab.results.record import read_records, write_json
+
+SWEEP_FILE = "sweep.json"
+# Keys that legitimately change with the world size inside one scaling group.
+_WORLD_KEYS = {("trainer", "devices"), ("trainer", "num_nodes"), ("data", "global_batch_size"),
+               ("data", "micro_batch_size"), ("lr_scaling", "base_batch_size")}
+
+
+def _identity(rec: dict) -> str:
+    cfg = {k: v for k, v in (rec.get("config") or {}).items() if k not in ("job", "hydra")}
+    flat = {}
+    for group, sub in cfg.items():
+        if isinstance(sub, dict):
+            flat.update({(group, k): v for k, v in sub.items() if (group, k) not in _WORLD_KEYS})
+        else:
+            flat[(group,)] = sub
+    return json.dumps(sorted((".".join(k), v) for k, v in flat.items()), default=str)
+
+
+def _per_rank_batch(rec: dict) -> int:
+    return rec["global_batch_size"] // max(1, rec.get("parallel", {}).get("dp", rec["world_size"]))
+
+
+def efficiency(thr: float, world: int, base_thr: float, base_world: int) -> float:
+    return thr / (world * base_thr / base_world)
+
+
+def aggregate(sweep_dir: Path | str, write: bool = True) -> dict:
+    sweep_dir = Path(sweep_dir)
+    records = read_records([sweep_dir])
+    ok = [r for r in records if r.get("status") == "completed" and r.get("throughput", {}).get("samples_per_s")]
+    groups = []
+    for kind, extra in (("strong", lambda r: r["global_batch_size"]), ("weak", _per_rank_batch)):
+        buckets: dict[tuple, list[dict]] = defaultdict(list)
+        for r in ok:
+            buckets[(_identity(r), extra(r))].append(r)
+        for members in buckets.values():
+            worlds = {m["world_size"] for m in members}
+            if len(worlds) < 2 or (kind == "weak" and len({m["global_batch_size"] for m in members}) < 2):
+                continue  # a weak group whose global batch never changed is the strong group again
+            base = min(members, key=lambda m: m["world_size"])
+            b_thr, b_world = base["throughput"]["samples_per_s"], base["world_size"]
+            groups.append({
+                "kind": kind, "strategy": base["strategy"], "baseline_job": base["job"].get("name"),
+                "baseline_world_size": b_world, "baseline_samples_per_s": b_thr,
+                "runs": [{"job": m["job"].get("name"), "world_size": m["world_size"],
+                          "global_batch_size": m["global_batch_size"],
+                          "samples_per_s": m["throughput"]["samples_per_s"],
+                          "scaling_efficiency": efficiency(m["throughput"]["samples_per_s"], m["world_size"],
+                                                           b_thr, b_world)}
+                         for m in sorted(members, key=lambda m: m["world_size"])],
+            })
+    failed = [{"job": r["job"].get("name"), "strategy": r.get("strategy"), "world_size": r.get("world_size"),
+               "error": r.get("error")} for r in records if r.get("status") != "completed"]
+    summary = {"sweep_dir": str(sweep_dir), "num_runs": len(records), "num_completed": len(ok),
+               "num_failed": len(failed), "failed": failed, "groups": groups}
+    if write:
+        write_json(sweep_dir / SWEEP_FILE, summary)
+    return summary
+
+
+def attach_efficiency(records: list[dict], summary: dict) -> None:
+    """Put each run's efficiency (strong preferred) on its record, for tables."""
+    by_job: dict[str, float] = {}
+    for g in sorted(summary["groups"], key=lambda g: g["kind"] != "weak"):  # strong written last wins
+        for run in g["runs"]:
+            by_job[run["job"]] = run["scaling_efficiency"]
+    for r in records:
+        if r.get("job", {}).get("name") in by_job:
+            r["scaling_efficiency"] = by_job[r["job"]["name"]]

@@ -1,0 +1,59 @@
+"""LR scaling rules and the warmup/decay schedule.
+
+- none:   lr = base_lr
+- linear: lr = base_lr * B / B0            (Goyal et al. 2017, "Accurate, Large Minibatch SGD")
+- sqrt:   lr = base_lr * sqrt(B / B0)      (Krizhevsky 2014; for Adam the square-root rule of
+                                            Malladi et al. 2022, "On the SDEs and Scaling Rules
+                                            for Adaptive Gradient Algorithms")
+B is the global batch, B0 = lr_scaling.base_batch_size, base_lr = optim.lr.
+Schedule: linear warmup from ~0 over warmup steps, then constant or cosine decay to
+min_lr_ratio * lr at max_steps, built from torch.optim.lr_scheduler parts.
+"""
+from __future__ import annotations
+
+import math
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import ConstantLR, CosineAnnealingLR, LinearLR, LRScheduler, SequentialLR
+
+from scalelab.errors import ConfigError
+
+RULES = ("none", "linear", "sqrt")
+DECAYS = ("constant", "cosine")
+
+
+def scaled_lr(base_lr: float, base_batch: int, global_batch: int, rule: str) -> float:
+    if rule not in RULES:
+        raise ConfigError(f"lr_scaling.rule={rule!r} is not known: choose one of {', '.join(RULES)}")
+    if base_batch < 1:
+        raise ConfigError(f"lr_scaling.base_batch_size={base_batch} must be >= 1")
+    ratio = global_batch / base_batch
+    return base_lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[rule]
+
+
+def warmup_steps(warmup: float | int, max_steps: int) -> int:
+    """warmup >= 1 is a step count; 0 < warmup < 1 is a fraction of max_steps."""
+    if warmup < 0:
+        raise ConfigError(f"lr_scaling.warmup_steps={warmup} must be >= 0 (steps, or a fraction < 1)")
+    return int(round(warmup * max_steps)) if 0 < warmup < 1 else int(warmup)
+
+
+def build_scheduler(optimizer: Optimizer, max_steps: int, warmup: float | int, decay: str,
+                    min_lr_ratio: float) -> LRScheduler:
+    if decay not in DECAYS:
+        raise ConfigError(f"lr_scaling.decay={decay!r} is not known: choose one of {', '.join(DECAYS)}")
+    n_warm = min(warmup_steps(warmup, max_steps), max_steps)
+    parts, milestones = [], []
+    if n_warm > 0:
+        # Step 0 trains at lr / n_warm; the factor rises linearly to 1 at step n_warm.
+        parts.append(LinearLR(optimizer, start_factor=1.0 / n_warm, end_factor=1.0, total_iters=n_warm))
+        milestones.append(n_warm)
+    rest = max(max_steps - n_warm, 1)
+    if decay == "cosine":
+        base = optimizer.param_groups[0]["lr"] if not n_warm else optimizer.param_groups[0]["initial_lr"]
+        parts.append(CosineAnnealingLR(optimizer, T_max=rest, eta_min=base * min_lr_ratio))
+    else:
+        parts.append(ConstantLR(optimizer, factor=1.0, total_iters=0))
+    if len(parts) == 1:
+        return parts[0]
+    return SequentialLR(optimizer, parts, milestones=milestones)

@@ -1,0 +1,84 @@
+"""What every strategy module provides. A strategy turns a plain model into a distributed one;
+the model itself never knows about ranks.
+
+Registry: a strategy is one module here plus one yaml in conf/strategy/ whose `_target_`
+names its StrategyPlan subclass. The valid names are the yaml files (see registry.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from scalelab.errors import ConfigError
+from scalelab.scaling.batch import BatchPlan
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What a strategy needs to know about the job to validate and build itself."""
+
+    world_size: int
+    num_nodes: int
+    devices_per_node: int
+    accelerator: str  # "cpu" | "gpu"
+    precision: str
+    model_arch: Any  # the model's config dataclass (GPTConfig, MLPConfig)
+    batch: BatchPlan | None = None
+
+
+def local_bytes(t: torch.Tensor | None) -> int:
+    """Bytes this rank actually holds for t (a DTensor counts its local shard only)."""
+    if t is None:
+        return 0
+    if hasattr(t, "to_local"):
+        t = t.to_local()
+    return t.numel() * t.element_size()
+
+
+class StrategyPlan:
+    """Base class. Subclasses are built by Hydra from conf/strategy/<name>.yaml."""
+
+    name: str = "base"
+    #: 1 when the strategy only runs on one device (validated before spawn)
+    max_world_size: int | None = None
+
+    def __init__(self, name: str | None = None, **options: Any):
+        if name:
+            self.name = name
+        if options:
+            raise ConfigError(f"strategy {self.name}: unknown option(s) {sorted(options)}")
+
+    # -- before any rank starts ------------------------------------------------------------
+    def validate(self, run: RunSpec) -> None:
+        if self.max_world_size is not None and run.world_size > self.max_world_size:
+            raise ConfigError(f"strategy={self.name} runs on at most {self.max_world_size} device(s); "
+                              f"got world size {run.world_size}")
+
+    def parallel_degrees(self, world_size: int) -> dict[str, int]:
+        """Data-, tensor- and pipeline-parallel degrees; dp x tp x pp == world size."""
+        return {"dp": world_size, "tp": 1, "pp": 1}
+
+    # -- inside a rank -----------------------------------------------------------------------
+    def dp_rank(self, global_rank: int, world_size: int) -> int:
+        return global_rank
+
+    def lightning_strategy(self, run: RunSpec) -> Any:
+        """A Lightning Strategy instance (or registry name) for Trainer(strategy=...)."""
+        raise NotImplementedError
+
+    def parallelize(self, net: nn.Module, device_mesh: Any) -> nn.Module:
+        """Hook for strategies applied in LightningModule.configure_model (FSDP2, TP)."""
+        return net
+
+    def state_bytes(self, net: nn.Module, optimizers: list) -> dict[str, int]:
+        """Bytes of parameters and optimizer state this rank holds (gradients: grad_bytes)."""
+        params = sum(local_bytes(p) for p in net.parameters())
+        opt = sum(local_bytes(v) for o in optimizers for st in o.state.values()
+                  for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+        return {"params": params, "optimizer": opt}
+
+    def grad_bytes(self, net: nn.Module) -> int:
+        return sum(local_bytes(p.grad) for p in net.parameters())

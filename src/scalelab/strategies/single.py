@@ -1,0 +1,32 @@
+"""`single`: no parallelism wrapper.
+
+At world size 1 it is plain one-device training (the baseline of every scaling figure).
+At world size N > 1 it runs N independent replicas, each on its own data-parallel shard,
+with no gradient communication: the communication-free upper bound on data-parallel
+throughput (what DDP would reach if all-reduce were free). Its loss curve is the mean of the
+replicas', so it is NOT equivalent to one model trained on the global batch.
+"""
+from __future__ import annotations
+
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+
+from scalelab.strategies.base import RunSpec, StrategyPlan
+
+
+class IndependentReplicasStrategy(DDPStrategy):
+    """DDPStrategy's process group (for metrics) without DDP's gradient all-reduce."""
+
+    def configure_ddp(self) -> None:  # leave the LightningModule unwrapped
+        pass
+
+
+class Single(StrategyPlan):
+    name = "single"
+
+    def lightning_strategy(self, run: RunSpec):
+        if run.world_size == 1:
+            import torch
+
+            device = torch.device("cuda", 0) if run.accelerator == "gpu" else torch.device("cpu")
+            return SingleDeviceStrategy(device=device)
+        return IndependentReplicasStrategy()

@@ -1,0 +1,152 @@
+"""One rank: build data, model and strategy from the job's resolved config, fit, measure.
+
+Run as `python -m scalelab.worker JOB_DIR` by torchrun (TorchElasticEnvironment) or srun
+(SLURMEnvironment); Lightning reads the rank layout from that environment and launches nothing.
+Rank 0 writes JOB_DIR/run.json. Any rank that fails writes JOB_DIR/error-rank<R>.txt.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import hydra.utils
+import lightning as L
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from scalelab.config import validate
+from scalelab.data.datamodule import ByteCorpusDataModule
+from scalelab.models.gpt import num_params
+from scalelab.models.lit import LitModule
+from scalelab.results.record import RUN_FILE, base_record, scrub, write_json
+from scalelab.scaling.metrics import StepMetrics, gather_all, summarize
+
+
+def _global_rank() -> int:
+    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
+
+
+def build_logger(cfg, job_dir: Path):
+    kind = cfg.logger.name
+    if kind == "none":
+        return False
+    if kind == "csv":
+        from lightning.pytorch.loggers import CSVLogger
+
+        return CSVLogger(save_dir=str(job_dir), name="csv", version="")
+    from lightning.pytorch.loggers import WandbLogger
+
+    job = cfg.job
+    return WandbLogger(project=cfg.logger.project, entity=cfg.logger.entity, name=job.name,
+                       group=job.group, job_type=cfg.strategy.name, tags=list(cfg.logger.tags),
+                       save_dir=str(job_dir), mode=cfg.logger.mode, config=logged_config(cfg))
+
+
+def logged_config(cfg) -> dict:
+    c = OmegaConf.to_container(cfg, resolve=True)
+    c.pop("job", None)
+    return scrub(c)
+
+
+def shutdown_process_group() -> None:
+    """Fixes gloo ranks aborting at interpreter exit (`terminate called without an active
+    exception`, SIGABRT in ProcessGroupGloo::runLoop; shared/notes/cpu-strategies.md section 1):
+    with the model and optimizer already released, barrier then destroy the group, so no gloo
+    thread is alive when the interpreter tears down. Must be the last collective of the rank."""
+    gc.collect()
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def run(job_dir: Path) -> int:
+    cfg = OmegaConf.load(job_dir / "config_resolved.yaml")
+    spec = validate(cfg)
+    torch.set_num_threads(int(cfg.job.threads_per_rank))
+    L.seed_everything(cfg.seed, workers=True, verbose=False)  # same initial weights on every rank
+    rank, world = _global_rank(), spec.run.world_size
+    plan = spec.plan
+    module = LitModule(spec.run.model_arch, cfg.model.task, hydra.utils.instantiate(cfg.optim.optimizer),
+                       spec.lr, cfg.trainer.max_steps, cfg.lr_scaling.warmup_steps, cfg.lr_scaling.decay,
+                       cfg.lr_scaling.min_lr_ratio, plan)
+    n_params = num_params(module.net)
+    data = ByteCorpusDataModule(cfg.job.data_prepared, spec.batch.global_batch_size,
+                                spec.batch.per_device_batch_size, plan.dp_rank(rank, world),
+                                spec.batch.dp_size, cfg.seed, cfg.data.num_workers)
+    metrics = StepMetrics(spec.batch.accumulate_grad_batches, plan)
+    from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
+
+    seq = spec.seq_len if cfg.model.task == "lm" else None
+    # ThroughputMonitor logs a rolling per-step view (rank 0) to the logger; the run record's
+    # steady-state figures come from StepMetrics.
+    live = ThroughputMonitor(batch_size_fn=lambda b: b.shape[0], window_size=min(10, cfg.trainer.max_steps),
+                             **({"length_fn": lambda b: b.shape[0] * seq} if seq else {}))
+    callbacks = [metrics, live] + ([LearningRateMonitor("step")] if cfg.logger.name != "none" else [])
+    logger = build_logger(cfg, job_dir)
+    trainer = L.Trainer(
+        accelerator=spec.run.accelerator, devices=spec.run.devices_per_node, num_nodes=spec.run.num_nodes,
+        strategy=plan.lightning_strategy(spec.run), precision=cfg.trainer.precision,
+        max_steps=cfg.trainer.max_steps, max_epochs=-1, accumulate_grad_batches=spec.batch.accumulate_grad_batches,
+        gradient_clip_val=cfg.trainer.gradient_clip_val, logger=logger, callbacks=callbacks,
+        log_every_n_steps=cfg.trainer.log_every_n_steps, enable_checkpointing=False,
+        enable_model_summary=False, enable_progress_bar=bool(cfg.trainer.enable_progress_bar),
+        use_distributed_sampler=False,  # GlobalBatchSampler shards by data-parallel rank itself
+        limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=str(job_dir))
+    t0 = time.time()
+    trainer.fit(module, datamodule=data)
+    fit_s = time.time() - t0
+    device = module.device
+    per_rank = gather_all(metrics.rank_summary(device))
+    real_world = dist.get_world_size() if dist.is_initialized() else 1
+    if rank == 0:
+        record = base_record(OmegaConf.to_container(cfg, resolve=True), spec.batch, spec.lr, real_world,
+                             plan.parallel_degrees(world), spec.run.model_arch, n_params,
+                             spec.run.accelerator, int(cfg.job.threads_per_rank))
+        record.update(summarize(per_rank, spec.batch.global_batch_size, seq, cfg.trainer.warmup_steps))
+        record["status"] = "completed"
+        record["timing"] = {"fit_s": fit_s}
+        record["lr_final"] = trainer.optimizers[0].param_groups[0]["lr"]
+        write_json(job_dir / RUN_FILE, record)
+        _log_summary(logger, record)
+    del trainer, module, data, metrics, callbacks, logger
+    shutdown_process_group()
+    return 0
+
+
+def _log_summary(logger, record: dict) -> None:
+    if not logger:
+        return
+    summary = {"throughput/samples_per_s": record["throughput"]["samples_per_s"],
+               "step_time/median_s": record["step_time_s"]["median"],
+               "step_time/p90_s": record["step_time_s"]["p90"],
+               "memory/peak_rss_bytes_max": max(record["memory"]["peak_rss_bytes_per_rank"]),
+               "memory/model_state_bytes_max": max(record["memory"]["model_state_bytes_per_rank"]),
+               "loss/final": record["loss"]["final"], "lr/used": record["lr"]}
+    if record["throughput"]["tokens_per_s"]:
+        summary["throughput/tokens_per_s"] = record["throughput"]["tokens_per_s"]
+    logger.log_metrics(summary, step=record["steps"])
+    if type(logger).__name__ == "WandbLogger":
+        import wandb
+
+        logger.experiment.summary.update(summary)
+        wandb.finish()  # one W&B run per job, closed by the job
+    else:
+        logger.save()
+
+
+def main() -> int:
+    job_dir = Path(sys.argv[1])
+    try:
+        return run(job_dir)
+    except BaseException:
+        (job_dir / f"error-rank{_global_rank()}.txt").write_text(traceback.format_exc())
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

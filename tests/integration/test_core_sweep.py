@@ -1,0 +1,57 @@
+"""The foundation end to end: a real multirun of single/ddp x 1/2 ranks (fixture core_sweep)."""
+import json
+
+import pytest
+
+from scalelab.results.wandb_offline import find_runs, read_run
+
+from ..conftest import records, worker_pids
+
+pytestmark = pytest.mark.integration
+
+
+def _by(recs, strategy, world):
+    return next(r for r in recs if r["strategy"] == strategy and r["world_size"] == world)
+
+
+def test_each_job_runs_at_its_world_size_in_its_own_dir(core_sweep):
+    recs = records(core_sweep)
+    assert sorted((r["strategy"], r["world_size"]) for r in recs) == [
+        ("ddp", 1), ("ddp", 2), ("single", 1), ("single", 2)]
+    assert all(r["status"] == "completed" for r in recs)
+    dirs = {r["job"]["dir"] for r in recs}
+    assert len(dirs) == 4 and all(d.startswith(str(core_sweep)) for d in dirs)
+    for r in recs:  # per-rank figures come from every rank
+        assert len(r["memory"]["peak_rss_bytes_per_rank"]) == r["world_size"]
+        assert r["steps"] == 20 and r["throughput"]["samples_per_s"] > 0
+        assert r["step_time_s"]["p90"] >= r["step_time_s"]["median"] > 0
+
+
+def test_no_rank_outlives_its_sweep(core_sweep):
+    assert worker_pids() == []
+
+
+def test_ddp_two_ranks_matches_single_device_loss_curve(core_sweep):
+    recs = records(core_sweep)
+    single, ddp = _by(recs, "single", 1), _by(recs, "ddp", 2)
+    assert ddp["per_device_batch_size"] * 2 == single["global_batch_size"] == ddp["global_batch_size"]
+    a = [v for _, v in single["loss"]["curve"]]
+    b = [v for _, v in ddp["loss"]["curve"]]
+    assert len(a) == len(b) == 20
+    for x, y in zip(a, b):
+        assert abs(x - y) <= 1e-4 * abs(x)
+    assert b[-1] < b[0]  # it learns
+
+
+def test_sweep_json_and_wandb_offline_run_per_job(core_sweep):
+    summary = json.loads((core_sweep / "sweep.json").read_text())
+    assert summary["num_completed"] == 4 and summary["num_failed"] == 0
+    runs = find_runs(core_sweep)
+    assert len(runs) == 4  # one W&B run per job, none per extra rank
+    rec = _by(records(core_sweep), "ddp", 2)
+    run = read_run(next(p for p in runs if p.is_relative_to(rec["job"]["dir"])))
+    assert run["run"]["group"] == core_sweep.name and run["run"]["job_type"] == "ddp"
+    losses = [h["train/loss"] for h in run["history"] if "train/loss" in h]
+    assert len(losses) == 20
+    assert run["summary"]["throughput/samples_per_s"] == pytest.approx(rec["throughput"]["samples_per_s"])
+    assert run["config"]["strategy"]["name"] == "ddp"

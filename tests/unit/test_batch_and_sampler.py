@@ -1,0 +1,36 @@
+import pytest
+
+from scalelab.data.sampler import GlobalBatchSampler
+from scalelab.errors import ConfigError
+from scalelab.scaling.batch import derive_batch
+
+
+def test_derive_batch_without_and_with_accumulation():
+    assert derive_batch(16, 2) == derive_batch(16, 2, 8)
+    b = derive_batch(32, 2, 4)
+    assert (b.per_device_batch_size, b.accumulate_grad_batches) == (4, 4)
+
+
+@pytest.mark.parametrize("g,dp,m", [(15, 2, None), (16, 3, None), (16, 2, 3), (0, 1, None)])
+def test_bad_batches_name_the_value(g, dp, m):
+    with pytest.raises(ConfigError, match=rf"global_batch_size={g}|micro_batch_size"):
+        derive_batch(g, dp, m)
+
+
+@pytest.mark.parametrize("world,micro", [(2, 8), (2, 4), (4, 2), (2, 2)])
+def test_every_world_size_sees_the_same_global_batches(world, micro):
+    B, n = 16, 200
+    single = list(GlobalBatchSampler(n, B, B, 0, 1, seed=7))
+    ranks = [list(GlobalBatchSampler(n, B, micro, r, world, seed=7)) for r in range(world)]
+    per_step_rank = B // world
+    for step in range(n // B):
+        union = sorted(i for r in ranks for i in r[step * per_step_rank:(step + 1) * per_step_rank])
+        assert union == sorted(single[step * B:(step + 1) * B])
+    assert all(len(set(r)) == len(r) for r in ranks)  # distinct samples within a rank
+    assert not set(ranks[0]) & set(ranks[1])  # and across ranks
+
+
+def test_same_seed_same_order_other_seed_other_order():
+    a = list(GlobalBatchSampler(100, 8, 8, 0, 1, seed=1))
+    assert a == list(GlobalBatchSampler(100, 8, 8, 0, 1, seed=1))
+    assert a != list(GlobalBatchSampler(100, 8, 8, 0, 1, seed=2))

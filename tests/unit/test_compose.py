@@ -1,0 +1,45 @@
+"""Every yaml in conf/ (and every experiment) composes, and validates where it is a full run."""
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from scalelab.config import validate
+from scalelab.paths import conf_dir
+
+CONF = conf_dir()
+DEFAULT_GROUPS = {"strategy", "model", "data", "optim", "lr_scaling", "trainer", "logger", "launcher", "experiment"}
+# Options that need a value only the user can give (a file list, a hub name).
+NEEDS_USER_VALUE = {("data", "text_files"): ["data.files=[" + __file__ + "]"],
+                    ("data", "hub"): ["data.hub_name=some/dataset"]}
+
+
+def _options():
+    for group_dir in sorted(p for p in CONF.iterdir() if p.is_dir()):
+        for f in sorted(group_dir.glob("*.yaml")):
+            yield group_dir.name, f.stem
+
+
+@pytest.fixture()
+def hydra_ctx():
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        yield
+    GlobalHydra.instance().clear()
+
+
+@pytest.mark.parametrize("group,name", list(_options()), ids=lambda x: str(x))
+def test_every_config_file_composes(hydra_ctx, group, name):
+    prefix = "" if group in DEFAULT_GROUPS else "+"
+    extra = NEEDS_USER_VALUE.get((group, name), [])
+    cfg = compose("train", overrides=[f"{prefix}{group}={name}", *extra])
+    assert cfg[group] is not None or group == "experiment"
+    if group in ("strategy", "model", "optim", "lr_scaling", "trainer", "logger") or group == "experiment":
+        devices = ["trainer.devices=2"] if group == "strategy" else []
+        validate(compose("train", overrides=[f"{prefix}{group}={name}", *extra, *devices]))
+
+
+def test_experiments_folder_is_the_experiment_group():
+    assert (CONF / "experiment").resolve() == (CONF.parent / "experiments").resolve()
+    assert sorted(p.stem for p in (CONF.parent / "experiments").glob("*.yaml"))
