@@ -98,8 +98,15 @@ def run(job_dir: Path) -> int:
         use_distributed_sampler=False,  # GlobalBatchSampler shards by data-parallel rank itself
         limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=str(job_dir))
     t0 = time.time()
-    trainer.fit(module, datamodule=data)
+    resume = cfg.checkpoint.resume_from
+    trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
     fit_s = time.time() - t0
+    if cfg.checkpoint.save:
+        trainer.save_checkpoint(str(job_dir / "checkpoints" / "last.ckpt"))
+    if cfg.checkpoint.export_consolidated:
+        state = plan.consolidated_state_dict(trainer, module)  # collective: all ranks call it
+        if rank == 0:
+            torch.save(state, job_dir / "model_consolidated.pt")
     device = module.device
     per_rank = gather_all(metrics.rank_summary(device))
     real_world = dist.get_world_size() if dist.is_initialized() else 1
@@ -107,7 +114,9 @@ def run(job_dir: Path) -> int:
         record = base_record(OmegaConf.to_container(cfg, resolve=True), spec.batch, spec.lr, real_world,
                              plan.parallel_degrees(world), spec.run.model_arch, n_params,
                              spec.run.accelerator, int(cfg.job.threads_per_rank))
-        record.update(summarize(per_rank, spec.batch.global_batch_size, seq, cfg.trainer.warmup_steps))
+        record.update(summarize(per_rank, spec.batch.global_batch_size, seq, cfg.trainer.warmup_steps,
+                                plan.loss_ranks(world)))
+        record["resumed_from"] = str(resume) if resume else None
         record["status"] = "completed"
         record["timing"] = {"fit_s": fit_s}
         record["lr_final"] = trainer.optimizers[0].param_groups[0]["lr"]

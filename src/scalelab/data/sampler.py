@@ -17,7 +17,7 @@ from torch.utils.data import Sampler
 
 class GlobalBatchSampler(Sampler[int]):
     def __init__(self, num_samples: int, global_batch: int, micro_batch: int, dp_rank: int,
-                 dp_size: int, seed: int, shuffle: bool = True):
+                 dp_size: int, seed: int, shuffle: bool = True, start_step: int = 0):
         if global_batch % (micro_batch * dp_size):
             raise ValueError(f"global batch {global_batch} is not a multiple of micro batch "
                              f"{micro_batch} x {dp_size} data-parallel ranks")
@@ -25,13 +25,17 @@ class GlobalBatchSampler(Sampler[int]):
         self.rank, self.D, self.seed, self.shuffle = dp_rank, dp_size, seed, shuffle
         self.A = global_batch // (micro_batch * dp_size)
         self.steps = num_samples // global_batch
-        self.epoch = 0
+        if self.steps == 0:
+            raise ValueError(f"global batch {global_batch} is larger than the dataset ({num_samples} samples)")
+        # start_step: optimizer steps already taken (resume); it picks the epoch and the offset in it.
+        self.epoch, self.first = divmod(start_step, self.steps)
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        if epoch != self.epoch:  # a new epoch starts from its first step
+            self.epoch, self.first = epoch, 0
 
     def __len__(self) -> int:
-        return self.steps * self.A * self.m
+        return (self.steps - self.first) * self.A * self.m
 
     def __iter__(self) -> Iterator[int]:
         if self.shuffle:
@@ -39,7 +43,7 @@ class GlobalBatchSampler(Sampler[int]):
             perm = torch.randperm(self.n, generator=g)
         else:
             perm = torch.arange(self.n)
-        for s in range(self.steps):
+        for s in range(self.first, self.steps):
             for k in range(self.A):
                 start = s * self.B + (k * self.D + self.rank) * self.m
                 yield from perm[start: start + self.m].tolist()

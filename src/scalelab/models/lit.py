@@ -53,6 +53,8 @@ class LitModule(L.LightningModule):
         return F.cross_entropy(logits.float(), batch[:, n] % self.arch.num_classes)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> dict:
+        if hasattr(self.plan, "training_step"):  # e.g. a pipeline schedule runs fwd + bwd itself
+            return self.plan.training_step(self, batch, batch_idx)
         loss = self.loss(batch)
         # Rank 0's own loss, per step, for the progress bar and logger; the run record holds
         # the all-rank mean (gathered once at the end, so no per-step collective is added).

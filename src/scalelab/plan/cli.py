@@ -213,7 +213,7 @@ def fmt_time(s: float) -> str:
 
 
 def _si(x: float) -> str:
-    for unit, div in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    for unit, div in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(x) >= div:
             return f"{x / div:.3g}{unit}"
     return f"{x:.3g}"

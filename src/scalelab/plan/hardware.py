@@ -169,16 +169,16 @@ def _cpu_name() -> str:
 def probe_cpu(out_path: str | Path | None = None, threads: int = 1, budget_s: float = 0.4) -> Hardware:
     """Measure this CPU with torch (one device = one rank of `threads` threads) and write a profile.
 
-    fp32/bf16/fp16 matmul FLOP/s (n = 512), a copy bandwidth for the optimizer step; links are the
+    fp32/bf16/fp16 matmul FLOP/s (n = 1024 / 512), a copy bandwidth for the optimizer step; links are the
     gloo-over-loopback figures of notes/perf-baseline.md until --calibrate fits them.
     """
     import torch                                       # only the probe needs torch
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        peak = {"fp32": _matmul_rate(torch, torch.float32, 512, budget_s),
+        peak = {"fp32": _matmul_rate(torch, torch.float32, 1024, budget_s),
                 "bf16": _matmul_rate(torch, torch.bfloat16, 512, budget_s),
-                "fp16": _matmul_rate(torch, torch.float16, 256, budget_s / 2)}
+                "fp16": _matmul_rate(torch, torch.float16, 512, budget_s)}
         mem_bw = _copy_bandwidth(torch, budget_s)
     finally:
         torch.set_num_threads(prev)
@@ -188,6 +188,10 @@ def probe_cpu(out_path: str | Path | None = None, threads: int = 1, budget_s: fl
     except (ValueError, OSError, AttributeError):
         ram = 8 * 2 ** 30
     when = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    try:
+        load = f"load average {os.getloadavg()[0]:.2f} at the time"
+    except OSError:
+        load = "load unknown"
     hw = Hardware(
         name="this_cpu", peak_flops={k: round(v, -6) for k, v in peak.items()},
         memory_bytes=float(ram // cores), memory_bandwidth_bytes_per_s=round(mem_bw, -6),
@@ -197,8 +201,9 @@ def probe_cpu(out_path: str | Path | None = None, threads: int = 1, budget_s: fl
         host={"link_bandwidth_bytes_per_s": round(mem_bw, -6), "memory_bandwidth_bytes_per_s": round(mem_bw, -6)},
         cost_per_device_hour=0.02, power_watts=10.0,
         note=(f"Measured by `scalelab plan --probe` on {when}: {_cpu_name()}, {cores} cores, "
-              f"torch {torch.__version__}, {threads} thread(s) per device; peak_flops = torch.mm "
-              f"n=512 (fp16 n=256), memory bandwidth = 64 MiB copy. A device is one rank of "
+              f"torch {torch.__version__}, {threads} thread(s) per device, {load} (rerun on an idle "
+              f"machine); peak_flops = torch.mm n=1024 (bf16/fp16 n=512), memory bandwidth = "
+              f"64 MiB copy. A device is one rank of "
               f"{threads} thread(s); memory_bytes = RAM / cores. Links: gloo all_reduce over "
               "loopback, 1.1-1.6 GB/s (notes/perf-baseline.md); gloo does not overlap comm with "
               "backward (comm_overlap 0). compute_efficiency, overheads, links: rerun "

@@ -25,6 +25,7 @@ class StepMetrics(L.Callback):
         self.accumulate, self.plan = accumulate, plan
         self.step_times: list[float] = []
         self.losses: list[float] = []
+        self.global_steps: list[int] = []  # optimizer step numbers (continue after a resume)
         self._micro: list[torch.Tensor] = []
         self._t_last = 0.0
         self.grad_bytes = 0
@@ -36,7 +37,7 @@ class StepMetrics(L.Callback):
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if not self.grad_bytes:  # gradients exist only between backward and the optimizer step
-            self.grad_bytes = self.plan.grad_bytes(pl_module.net)
+            self.grad_bytes = self.plan.grad_bytes(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._micro.append(outputs["raw_loss"])
@@ -48,13 +49,15 @@ class StepMetrics(L.Callback):
         self._t_last = now
         # .item() syncs the device; on CPU it is free. Mean over micro-batches = this rank's step loss.
         self.losses.append(torch.stack(self._micro).float().mean().item())
+        self.global_steps.append(trainer.global_step)
         self._micro = []
         if len(self.step_times) == 1:  # optimizer state exists after the first step
-            self.state = self.plan.state_bytes(pl_module.net, trainer.optimizers)
+            self.state = self.plan.state_bytes(trainer, pl_module)
 
     def rank_summary(self, device: torch.device) -> dict:
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-        out = {"step_times": self.step_times, "losses": self.losses, "peak_rss_bytes": peak_rss,
+        out = {"step_times": self.step_times, "losses": self.losses, "global_steps": self.global_steps,
+               "peak_rss_bytes": peak_rss,
                "params": self.state.get("params", 0), "grads": self.grad_bytes,
                "optimizer": self.state.get("optimizer", 0)}
         if device.type == "cuda":
@@ -82,7 +85,8 @@ def summarize(per_rank: list[dict], global_batch: int, tokens_per_sample: int | 
     step = [max(r["step_times"][i] for r in per_rank) for i in range(n_steps)]
     steady = step[warmup_steps:] if n_steps > warmup_steps else step[1:] or step
     src = [per_rank[i] for i in (loss_ranks or range(len(per_rank)))]
-    curve = [[i + 1, statistics.fmean(r["losses"][i] for r in src)] for i in range(n_steps)]
+    curve = [[per_rank[0]["global_steps"][i], statistics.fmean(r["losses"][i] for r in src)]
+             for i in range(n_steps)]
     samples_per_s = global_batch * len(steady) / sum(steady) if steady else 0.0
     q = sorted(steady)
     return {

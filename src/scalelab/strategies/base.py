@@ -73,12 +73,27 @@ class StrategyPlan:
         """Hook for strategies applied in LightningModule.configure_model (FSDP2, TP)."""
         return net
 
-    def state_bytes(self, net: nn.Module, optimizers: list) -> dict[str, int]:
-        """Bytes of parameters and optimizer state this rank holds (gradients: grad_bytes)."""
-        params = sum(local_bytes(p) for p in net.parameters())
-        opt = sum(local_bytes(v) for o in optimizers for st in o.state.values()
+    def loss_ranks(self, world_size: int) -> list[int] | None:
+        """Ranks whose loss is the model's loss (None: all; a pipeline: its last stage)."""
+        return None
+
+    # Optional: def training_step(self, pl_module, batch, batch_idx) -> dict
+    # replaces LitModule's forward/backward (pipeline schedules run both themselves).
+
+    def state_bytes(self, trainer: Any, pl_module: Any) -> dict[str, int]:
+        """Bytes of parameters and optimizer state this rank holds (after an optimizer step)."""
+        params = sum(local_bytes(p) for p in pl_module.net.parameters())
+        opt = sum(local_bytes(v) for o in trainer.optimizers for st in o.state.values()
                   for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
         return {"params": params, "optimizer": opt}
 
-    def grad_bytes(self, net: nn.Module) -> int:
-        return sum(local_bytes(p.grad) for p in net.parameters())
+    def grad_bytes(self, trainer: Any, pl_module: Any) -> int:
+        """Bytes of gradients this rank holds (called just before the optimizer step)."""
+        return sum(local_bytes(p.grad) for p in pl_module.net.parameters())
+
+    def consolidated_state_dict(self, trainer: Any, pl_module: Any) -> dict | None:
+        """The plain model's full state_dict on rank 0 (None elsewhere). Collective: every
+        rank calls it. Sharded strategies gather their shards here."""
+        state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu()
+                 for k, v in pl_module.net.state_dict().items()}
+        return state if trainer.global_rank == 0 else None

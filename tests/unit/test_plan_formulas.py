@@ -1,0 +1,180 @@
+"""The planner's formulas against numbers derived by hand from the papers they cite."""
+import math
+
+import pytest
+
+from scalelab.plan import (ModelSpec, activation_bytes_per_device, collectives, get_strategy,
+                           layer_activation_bytes, megatron_flops, model_flops, hardware_flops,
+                           model_states, resolve_layout, zero_paper_bytes)
+from scalelab.plan.comm import Collective
+from scalelab.plan.flops import layer_forward_flops
+
+NANO = ModelSpec.from_shape(2, 64, 4, 256, 64)       # 2 layers, h 64, 4 heads, V 256, s 64
+
+
+def layout(strategy, model, devices, **kw):
+    return resolve_layout(get_strategy(strategy), model, devices, **kw)
+
+
+# ---------------------------------------------------------------- ZeRO model states
+def test_zero_paper_figure_1():
+    # Rajbhandari et al. 2020, Fig. 1: Psi = 7.5B, N_d = 64, K = 12 -> 120 / 31.4 / 16.6 / 1.9 GB.
+    psi = 7.5e9
+    assert zero_paper_bytes(psi, 64, 0) == pytest.approx(120e9)
+    assert zero_paper_bytes(psi, 64, 1) / 1e9 == pytest.approx(31.4, abs=0.05)
+    assert zero_paper_bytes(psi, 64, 2) / 1e9 == pytest.approx(16.6, abs=0.05)
+    assert zero_paper_bytes(psi, 64, 3) / 1e9 == pytest.approx(1.9, abs=0.05)
+
+
+@pytest.mark.parametrize("strategy,stage", [("zero1", 1), ("zero2", 2), ("zero3", 3)])
+def test_deepspeed_strategies_follow_the_paper(strategy, stage):
+    m = ModelSpec.from_params(7.5e9)
+    st = model_states(m, get_strategy(strategy), layout(strategy, m, 64), "bf16-mixed", "adam")
+    assert st.total_bytes == pytest.approx(zero_paper_bytes(7.5e9, 64, stage))
+
+
+def test_torch_family_keeps_fp32_states_whatever_the_precision():
+    # Autocast keeps fp32 weights and grads: 4 + 4 + 8 (Adam) = 16 B/param; SGD momentum: 12.
+    m = ModelSpec(1_000_000, 2, 64, 4, 256, 64)
+    for prec in ("32", "bf16-mixed"):
+        st = model_states(m, get_strategy("ddp"), layout("ddp", m, 4), prec, "adam")
+        assert (st.params_bytes, st.grads_bytes, st.optimizer_bytes) == (4e6, 4e6, 8e6)
+    st = model_states(m, get_strategy("ddp"), layout("ddp", m, 4), "32", "sgd")
+    assert st.total_bytes == 12e6
+
+
+def test_fsdp_shards_everything_and_deepspeed_fp32_keeps_a_master_copy():
+    m = ModelSpec(1_000_000, 2, 64, 4, 256, 64)
+    st = model_states(m, get_strategy("fsdp"), layout("fsdp", m, 4), "32", "adam")
+    assert st.total_bytes == pytest.approx(16e6 / 4)
+    # DeepSpeed ZeRO-2 in fp32: params 4 (full) + (grads 4 + fp32 clone 4 + m, v 8) / N.
+    st = model_states(m, get_strategy("zero2"), layout("zero2", m, 4), "32", "adam")
+    assert st.total_bytes == pytest.approx(4e6 + 16e6 / 4)
+    # ZeRO-3 in fp32 reuses the partition: 16 / N.
+    st = model_states(m, get_strategy("zero3"), layout("zero3", m, 4), "32", "adam")
+    assert st.total_bytes == pytest.approx(16e6 / 4)
+
+
+def test_offload_moves_optimizer_and_grads_to_host():
+    m = ModelSpec(1_000_000, 2, 64, 4, 256, 64)
+    st = model_states(m, get_strategy("zero2_offload"), layout("zero2_offload", m, 4), "bf16-mixed", "adam")
+    assert st.total_bytes == 2e6                          # 16-bit params only (DeepSpeed: 2 Psi)
+    assert st.offloaded_bytes == pytest.approx((12e6 + 4e6) / 4)
+
+
+def test_tensor_and_pipeline_split_the_model():
+    m = ModelSpec.from_shape(8, 256, 8, 256, 128)
+    st = model_states(m, get_strategy("tp"), layout("tp", m, 4), "32", "adam")
+    assert st.total_bytes == pytest.approx(16 * m.n_params / 4)
+    st = model_states(m, get_strategy("pipeline"), layout("pipeline", m, 4), "32", "adam")
+    stage = 2 * m.layer_params + m.embedding_params    # 8 / 4 layers + the tied embedding
+    full = 8 * m.layer_params + m.embedding_params
+    assert st.total_bytes == pytest.approx(16 * m.n_params * stage / full)
+
+
+# ---------------------------------------------------------------- FLOPs (Narayanan et al. 2021)
+def test_megatron_flops_hand_derived():
+    # B=8, s=64, l=2, h=64, V=256: layer fwd 24Bsh^2 + 4Bs^2h = 58,720,256; head fwd 2BshV
+    # = 16,777,216; x3 -> 402,653,184. With full recompute one more forward of the layers.
+    assert layer_forward_flops(NANO, 8 * 64) == 58_720_256
+    assert model_flops(NANO, 8) == 402_653_184
+    assert megatron_flops(8, 64, 2, 64, 256) == pytest.approx(402_653_184)
+    assert hardware_flops(NANO, 8, "full") == 402_653_184 + 2 * 58_720_256
+    assert megatron_flops(8, 64, 2, 64, 256, recompute=True) == pytest.approx(520_093_696)
+    assert hardware_flops(NANO, 8, "selective") == 402_653_184 + 2 * 4 * 8 * 64 * 64 * 64
+
+
+def test_flops_approach_6N_per_token_for_wide_models():
+    m = ModelSpec.from_shape(48, 8192, 64, 32000, 256)
+    per_token = model_flops(m, 1) / m.seq_len
+    assert per_token / (6 * m.n_params) == pytest.approx(1.0, abs=0.02)
+
+
+# ---------------------------------------------------------------- activations (Korthikanti et al. 2022)
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_korthikanti_table_2(t):
+    s, b, h, a = 2048, 1, 12288, 96
+    sbh, r = s * b * h, a * s / h
+    f = lambda **kw: layer_activation_bytes(s, b, h, a, t, **kw)
+    assert f() == pytest.approx(sbh * (10 + 24 / t + 5 * r / t))
+    assert f(sequence_parallel=True) == pytest.approx(sbh * (34 / t + 5 * r / t))
+    assert f(checkpointing="selective") == pytest.approx(sbh * (10 + 24 / t))
+    assert f(sequence_parallel=True, checkpointing="selective") == pytest.approx(sbh * 34 / t)
+    assert f(checkpointing="full") == pytest.approx(2 * sbh)
+    assert f(sequence_parallel=True, checkpointing="full") == pytest.approx(2 * sbh / t)
+
+
+def test_fp32_activations_double_the_16_bit_tensors_not_the_masks():
+    s, b, h, a = 64, 8, 64, 4
+    # 16 two-byte tensors -> 4 bytes, 2 one-byte masks: 66 s b h; scores 2 x 4 + 1 = 9 a s^2 b.
+    assert layer_activation_bytes(s, b, h, a, e=4) == s * b * h * 66 + 9 * a * s * s * b
+
+
+def test_activations_per_device_adds_embedding_and_logits():
+    L = layout("ddp", NANO, 2, micro_batch=8)
+    s, b, h, V = 64, 8, 64, 256
+    per_layer = s * b * h * 34 + 5 * 4 * s * s * b
+    expected = 2 * per_layer + s * b * h + 4 * s * b * h + 4 * s * b * V
+    assert activation_bytes_per_device(NANO, L, "bf16-mixed") == expected
+
+
+def test_pipeline_first_stage_holds_p_micro_batches():
+    m = ModelSpec.from_shape(8, 64, 4, 256, 64)
+    one = activation_bytes_per_device(m, layout("ddp", m, 1), "bf16-mixed")
+    L = layout("pipeline", m, 4, micro_batches=8)
+    per_layer = 64 * 64 * 34 + 5 * 4 * 64 * 64
+    assert activation_bytes_per_device(m, L, "bf16-mixed") == 2 * per_layer * 4 + 64 * 64 * 4
+    assert activation_bytes_per_device(m, L, "bf16-mixed") < one + 4 * 64 * 64 * 4
+
+
+# ---------------------------------------------------------------- communication (ring, nccl-tests)
+def test_ring_bus_factors_and_cost():
+    c = Collective("x", "all_reduce", "dp", 8, 1e9, 1, False)
+    assert c.bus_factor == 2 * 7 / 8 and c.hops == 14
+    assert c.time_s(100e9, 1e-6) == pytest.approx(14e-6 + 1.75e9 / 100e9)
+    for op in ("all_gather", "reduce_scatter"):
+        c = Collective("x", op, "dp", 8, 1e9, 2, False)
+        assert c.bytes_per_step == pytest.approx(2 * 7 / 8 * 1e9) and c.hops == 7
+
+
+def test_ddp_all_reduces_fp32_gradients_once_per_step():
+    m = ModelSpec(100_000_000, 4, 1024, 16, 50257, 1024)
+    L = layout("ddp", m, 8, micro_batch=1, global_batch=32)       # 4 accumulation steps
+    (c,) = collectives(m, get_strategy("ddp"), L, "bf16-mixed")
+    assert c.op == "all_reduce" and c.overlappable
+    assert c.bytes_per_step == pytest.approx(2 * 7 / 8 * 4e8)
+    assert c.calls == 1 + math.ceil((4e8 - 2 ** 20) / (25 * 2 ** 20))
+
+
+def test_zero3_moves_1_5x_the_data_of_zero2():
+    # ZeRO paper Sec. 7: stage 1/2 = 2 Psi (reduce-scatter + all-gather), stage 3 = 3 Psi.
+    m = ModelSpec(1_000_000_000, 24, 2048, 16, 50257, 2048)
+    L = layout("zero2", m, 16)
+    vol = {s: sum(c.bytes_per_step for c in collectives(m, get_strategy(s), L, "bf16-mixed"))
+           for s in ("zero1", "zero2", "zero3", "ddp")}
+    assert vol["zero2"] == pytest.approx(2 * 15 / 16 * 2e9)       # 16-bit, (n-1)/n each
+    assert vol["zero1"] == pytest.approx(vol["zero2"])
+    assert vol["zero3"] == pytest.approx(1.5 * vol["zero2"])
+    assert vol["ddp"] == pytest.approx(2 * vol["zero2"])           # fp32 gradients under autocast
+
+
+def test_tensor_parallel_all_reduces_activations_per_layer():
+    m = ModelSpec.from_shape(4, 256, 8, 256, 128)
+    L = layout("tp", m, 2, micro_batch=4, global_batch=8)          # 2 micro-batches
+    (c,) = collectives(m, get_strategy("tp"), L, "bf16-mixed")
+    assert c.bytes_per_call == 4 * 128 * 256 * 2
+    assert c.calls == (4 * 4 + 2) * 2
+    assert not c.overlappable
+
+
+def test_pipeline_sends_activations_both_ways_per_micro_batch():
+    m = ModelSpec.from_shape(4, 256, 8, 256, 128)
+    L = layout("pipeline", m, 2, micro_batch=2, micro_batches=4)
+    p2p = [c for c in collectives(m, get_strategy("pipeline"), L, "32") if c.op == "p2p"][0]
+    assert p2p.calls == 8 and p2p.bytes_per_call == 2 * 128 * 256 * 4
+
+
+def test_groups_cross_nodes_in_megatron_rank_order():
+    m = ModelSpec.from_shape(8, 256, 8, 256, 128)
+    L = layout("fsdp_tp", m, 8, nodes=4, tp=8)
+    assert not L.group_spans_nodes("tp") and L.group_spans_nodes("dp") and L.dp == 4
