@@ -32,12 +32,16 @@ def hydra_ctx():
 @pytest.mark.parametrize("group,name", list(_options()), ids=lambda x: str(x))
 def test_every_config_file_composes(hydra_ctx, group, name):
     prefix = "" if group in DEFAULT_GROUPS else "+"
-    extra = NEEDS_USER_VALUE.get((group, name), [])
-    cfg = compose("train", overrides=[f"{prefix}{group}={name}", *extra])
-    assert cfg[group] is not None or group == "experiment"
-    if group in ("strategy", "model", "optim", "lr_scaling", "trainer", "logger") or group == "experiment":
-        devices = ["trainer.devices=2"] if group == "strategy" else []
-        validate(compose("train", overrides=[f"{prefix}{group}={name}", *extra, *devices]))
+    overrides = [f"{prefix}{group}={name}", *NEEDS_USER_VALUE.get((group, name), [])]
+    if group == "strategy":
+        overrides.append("trainer.devices=2")
+    cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    if group == "experiment":  # a `# @package _global_` overlay: no key of its own
+        assert cfg.hydra.sweeper.params or cfg.strategy
+    else:
+        assert cfg[group] is not None
+    if group in ("strategy", "model", "optim", "lr_scaling", "trainer", "logger", "experiment"):
+        validate(compose("train", overrides=overrides))
 
 
 def test_experiments_folder_is_the_experiment_group():
