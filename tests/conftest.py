@@ -35,8 +35,8 @@ def records(root: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(root.rglob("run.json"))]
 
 
-def worker_pids() -> list[int]:
-    """Processes still running a scalelab rank (orphans if no job is running)."""
+def worker_pids(under: Path | str = "") -> list[int]:
+    """Processes still running a scalelab rank of a job under `under` (all ranks if empty)."""
     pids = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -44,7 +44,7 @@ def worker_pids() -> list[int]:
                 cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ")
             except OSError:
                 continue
-            if b"scalelab.worker" in cmd and b"pytest" not in cmd:
+            if b"scalelab.worker" in cmd and b"pytest" not in cmd and str(under).encode() in cmd:
                 pids.append(int(d.name))
     return pids
 

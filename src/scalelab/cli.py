@@ -31,6 +31,18 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _aggregate(args: argparse.Namespace) -> int:
+    from scalelab.results.callbacks import summarize_sweep
+
+    sweep = Path(args.sweep_dir)
+    if not sweep.is_dir() or not any(sweep.rglob("run.json")):
+        print(f"error: {sweep} holds no run.json (give a sweep dir, e.g. outputs/sweeps/<time>)", file=sys.stderr)
+        return 2
+    logger = {"name": "wandb", "project": args.project, "mode": args.wandb} if args.wandb != "disabled" else None
+    summarize_sweep(sweep, logger)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scalelab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -39,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--format", choices=["table", "markdown", "json", "html"], default="table")
     cmp.add_argument("--out", help="write to this file instead of stdout")
     cmp.set_defaults(func=_compare)
+    agg = sub.add_parser("aggregate", help="(re)compute a sweep's sweep.json and summary, on demand")
+    agg.add_argument("sweep_dir")
+    agg.add_argument("--wandb", choices=["offline", "online", "disabled"], default="disabled",
+                     help="also log the sweep-summary run to W&B")
+    agg.add_argument("--project", default="scalelab")
+    agg.set_defaults(func=_aggregate)
     try:
         from scalelab.plan import cli as plan_cli
 

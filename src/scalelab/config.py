@@ -18,6 +18,10 @@ from scalelab.scaling.lr import DECAYS, RULES, scaled_lr, warmup_steps
 from scalelab.strategies.base import RunSpec, StrategyPlan
 from scalelab.strategies.registry import choices
 
+# ${mul:a,b,...} in configs, e.g. a weak-scaling global batch = devices x nodes x per-rank batch.
+if not OmegaConf.has_resolver("mul"):
+    OmegaConf.register_new_resolver("mul", lambda *xs: __import__("math").prod(int(x) for x in xs))
+
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true")
 LOGGERS = ("wandb", "csv", "none")
 LAUNCHERS = ("local", "srun")

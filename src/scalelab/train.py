@@ -20,6 +20,8 @@ from scalelab.preflight import preflight
 from scalelab.results.record import RUN_FILE, base_record, scrub, write_json
 from scalelab.results.table import render
 
+_FAILED: list[str] = []  # jobs of this command that failed; the command exits 1 if any did
+
 
 def run_job(cfg: DictConfig) -> dict:
     hc = HydraConfig.get()
@@ -52,6 +54,9 @@ def run_job(cfg: DictConfig) -> dict:
     record = _collect(job_dir, rc, resolved, spec, threads)
     record.setdefault("timing", {})["job_s"] = time.time() - t0
     write_json(job_dir / RUN_FILE, record)
+    if record["status"] != "completed":
+        _FAILED.append(f"{resolved['job']['name']}: {record.get('error')}")
+        print(f"[scalelab] job {resolved['job']['name']} FAILED: {record.get('error')}", file=sys.stderr, flush=True)
     if not multirun:
         print(render([record]))
     return record
@@ -85,8 +90,11 @@ def _error_message(job_dir: Path, rc: int) -> str:
 
 
 @hydra.main(config_path=str(conf_dir()), config_name="train", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> dict:
-    return run_job(cfg)
+def _hydra_main(cfg: DictConfig) -> float:
+    """Returns the objective for sweepers that optimize (Optuna): the final loss, NaN if failed."""
+    record = run_job(cfg)
+    final = record.get("loss", {}).get("final")
+    return float(final) if record["status"] == "completed" and final is not None else float("nan")
 
 
 def main() -> None:
@@ -96,6 +104,9 @@ def main() -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     _hydra_main()
+    if _FAILED:  # the sweep went on past them; the command still says so
+        print(f"error: {len(_FAILED)} job(s) failed:\n  " + "\n  ".join(_FAILED), file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

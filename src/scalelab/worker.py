@@ -24,6 +24,7 @@ from scalelab.data.datamodule import ByteCorpusDataModule
 from scalelab.models.gpt import num_params
 from scalelab.models.lit import LitModule
 from scalelab.results.record import RUN_FILE, base_record, scrub, write_json
+from scalelab.scaling.breakdown import ProfileWindow, combine
 from scalelab.scaling.metrics import StepMetrics, gather_all, summarize
 
 
@@ -87,6 +88,9 @@ def run(job_dir: Path) -> int:
     live = ThroughputMonitor(batch_size_fn=lambda b: b.shape[0], window_size=min(10, cfg.trainer.max_steps),
                              **({"length_fn": lambda b: b.shape[0] * seq} if seq else {}))
     callbacks = [metrics, live] + ([LearningRateMonitor("step")] if cfg.logger.name != "none" else [])
+    window = _profile_window(cfg, spec)
+    if window is not None:
+        callbacks.append(window)
     logger = build_logger(cfg, job_dir)
     trainer = L.Trainer(
         accelerator=spec.run.accelerator, devices=spec.run.devices_per_node, num_nodes=spec.run.num_nodes,
@@ -108,14 +112,18 @@ def run(job_dir: Path) -> int:
         if rank == 0:
             torch.save(state, job_dir / "model_consolidated.pt")
     device = module.device
-    per_rank = gather_all(metrics.rank_summary(device))
+    summary = metrics.rank_summary(device)
+    summary["breakdown"] = window.result if window is not None else None
+    per_rank = gather_all(summary)
     real_world = dist.get_world_size() if dist.is_initialized() else 1
     if rank == 0:
         record = base_record(OmegaConf.to_container(cfg, resolve=True), spec.batch, spec.lr, real_world,
                              plan.parallel_degrees(world), spec.run.model_arch, n_params,
                              spec.run.accelerator, int(cfg.job.threads_per_rank))
+        profiled = window.steps if window is not None and window.result else 0
         record.update(summarize(per_rank, spec.batch.global_batch_size, seq, cfg.trainer.warmup_steps,
-                                plan.loss_ranks(world)))
+                                plan.loss_ranks(world), profiled))
+        record["breakdown"] = combine([r["breakdown"] for r in per_rank])
         record["resumed_from"] = str(resume) if resume else None
         record["status"] = "completed"
         record["timing"] = {"fit_s": fit_s}
@@ -123,8 +131,18 @@ def run(job_dir: Path) -> int:
         write_json(job_dir / RUN_FILE, record)
         _log_summary(logger, record)
     del trainer, module, data, metrics, callbacks, logger
-    shutdown_process_group()
+    if os.environ.get("SCALELAB_UNSAFE_EXIT") != "1":  # diagnostic switch: see tests/integration/test_stability.py
+        shutdown_process_group()
     return 0
+
+
+def _profile_window(cfg, spec) -> ProfileWindow | None:
+    """The last trainer.profile_steps steps of this run, if enough steady steps remain outside it.
+    Not for resumed runs (their step count is known only after the checkpoint loads)."""
+    steps = int(cfg.trainer.get("profile_steps", 0) or 0)
+    if steps <= 0 or cfg.checkpoint.resume_from or cfg.trainer.max_steps - cfg.trainer.warmup_steps < steps + 3:
+        return None
+    return ProfileWindow(cfg.trainer.max_steps - steps, steps, spec.batch.accumulate_grad_batches)
 
 
 def _log_summary(logger, record: dict) -> None:
@@ -136,6 +154,12 @@ def _log_summary(logger, record: dict) -> None:
                "memory/peak_rss_bytes_max": max(record["memory"]["peak_rss_bytes_per_rank"]),
                "memory/model_state_bytes_max": max(record["memory"]["model_state_bytes_per_rank"]),
                "loss/final": record["loss"]["final"], "lr/used": record["lr"]}
+    if record.get("breakdown"):
+        b = record["breakdown"]
+        summary.update({"breakdown/comm_fraction": b["comm_fraction"], "breakdown/wait_fraction": b["wait_fraction"],
+                        "breakdown/compute_imbalance": b["compute_imbalance"]})
+        for i, r in enumerate(b["per_rank"]):
+            summary.update({f"breakdown/rank{i}/{k}": r[k] for k in ("compute_s", "transfer_s", "wait_s")})
     if record["throughput"]["tokens_per_s"]:
         summary["throughput/tokens_per_s"] = record["throughput"]["tokens_per_s"]
     logger.log_metrics(summary, step=record["steps"])

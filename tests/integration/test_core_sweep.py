@@ -28,7 +28,7 @@ def test_each_job_runs_at_its_world_size_in_its_own_dir(core_sweep):
 
 
 def test_no_rank_outlives_its_sweep(core_sweep):
-    assert worker_pids() == []
+    assert worker_pids(core_sweep) == []
 
 
 def test_ddp_two_ranks_matches_single_device_loss_curve(core_sweep):

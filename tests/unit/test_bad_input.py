@@ -51,5 +51,5 @@ def test_command_line_error_is_one_line_and_spawns_nothing(tmp_path):
     assert lines == ["error: strategy=bogus is not known: choose one of ddp, single"] or \
         (len(lines) == 1 and lines[0].startswith("error: strategy=bogus is not known"))
     assert not (tmp_path / "outputs").exists()  # no job ran, nothing written
-    assert not worker_pids()
+    assert not worker_pids(tmp_path)
     assert time.time() - t0 < 60

@@ -1,4 +1,5 @@
-"""Hydra callback: after a multirun, aggregate the sweep and print its comparison table."""
+"""Hydra callback: after a multirun, aggregate the sweep, log the W&B summary run and print
+the comparison table."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,14 +13,30 @@ from scalelab.results.sweep import aggregate, attach_efficiency
 from scalelab.results.table import render
 
 
+def summarize_sweep(sweep_dir: Path, logger_cfg: Any = None, cache_dir: str | None = None) -> dict:
+    """Aggregate SWEEP_DIR (sweep.json), log to W&B when the logger is wandb, print the table."""
+    summary = aggregate(sweep_dir)
+    records = read_records([sweep_dir])
+    attach_efficiency(records, summary)
+    if logger_cfg is not None and logger_cfg.get("name") == "wandb" and logger_cfg.get("mode") != "disabled":
+        from scalelab.results.wandb_summary import log_sweep
+
+        summary["wandb_run_id"] = log_sweep(sweep_dir, summary, records, logger_cfg.get("project", "scalelab"),
+                                            logger_cfg.get("mode", "offline"), logger_cfg.get("entity"),
+                                            Path(cache_dir) if cache_dir else None)
+        from scalelab.results.record import write_json
+
+        write_json(sweep_dir / "sweep.json", summary)
+    print(f"\n== sweep {sweep_dir}: {summary['num_completed']} completed, {summary['num_failed']} failed ==")
+    print(render(records, "table"))
+    for f in summary["failed"]:
+        print(f"FAILED {f['job']} ({f['strategy']} x{f['world_size']}): {f['error']}")
+    print(f"sweep summary: {sweep_dir / 'sweep.json'}")
+    return summary
+
+
 class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        if not sweep_dir.exists():
-            return
-        summary = aggregate(sweep_dir)
-        records = read_records([sweep_dir])
-        attach_efficiency(records, summary)
-        print(f"\n== sweep {sweep_dir}: {summary['num_completed']} completed, {summary['num_failed']} failed ==")
-        print(render(records, "table"))
-        print(f"sweep summary: {sweep_dir / 'sweep.json'}")
+        if sweep_dir.exists() and any(sweep_dir.rglob("run.json")):
+            summarize_sweep(sweep_dir, config.get("logger"), config.get("cache_dir"))

@@ -75,7 +75,7 @@ def gather_all(obj: Any) -> list[Any]:
 
 
 def summarize(per_rank: list[dict], global_batch: int, tokens_per_sample: int | None,
-              warmup_steps: int, loss_ranks: list[int] | None = None) -> dict:
+              warmup_steps: int, loss_ranks: list[int] | None = None, profiled_steps: int = 0) -> dict:
     """Combine per-rank summaries into the run record's measured fields.
 
     A step ends when the slowest rank ends it, so the step time is the max over ranks.
@@ -83,7 +83,9 @@ def summarize(per_rank: list[dict], global_batch: int, tokens_per_sample: int | 
     last stage alone does: loss_ranks)."""
     n_steps = min(len(r["step_times"]) for r in per_rank)
     step = [max(r["step_times"][i] for r in per_rank) for i in range(n_steps)]
-    steady = step[warmup_steps:] if n_steps > warmup_steps else step[1:] or step
+    # Steady state: without the warm-up steps, and without the profiled steps (profiler overhead).
+    timed = step[: n_steps - profiled_steps]
+    steady = timed[warmup_steps:] if len(timed) > warmup_steps else timed[1:] or timed
     src = [per_rank[i] for i in (loss_ranks or range(len(per_rank)))]
     curve = [[per_rank[0]["global_steps"][i], statistics.fmean(r["losses"][i] for r in src)]
              for i in range(n_steps)]
@@ -96,7 +98,8 @@ def summarize(per_rank: list[dict], global_batch: int, tokens_per_sample: int | 
         "step_time_s": {"median": statistics.median(q) if q else None,
                         "p90": q[min(len(q) - 1, int(0.9 * len(q)))] if q else None,
                         "mean": statistics.fmean(q) if q else None,
-                        "measured_steps": len(q), "warmup_steps_excluded": n_steps - len(q)},
+                        "measured_steps": len(q), "warmup_steps_excluded": min(warmup_steps, n_steps),
+                        "profiled_steps_excluded": profiled_steps},
         "step_time_per_rank_s": [statistics.median(r["step_times"][warmup_steps:] or r["step_times"])
                                  for r in per_rank],
         "memory": {
