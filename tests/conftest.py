@@ -44,7 +44,7 @@ def worker_pids(under: Path | str = "") -> list[int]:
                 cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ")
             except OSError:
                 continue
-            if b"scalelab.worker" in cmd and b"pytest" not in cmd and str(under).encode() in cmd:
+            if b"-m scalelab.worker" in cmd and str(under).encode() in cmd:
                 pids.append(int(d.name))
     return pids
 

@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also log the sweep-summary run to W&B")
     agg.add_argument("--project", default="scalelab")
     agg.set_defaults(func=_aggregate)
+    from scalelab import slurm
+
+    sl = sub.add_parser("slurm", help="render or submit an sbatch script for a run (multi-node via srun)")
+    slurm.add_arguments(sl)
+    sl.set_defaults(func=slurm.run)
     try:
         from scalelab.plan import cli as plan_cli
 
@@ -69,7 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "slurm" and not any(e.startswith("-") for e in extra):
+        args.overrides += extra  # overrides given after the options
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     sys.exit(args.func(args))
 
 

@@ -100,7 +100,13 @@ def validate(cfg: DictConfig) -> JobSpec:
     _one_of(str(cfg.trainer.precision), "trainer.precision", PRECISIONS)
     _one_of(cfg.logger.name, "logger.name", LOGGERS)
     _one_of(cfg.launcher.name, "launcher.name", LAUNCHERS)
+    if nodes > 1 and cfg.launcher.name == "local":
+        raise ConfigError(f"trainer.num_nodes={nodes} needs launcher=srun (inside a SLURM allocation; "
+                          "see `scalelab slurm render`): the local launcher starts ranks on this machine only")
     accelerator = resolve_accelerator(cfg.trainer.accelerator)
+    from scalelab.scaling.mfu import profile_name
+
+    profile_name(cfg.get("hardware_profile", "auto"), accelerator)
     if accelerator == "gpu":
         import torch
 

@@ -52,7 +52,7 @@ def rank_command(launcher: str, nodes: int, devices: int, job_dir: Path, extra: 
 def run_ranks(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> int:
     """Run the rank launcher in its own process group, tee its output to log_path, and make
     sure nothing outlives it (timeout, Ctrl-C or an exception kill the whole group)."""
-    with open(log_path, "ab") as log:
+    with open(log_path, "ab", buffering=0) as log:  # unbuffered: the log is live while ranks run
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout_s

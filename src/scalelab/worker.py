@@ -25,7 +25,19 @@ from scalelab.models.gpt import num_params
 from scalelab.models.lit import LitModule
 from scalelab.results.record import RUN_FILE, base_record, scrub, write_json
 from scalelab.scaling.breakdown import ProfileWindow, combine
+from scalelab.scaling.mfu import compute_mfu
 from scalelab.scaling.metrics import StepMetrics, gather_all, summarize
+
+
+def _quiet_library_noise() -> None:
+    """Drop advertising tips and a deprecation inside Lightning itself; real warnings stay."""
+    import logging
+    import warnings
+
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(lambda r: not str(r.msg).startswith("💡 Tip"))
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    warnings.filterwarnings("ignore", message=r".*The anonymous setting has no effect.*")
 
 
 def _global_rank() -> int:
@@ -66,6 +78,7 @@ def shutdown_process_group() -> None:
 
 
 def run(job_dir: Path) -> int:
+    _quiet_library_noise()
     cfg = OmegaConf.load(job_dir / "config_resolved.yaml")
     spec = validate(cfg)
     torch.set_num_threads(int(cfg.job.threads_per_rank))
@@ -124,6 +137,7 @@ def run(job_dir: Path) -> int:
         record.update(summarize(per_rank, spec.batch.global_batch_size, seq, cfg.trainer.warmup_steps,
                                 plan.loss_ranks(world), profiled))
         record["breakdown"] = combine([r["breakdown"] for r in per_rank])
+        record["mfu"] = compute_mfu(record, module.net, cfg.get("hardware_profile", "auto"))
         record["resumed_from"] = str(resume) if resume else None
         record["status"] = "completed"
         record["timing"] = {"fit_s": fit_s}
@@ -154,6 +168,8 @@ def _log_summary(logger, record: dict) -> None:
                "memory/peak_rss_bytes_max": max(record["memory"]["peak_rss_bytes_per_rank"]),
                "memory/model_state_bytes_max": max(record["memory"]["model_state_bytes_per_rank"]),
                "loss/final": record["loss"]["final"], "lr/used": record["lr"]}
+    if record.get("mfu"):
+        summary["mfu"] = record["mfu"]["value"]
     if record.get("breakdown"):
         b = record["breakdown"]
         summary.update({"breakdown/comm_fraction": b["comm_fraction"], "breakdown/wait_fraction": b["wait_fraction"],

@@ -46,8 +46,8 @@ def test_ddp_two_ranks_matches_single_device_loss_curve(core_sweep):
 def test_sweep_json_and_wandb_offline_run_per_job(core_sweep):
     summary = json.loads((core_sweep / "sweep.json").read_text())
     assert summary["num_completed"] == 4 and summary["num_failed"] == 0
-    runs = find_runs(core_sweep)
-    assert len(runs) == 4  # one W&B run per job, none per extra rank
+    runs = [p for p in find_runs(core_sweep) if not p.is_relative_to(core_sweep / "wandb")]
+    assert len(runs) == 4  # one W&B run per job, none per extra rank (sweep/wandb holds the summary run)
     rec = _by(records(core_sweep), "ddp", 2)
     run = read_run(next(p for p in runs if p.is_relative_to(rec["job"]["dir"])))
     assert run["run"]["group"] == core_sweep.name and run["run"]["job_type"] == "ddp"
@@ -55,3 +55,42 @@ def test_sweep_json_and_wandb_offline_run_per_job(core_sweep):
     assert len(losses) == 20
     assert run["summary"]["throughput/samples_per_s"] == pytest.approx(rec["throughput"]["samples_per_s"])
     assert run["config"]["strategy"]["name"] == "ddp"
+
+
+def test_sweep_efficiency_equals_ratios_recomputed_from_run_records(core_sweep):
+    recs = records(core_sweep)
+    summary = json.loads((core_sweep / "sweep.json").read_text())
+    strong = {g["strategy"]: g for g in summary["groups"] if g["kind"] == "strong"}
+    assert sorted(strong) == ["ddp", "single"]
+    for strategy, group in strong.items():
+        one, two = _by(recs, strategy, 1), _by(recs, strategy, 2)
+        expected = two["throughput"]["samples_per_s"] / (2 * one["throughput"]["samples_per_s"] / 1)
+        got = {m["world_size"]: m["scaling_efficiency"] for m in group["runs"]}
+        assert got[1] == pytest.approx(1.0)
+        assert got[2] == pytest.approx(expected, rel=1e-12)
+
+
+def test_sweep_summary_run_reads_back_offline(core_sweep):
+    summary_runs = [p for p in find_runs(core_sweep / "wandb")]
+    assert len(summary_runs) == 1
+    run = read_run(summary_runs[0])
+    assert run["run"]["group"] == core_sweep.name and run["run"]["job_type"] == "sweep_summary"
+    assert run["summary"]["sweep/num_completed"] == 4
+    summary = json.loads((core_sweep / "sweep.json").read_text())
+    ddp2 = next(m for g in summary["groups"] if g["kind"] == "strong" and g["strategy"] == "ddp"
+                for m in g["runs"] if m["world_size"] == 2)
+    key = f"efficiency/strong/ddp/x2/b{ddp2['global_batch_size']}"
+    assert run["summary"][key] == pytest.approx(ddp2["scaling_efficiency"])
+    assert run["summary"]["sweep/runs/nrows"] == 4  # the runs table (a file reference offline)
+
+
+def test_breakdown_recorded_per_rank(core_sweep):
+    rec = _by(records(core_sweep), "ddp", 2)
+    b = rec["breakdown"]
+    assert len(b["per_rank"]) == 2 and b["profiled_steps"] == 3
+    for r in b["per_rank"]:
+        assert r["compute_s"] > 0 and r["comm_s"] > 0 and r["wait_s"] >= 0
+        assert r["compute_s"] + r["comm_s"] == pytest.approx(r["step_s"])
+    assert min(r["wait_s"] for r in b["per_rank"]) == 0.0
+    single1 = _by(records(core_sweep), "single", 1)["breakdown"]["per_rank"][0]
+    assert single1["comm_s"] == pytest.approx(0.0, abs=1e-3)  # one rank: nothing to communicate

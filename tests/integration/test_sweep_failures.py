@@ -37,7 +37,7 @@ def test_killed_rank_fails_its_job_not_the_sweep(tmp_path):
                                    "trainer.warmup_steps=2", "logger=none", f"hydra.sweep.dir={sweep}", *FAST[:2]],
                           cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=900)
     stop.set()
-    assert killed, "the watcher never found job 1's ranks"
+    assert killed, f"the watcher never found job 1's ranks\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     recs = {r["job"]["num"]: r for r in records(sweep)}
     assert sorted(recs) == [0, 1, 2]
     assert recs[0]["status"] == recs[2]["status"] == "completed"

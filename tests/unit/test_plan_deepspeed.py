@@ -18,7 +18,15 @@ Why they differ from the ZeRO paper's formulas (which the planner uses):
   in `buffers_bytes` rather than in model states.
 - With offload the device side agrees exactly: ZeRO-2 keeps the 16-bit params (2 Psi); ZeRO-3
   with offloaded params keeps only the gathered largest layer.
+
+Importing deepspeed costs 2-7 s on this machine, so the fast tests evaluate the two functions'
+source read from the installed package (they are pure arithmetic, no globals); the slow test
+imports deepspeed and checks the real functions agree with that.
 """
+import ast
+import importlib.util
+from pathlib import Path
+
 import pytest
 
 from scalelab.plan import ModelSpec, get_strategy, model_states, resolve_layout
@@ -27,14 +35,32 @@ PSI = 7_500_000_000
 LARGEST = 150_000_000
 
 
+def _installed_function(relpath: str, name: str):
+    spec = importlib.util.find_spec("deepspeed")           # locates, does not import
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("deepspeed not installed")
+    src = (Path(spec.submodule_search_locations[0]) / relpath).read_text()
+    node = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    namespace: dict = {}
+    exec(compile(ast.Module([node], type_ignores=[]), relpath, "exec"), namespace)
+    return namespace[name]
+
+
 @pytest.fixture(scope="module")
-def ds(request):
-    import os
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+def ds():
+    return (_installed_function("runtime/zero/stage_1_and_2.py", "estimate_zero2_model_states_mem_needs"),
+            _installed_function("runtime/zero/stage3.py", "estimate_zero3_model_states_mem_needs"))
+
+
+@pytest.mark.slow
+def test_extracted_functions_are_deepspeeds(ds, monkeypatch):
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     pytest.importorskip("deepspeed")
-    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
-    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-    return estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs as e2
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs as e3
+    for off in (True, False):
+        assert e2(PSI, 8, 4, cpu_offload=off) == ds[0](PSI, 8, 4, cpu_offload=off)
+        assert e3(PSI, LARGEST, 8, 4, cpu_offload=off) == ds[1](PSI, LARGEST, 8, 4, cpu_offload=off)
 
 
 def states(strategy, gpus_per_node, nodes):

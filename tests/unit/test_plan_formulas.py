@@ -178,3 +178,23 @@ def test_groups_cross_nodes_in_megatron_rank_order():
     m = ModelSpec.from_shape(8, 256, 8, 256, 128)
     L = layout("fsdp_tp", m, 8, nodes=4, tp=8)
     assert not L.group_spans_nodes("tp") and L.group_spans_nodes("dp") and L.dp == 4
+
+
+def test_ddp_variants_compress_or_skip_the_gradient_all_reduce():
+    m = ModelSpec.from_shape(2, 64, 4, 256, 64)
+    vol = {s: sum(c.bytes_per_step for c in collectives(m, get_strategy(s), layout(s, m, 2), "32"))
+           for s in ("ddp", "ddp_compress", "local_sgd")}
+    assert vol["ddp_compress"] == pytest.approx(vol["ddp"] / 2)          # bf16 buckets
+    assert vol["local_sgd"] == pytest.approx(vol["ddp"] / 4)             # params every 4 steps
+
+
+def test_powersgd_sends_rank_r_factors():
+    from scalelab.plan.comm import powersgd_elements
+    # 1 layer, h 64, f 256, V 256, s 64, rank 1: matrices 192x64, 64x64, 256x64, 64x256, the
+    # embedding 256x64 and positions 64x64 -> r (n + m) = 256+128+320+320+320+128 = 1472 values;
+    # they hold 69,632 of the 70,592 parameters, the other 960 (biases, norms) go uncompressed.
+    m = ModelSpec.from_shape(1, 64, 4, 256, 64)
+    assert m.n_params == 70_592
+    assert powersgd_elements(m, 1) == 960 + 1472
+    # A matrix that rank-r factors would not shrink 2x is sent whole (torch min_compression_rate).
+    assert powersgd_elements(ModelSpec(100, 1, 4, 1, 1, 1, kind="mlp"), 2) == 100

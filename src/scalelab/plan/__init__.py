@@ -9,7 +9,7 @@ flops (Narayanan et al. 2021), comm (ring collectives, nccl-tests bus bandwidth)
 assembly, pipeline bubble), hardware (profiles + CPU probe), calibrate (fit / validate against
 run.json records), cli (`scalelab plan`).
 """
-from .spec import (PlanError, ModelSpec, Layout, Strategy, STRATEGIES, conf_dir, get_strategy,
+from .spec import (PlanError, ModelSpec, Layout, Strategy, STRATEGIES, conf_dir, get_strategy, strategy_names,
                    resolve_layout)
 from .hardware import Hardware, Link, load_hardware, list_hardware, probe_cpu, save_hardware
 from .model_states import model_states, zero_paper_bytes, bytes_per_param
@@ -20,7 +20,7 @@ from .step_time import plan, build_terms, step_time
 from .calibrate import calibrate, validate, find_runs, terms_from_run
 
 __all__ = [
-    "PlanError", "ModelSpec", "Layout", "Strategy", "STRATEGIES", "conf_dir", "get_strategy",
+    "PlanError", "ModelSpec", "Layout", "Strategy", "STRATEGIES", "conf_dir", "get_strategy", "strategy_names",
     "resolve_layout", "Hardware", "Link", "load_hardware", "list_hardware", "probe_cpu",
     "save_hardware", "model_states", "zero_paper_bytes", "bytes_per_param",
     "activation_bytes_per_device", "layer_activation_bytes", "model_flops", "hardware_flops",

@@ -15,7 +15,8 @@ parallelism: four 16-bit tensors (two LayerNorm inputs, the QKV input, the MLP i
 1-byte dropout masks; 24 s b h is split: Q, K, V, the projection input (4 x 2 bytes) and the MLP's
 two 4h-wide tensors (2 x 8 bytes); 5 a s^2 b is softmax output + dropout output (2 x 2 bytes) and
 the dropout mask (1 byte). We keep that decomposition so fp32 training (4-byte activations; masks
-stay 1 byte) and an MLP width other than 4h are counted correctly.
+stay 1 byte) and an MLP width other than 4h are counted correctly. FlashAttention (Dao et al. 2022)
+never stores the s x s scores either: plan such a model with --activation-checkpointing selective.
 
 Pipeline (Narayanan et al. 2021, 1F1B schedule): the first stage holds activations of min(p, m)
 in-flight micro-batches of its L/p layers, i.e. about L layers' worth in total.

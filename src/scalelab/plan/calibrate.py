@@ -3,15 +3,19 @@
 Each job dir of a sweep holds a `run.json` (DESIGN.md, run record contract). The step-time model of
 step_time.py is linear in a handful of physical rates, so calibration is a least-squares fit:
 
-    t_measured ~= overhead + strategy_overhead[s] + compute_flops / (peak x efficiency)
+    t_measured ~= overhead + strategy_overhead[s] + m x (micro_overhead + layers x layer_overhead)
+                  + compute_flops / (peak x efficiency[dtype@threads])
                   + optimizer_bytes / memory_bw + bus_bytes / link_bw + ring_hops x latency
 
 Rows are divided by the measured time (we minimise relative error, which is how --validate
 judges), the unknowns are constrained >= 0 (non-negative least squares, Lawson & Hanson 1974), and
 a weak pull towards the prior profile keeps rates the sweep cannot separate (e.g. bandwidth vs
 latency when every run moves the same buffers) at physically sensible values instead of 0 or inf.
-A strategy gets its own overhead term only when the sweep has >= 2 runs of it (single/ddp share the
-base overhead: plain Lightning).
+A strategy gets its own overhead term only when the sweep has >= 2 runs of it ("single", plain
+Lightning, has the base overhead only), so each such term is over-determined; the report also gives
+leave-one-out ratios (each run predicted by a fit that did not see it). Compute gets one rate per
+(dtype, threads per rank) seen: on CPU, 2 threads are not twice 1, and bf16 may have no fast
+kernel (see this_cpu.yaml's probe).
 """
 from __future__ import annotations
 
@@ -24,11 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from .hardware import Hardware, Link, save_hardware
-from .spec import STRATEGIES, ModelSpec, PlanError, conf_dir
+from .spec import ModelSpec, PlanError, conf_dir, get_strategy
 from .step_time import Terms, build_terms, linear_features, step_time, theta_of
 
-BASE_STRATEGIES = ("single", "ddp")
-PRIOR_WEIGHT = 1e-3          # pull of a rate towards its prior, relative to one run's squared error
+BASE_STRATEGIES = ("single",)
+PRIOR_WEIGHT = 1e-4          # pull of a rate towards its prior, relative to one run's squared error
 
 
 # --------------------------------------------------------------------------------------------
@@ -66,7 +70,8 @@ def model_from_run(run: dict) -> ModelSpec:
     kind = m.get("kind", "gpt")
     try:
         n = int(m["n_params"])
-        layers, hidden = int(m.get("n_layers") or 1), int(m.get("d_model") or m.get("hidden"))
+        layers = int(m.get("n_layers") or 1)
+        hidden = int(m.get("d_model") or m.get("hidden") or (1 if kind == "mlp" else None))
     except (KeyError, TypeError, ValueError) as exc:
         raise PlanError(f"run.json model lacks n_params/n_layers/d_model: {m}") from exc
     if kind == "mlp":
@@ -78,23 +83,24 @@ def model_from_run(run: dict) -> ModelSpec:
 def terms_from_run(run: dict) -> Terms:
     """The planner's view of a measured run (same code path as `scalelab plan`)."""
     name = run.get("strategy")
-    if name not in STRATEGIES:
-        raise PlanError(f"unknown strategy {name!r} in run.json; valid: {', '.join(STRATEGIES)}")
+    options = ((run.get("config") or {}).get("strategy") or {}) if isinstance(run.get("config"), dict) else {}
+    strategy = get_strategy(str(name), options)   # the run's own resolved strategy config wins
     par = run.get("parallel") or {}
     tp, pp = int(par.get("tp") or 1), int(par.get("pp") or 1)
     micro = int(run["per_device_batch_size"])
     accum = int(run.get("accumulate_grad_batches") or 1)
     m = accum
-    if STRATEGIES[name].pipeline:
+    if strategy.pipeline:
         # The per-rank batch is cut into pipeline micro-batches (notes/cpu-strategies.md: 4).
         chunks = _pipeline_microbatches(run) or 4
         if micro % chunks == 0:
             micro, m = micro // chunks, accum * chunks
     hw = run.get("hardware") or {}
+    # Model what one rank does: `micro` samples per forward/backward, m of them per optimizer step
+    # (the global batch follows as dp x micro x m).
     return build_terms(
-        model_from_run(run), name, devices=int(run.get("devices_per_node") or run["world_size"]),
-        nodes=int(run.get("num_nodes") or 1), tp=tp, pp=pp, micro_batch=micro,
-        global_batch=int(run["global_batch_size"]), micro_batches=m,
+        model_from_run(run), strategy, devices=int(run.get("devices_per_node") or run["world_size"]),
+        nodes=int(run.get("num_nodes") or 1), tp=tp, pp=pp, micro_batch=micro, micro_batches=m,
         precision=run.get("precision", "32"), optimizer=run.get("optimizer", "adam"),
         activation_checkpointing=bool(run.get("activation_checkpointing", False)),
         threads=int(hw.get("threads_per_rank") or 1))
@@ -157,8 +163,10 @@ def fit(rows: list[dict[str, float]], times: list[float], prior: dict[str, float
     """Non-negative relative least squares of times ~ sum(theta_k x_k).
 
     Unknowns are scaled by their prior value (overheads by the median step time) so the columns are
-    comparable; rate columns (compute, memory, links) get a weak pull towards the prior, which
-    only matters where the runs cannot tell two rates apart. Overheads get none.
+    comparable; the other columns (compute, memory, links, per-micro-batch and per-layer overheads)
+    get a weak pull towards the prior, which only matters where the runs cannot tell two terms
+    apart (e.g. per-step vs per-micro-batch cost when no run accumulates). The per-step and
+    per-strategy overheads get none.
     """
     cols = sorted({k for r in rows for k, v in r.items() if v != 0.0})
     t_med = float(np.median(times))
@@ -178,20 +186,32 @@ def fit(rows: list[dict[str, float]], times: list[float], prior: dict[str, float
 
 
 def apply_theta(hw: Hardware, theta: dict[str, float], name: str) -> Hardware:
-    """A copy of `hw` with fitted rates (rates fitted to 0 keep the prior: not identified)."""
+    """A copy of `hw` with the fitted terms; terms the sweep did not exercise keep the prior. A rate
+    whose time the fit drove to 0 becomes .inf (its term was negligible in every run)."""
     def rate(key, old):
-        return 1 / theta[key] if theta.get(key, 0) > 0 else old
+        if key not in theta:
+            return old
+        return 1 / theta[key] if theta[key] > 0 else math.inf
     strat = dict(hw.strategy_overhead_s)
+    by = dict(hw.compute_efficiency_by)
     for k, v in theta.items():
         if k.startswith("strategy:"):
             strat[k.split(":", 1)[1]] = v
+        if k.startswith("compute:") and v > 0:
+            by[k.split(":", 1)[1]] = 1 / v
+    # The generic efficiency (for dtypes / thread counts not measured): one device's fp32 rate.
+    generic = by.get(f"fp32@{hw.threads_per_device}", by[min(by)] if by else None)
+    if "compute" in theta and theta["compute"] > 0:
+        generic = 1 / theta["compute"]
     host = dict(hw.host)
     host["link_bandwidth_bytes_per_s"] = rate("host_link", host["link_bandwidth_bytes_per_s"])
     host["memory_bandwidth_bytes_per_s"] = rate("host_memory", host["memory_bandwidth_bytes_per_s"])
     return replace(
         hw, name=name, step_overhead_s=theta.get("overhead", hw.step_overhead_s),
-        strategy_overhead_s=strat,
-        compute_efficiency=1 / theta["compute"] if theta.get("compute", 0) > 0 else hw.compute_efficiency,
+        micro_batch_overhead_s=theta.get("micro_overhead", hw.micro_batch_overhead_s),
+        layer_overhead_s=theta.get("layer_overhead", hw.layer_overhead_s),
+        strategy_overhead_s=strat, compute_efficiency_by=by,
+        compute_efficiency=generic or hw.compute_efficiency,
         memory_bandwidth_bytes_per_s=rate("memory", hw.memory_bandwidth_bytes_per_s),
         intra_node=Link(rate("intra_bw", hw.intra_node.bandwidth_bytes_per_s),
                         theta.get("intra_lat", hw.intra_node.latency_s)),
@@ -211,32 +231,46 @@ def calibrate(sweep_dir, base: Hardware, out_path=None) -> tuple[Hardware, dict]
         counts[t.strategy.name] = counts.get(t.strategy.name, 0) + 1
     rows, times = [], []
     for _, run, terms in runs:
-        x = linear_features(terms, base)
+        x = linear_features(terms, base, split_compute=True)
         s = terms.strategy.name
         if s in BASE_STRATEGIES or counts[s] < 2:
             x.pop(f"strategy:{s}")
         rows.append(x)
         times.append(measured(run)["step_s"])
     prior = theta_of(base)
+    for x in rows:                     # a compute rate the prior lacks starts at the generic one
+        for k in x:
+            if k.startswith("compute:") and k not in prior:
+                prior[k] = prior["compute"]
     theta = fit(rows, times, prior)
     name = Path(out_path).stem if out_path else f"{base.name}_calibrated"
     hw = apply_theta(base, theta, name)
     report = []
-    for (path, run, terms), t in zip(runs, times):
+    for i, ((path, run, terms), t) in enumerate(zip(runs, times)):
         pred = step_time(terms, hw)["step_s"]
+        # Leave-one-out: refit without this run, then predict it. In-sample ratios flatter the
+        # model; these say how it does on a run it has not seen.
+        loo = None
+        if len(rows) > 2:
+            th = fit(rows[:i] + rows[i + 1:], times[:i] + times[i + 1:], prior)
+            loo = sum(th.get(k, prior.get(k, 0.0)) * v for k, v in rows[i].items()) / t
         report.append({"run": str(path.parent), "strategy": terms.strategy.name,
                        "world_size": terms.layout.world, "measured_step_s": t,
-                       "predicted_step_s": pred, "ratio": pred / t})
+                       "predicted_step_s": pred, "ratio": pred / t, "loo_ratio": loo})
     rel = [r["ratio"] - 1 for r in report]
+    loo_rel = [r["loo_ratio"] - 1 for r in report if r["loo_ratio"] is not None]
     hw.calibration = {
         "sweep_dir": str(Path(sweep_dir).resolve()), "base_profile": base.name,
         "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "runs": len(runs),
         "skipped": len(skipped), "fitted_terms": sorted(theta),
         "rms_relative_error": float(np.sqrt(np.mean(np.square(rel)))),
         "max_relative_error": float(np.max(np.abs(rel))),
+        "leave_one_out_max_relative_error": float(np.max(np.abs(loo_rel))) if loo_rel else None,
+        "strategies_with_own_overhead": sorted(k.split(":", 1)[1] for k in theta if k.startswith("strategy:")),
     }
+    base_note = base.note.split(" || ", 1)[-1]
     hw.note = (f"Calibrated from {len(runs)} runs in {hw.calibration['sweep_dir']} on "
-               f"{hw.calibration['date']} (base: {base.name}). " + base.note)
+               f"{hw.calibration['date']} (base: {base.name}) || " + base_note)
     if out_path is not None:
         save_hardware(hw, out_path, header=f"# Fitted by `scalelab plan --calibrate {sweep_dir}`; "
                                            f"use with --hardware {out_path}")

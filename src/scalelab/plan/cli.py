@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from .spec import CHECKPOINTING, STRATEGIES, ModelSpec, PlanError, conf_dir
+from .spec import CHECKPOINTING, STRATEGIES, ModelSpec, PlanError, conf_dir, get_strategy, strategy_names
 
 DEFAULT_HARDWARE = "h100_sxm"
 DEFAULT_VOCAB, DEFAULT_SEQ = 50257, 2048
@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--ffn-hidden", type=int, help="MLP width (default 4 x hidden)")
     m.add_argument("--model", help="a model config in conf/model/ (e.g. gpt_small)")
     j = parser.add_argument_group("job")
-    j.add_argument("--strategy", help=f"one of: {', '.join(STRATEGIES)}")
+    j.add_argument("--strategy", help=f"one of: {', '.join(STRATEGIES)} (or any conf/strategy/ config)")
     j.add_argument("--devices", type=int, default=1, help="devices per node (default 1)")
     j.add_argument("--nodes", type=int, default=1)
     j.add_argument("--tp", type=int, help="tensor-parallel degree (tp, fsdp_tp)")
@@ -109,9 +109,11 @@ def _model_from_conf(name: str) -> ModelSpec:
         raise PlanError(f"unknown model {name!r}; valid: {', '.join(valid) or '(none)'}")
     arch = (yaml.safe_load(path.read_text()) or {}).get("arch") or {}
     if "d_model" in arch:
-        ffn = int(arch.get("mlp_ratio", 4) * arch["d_model"])
-        return ModelSpec.from_shape(arch["n_layers"], arch["d_model"], arch["n_heads"],
-                                    arch["vocab_size"], arch["seq_len"], ffn)
+        L, h, V, s = (int(arch[k]) for k in ("n_layers", "d_model", "vocab_size", "seq_len"))
+        f = int(arch.get("mlp_ratio", 4) * h)
+        # scalelab.models.gpt: bias-free linears, 2 LayerNorms per block, learned positions, untied head.
+        n = L * (4 * h * h + 2 * h * f + 4 * h) + 2 * V * h + s * h + 2 * h
+        return ModelSpec.from_shape(L, h, int(arch["n_heads"]), V, s, f, n_params=n)
     if "hidden" in arch:                                  # MLP classifier
         widths = [int(arch["in_features"]), *map(int, arch["hidden"]), int(arch["num_classes"])]
         n = sum(i * o + o for i, o in zip(widths, widths[1:]))
@@ -122,10 +124,9 @@ def _model_from_conf(name: str) -> ModelSpec:
 def _plan(a) -> int:
     from .step_time import plan
     if not a.strategy:
-        raise PlanError(f"--strategy is required; valid: {', '.join(STRATEGIES)}")
-    model = _model_from_args(a)
-    from .spec import get_strategy
+        raise PlanError(f"--strategy is required; valid: {', '.join(strategy_names())}")
     get_strategy(a.strategy)
+    model = _model_from_args(a)
     kw = dict(devices=a.devices, nodes=a.nodes, tp=a.tp, pp=a.pp, micro_batch=a.micro_batch,
               global_batch=a.global_batch, precision=a.precision, optimizer=a.optimizer,
               activation_checkpointing=a.activation_checkpointing, tokens=a.tokens)
@@ -156,9 +157,10 @@ def _calibrate(a) -> int:
     print(f"fitted {len(rep['runs'])} runs ({len(rep['skipped'])} skipped) -> {out}")
     print(f"use it with: scalelab plan --validate {a.calibrate} --hardware {out}\n")
     print(yaml.safe_dump(hw.to_dict(), sort_keys=False, width=100))
-    _print_table(["run", "strategy", "N", "measured s", "fit s", "ratio"],
+    _print_table(["run", "strategy", "N", "measured s", "fit s", "ratio", "leave-one-out ratio"],
                  [[_short(r["run"]), r["strategy"], r["world_size"], f"{r['measured_step_s']:.4f}",
-                   f"{r['predicted_step_s']:.4f}", f"{r['ratio']:.3f}"] for r in rep["runs"]])
+                   f"{r['predicted_step_s']:.4f}", f"{r['ratio']:.3f}", _opt(r["loo_ratio"])]
+                  for r in rep["runs"]])
     for s in rep["skipped"]:
         print(f"skipped {s['run']}: {s['reason']}")
     return 0

@@ -15,7 +15,9 @@ nccl-tests' busbw is exactly S * factor / t, so a profile's bandwidth is a measu
 Volumes per step (Psi = parameters of the device's tp/pp chunk, g/p = comm bytes per gradient /
 parameter element):
 - DDP: all-reduce Psi g once per step (no_sync while accumulating), in 25 MiB buckets (the first
-  1 MiB), overlapped with backward (Li et al. 2020, "PyTorch Distributed", VLDB).
+  1 MiB), overlapped with backward (Li et al. 2020, "PyTorch Distributed", VLDB). Variants: a
+  bf16/fp16 comm hook halves g; PowerSGD (Vogels et al. 2019) sends r (n + m) per n x m matrix;
+  post-local SGD (Lin et al. 2020) sends no gradients, only Psi x 4 every `period` steps.
 - ZeRO-1/2 (Rajbhandari et al. 2020, Sec. 7): reduce-scatter Psi g + all-gather Psi p = 2 Psi, same
   as DP. Stage 1 reduces at the accumulation boundary, stage 2 in every backward (overlap_comm).
 - ZeRO-3 / FSDP FULL_SHARD: all-gather forward + all-gather backward + reduce-scatter = 3 Psi, per
@@ -111,8 +113,20 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
     units = model.n_layers + 1      # one FSDP / ZeRO-3 unit per block + the root (embedding, head)
 
     if n > 1 and strategy.name != "single":
-        if strategy.family == "torch":
-            calls = _buckets(psi * g, DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES)
+        if strategy.family == "torch" and strategy.local_sgd_period:
+            # Post-local SGD: no gradient sync; the flattened fp32 parameters are averaged (one
+            # all-reduce) every local_sgd_period steps, after the optimizer step.
+            out.append(Collective("param_average_all_reduce", "all_reduce", "dp", n, psi * 4,
+                                  1 / strategy.local_sgd_period, False, dp_x))
+        elif strategy.family == "torch" and strategy.powersgd_rank:
+            # PowerSGD: per bucket one all-reduce of the uncompressed vectors, one of P, one of Q.
+            calls = 3 * _buckets(psi * 4, DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES)
+            size = powersgd_elements(model, strategy.powersgd_rank) * psi / model.n_params * 4
+            out.append(Collective("dp_powersgd_all_reduce", "all_reduce", "dp", n, size / calls,
+                                  calls, True, dp_x))
+        elif strategy.family == "torch":
+            g = strategy.grad_comm_bytes or g
+            calls = _buckets(psi * 4, DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES)
             out.append(Collective("dp_grad_all_reduce", "all_reduce", "dp", n, psi * g / calls,
                                   calls, True, dp_x))
         elif strategy.shard_params:                   # fsdp, fsdp_grad_op, fsdp_tp, zero3(_offload)
@@ -152,6 +166,21 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
             out.append(Collective("pp_tied_embedding_all_reduce", "all_reduce", "pp", 2,
                                   model.vocab * model.hidden / layout.tp * g, 1, False, pp_x))
     return out
+
+
+def powersgd_elements(model: ModelSpec, rank: int) -> float:
+    """Values PowerSGD all-reduces per step for the whole model (Vogels et al. 2019): an n x m
+    weight becomes P (n x r) and Q (m x r); torch compresses a matrix only when that is at least
+    2x smaller (min_compression_rate=2); vectors (biases, LayerNorms) go uncompressed."""
+    h, f = model.hidden, model.ffn
+    if model.kind == "gpt":
+        mats = [(3 * h, h), (h, h), (f, h), (h, f)] * model.n_layers
+        mats += [(model.vocab, h), (model.seq_len, h)]
+    else:
+        mats = [(h, h)] * model.n_layers
+    full = sum(a * b for a, b in mats)
+    sent = sum(rank * (a + b) if 2 * rank * (a + b) < a * b else a * b for a, b in mats)
+    return max(0, model.n_params - full) + sent
 
 
 def by_op(colls: list[Collective]) -> dict[str, float]:

@@ -4,6 +4,8 @@ A profile describes one device and its links. Keys (all plain YAML, SI units):
   name, note, devices_per_node, threads_per_device (CPU: a "device" is a rank of N threads)
   peak_flops {fp32, bf16, fp16}       dense matmul FLOP/s of one device
   compute_efficiency                  fraction of peak reached on the model's FLOPs (fitted by --calibrate)
+  compute_efficiency_by {"fp32@2": x}  per compute dtype @ threads per device, where measured (CPU:
+                                      threads do not scale linearly; a dtype may lack fast kernels)
   memory_bytes, runtime_memory_bytes  device memory; what the runtime takes before the model (CUDA
                                       context / the Python+torch process)
   memory_bandwidth_bytes_per_s        drives the optimizer step (memory-bound)
@@ -12,6 +14,8 @@ A profile describes one device and its links. Keys (all plain YAML, SI units):
   host {link_bandwidth_bytes_per_s, memory_bandwidth_bytes_per_s}   PCIe and host RAM (offload)
   comm_overlap                        fraction of bucketed gradient/prefetch comm hidden behind compute
   step_overhead_s, strategy_overhead_s {name: s}   per-step framework cost (fitted by --calibrate)
+  micro_batch_overhead_s, layer_overhead_s   per micro-batch and per layer x micro-batch (Python,
+                                      op dispatch); matter for tiny models only (fitted)
   cost_per_device_hour, power_watts
 """
 from __future__ import annotations
@@ -45,8 +49,11 @@ class Hardware:
     devices_per_node: int = 8
     threads_per_device: int = 1
     compute_efficiency: float = 0.5
+    compute_efficiency_by: dict = field(default_factory=dict)   # "fp32@2" -> dtype at N threads/device
     comm_overlap: float = 0.0
     step_overhead_s: float = 0.0
+    micro_batch_overhead_s: float = 0.0      # per forward/backward of a micro-batch
+    layer_overhead_s: float = 0.0            # per layer per micro-batch (op dispatch)
     strategy_overhead_s: dict = field(default_factory=dict)
     runtime_memory_bytes: float = 0.0
     host: dict = field(default_factory=lambda: {"link_bandwidth_bytes_per_s": 25e9,
@@ -62,6 +69,10 @@ class Hardware:
             raise PlanError(f"hardware {self.name!r} has no peak_flops.{dtype}; "
                             f"has: {', '.join(self.peak_flops)}")
         return float(self.peak_flops[dtype])
+
+    def efficiency(self, dtype: str, threads: int | None = None) -> float:
+        return float(self.compute_efficiency_by.get(f"{dtype}@{threads or self.threads_per_device}",
+                                                    self.compute_efficiency))
 
     def link(self, crosses_nodes: bool) -> Link:
         return self.inter_node if crosses_nodes else self.intra_node
@@ -99,10 +110,12 @@ def parse_hardware(d: dict, source: str = "") -> Hardware:
     kw = {k: v for k, v in d.items() if k in known}
     kw["peak_flops"] = {k: float(v) for k, v in d["peak_flops"].items()}
     for k in ("memory_bytes", "memory_bandwidth_bytes_per_s", "compute_efficiency", "comm_overlap",
-              "step_overhead_s", "runtime_memory_bytes", "cost_per_device_hour", "power_watts"):
+              "step_overhead_s", "micro_batch_overhead_s", "layer_overhead_s", "runtime_memory_bytes",
+              "cost_per_device_hour", "power_watts"):
         if k in kw:
             kw[k] = float(kw[k])
     kw["strategy_overhead_s"] = {k: float(v) for k, v in (d.get("strategy_overhead_s") or {}).items()}
+    kw["compute_efficiency_by"] = {str(k): float(v) for k, v in (d.get("compute_efficiency_by") or {}).items()}
     return Hardware(intra_node=intra, inter_node=inter, source=source, **kw)
 
 
@@ -115,8 +128,11 @@ def load_hardware(name_or_path: str) -> Hardware:
         raise PlanError(f"unknown hardware {name_or_path!r}; valid: "
                         f"{', '.join(list_hardware()) or '(none in ' + str(conf_dir() / 'hardware') + ')'}"
                         " or a path to a .yaml profile")
-    with open(p) as fh:
-        return parse_hardware(yaml.safe_load(fh), str(p))
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise PlanError(f"hardware profile {str(p)!r} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    return parse_hardware(data, str(p))
 
 
 def save_hardware(hw: Hardware, path: str | Path, header: str = "") -> Path:
@@ -130,30 +146,39 @@ def save_hardware(hw: Hardware, path: str | Path, header: str = "") -> Path:
 # --------------------------------------------------------------------------------------------
 # CPU probe
 # --------------------------------------------------------------------------------------------
-def _matmul_rate(torch, dtype, n: int, budget_s: float) -> float:
-    a = torch.randn(n, n).to(dtype)
-    b = torch.randn(n, n).to(dtype)
-    torch.mm(a, b)                                     # warm-up (packing, thread pool)
-    reps, t0 = 0, time.perf_counter()
-    while True:
-        torch.mm(a, b)
+def _best_rate(fn, work: float, budget_s: float) -> float:
+    """work / fastest of repeated calls: the machine's capability even if other processes take
+    the core for part of the time (each call is a few ms to tens of ms)."""
+    fn()                                               # warm-up (packing, thread pool, pages)
+    best, t_end = float("inf"), time.perf_counter() + budget_s
+    reps = 0
+    while reps < 3 or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
         reps += 1
-        dt = time.perf_counter() - t0
-        if dt >= budget_s and reps >= 3:
-            return 2 * n ** 3 * reps / dt
+    return work / best
+
+
+def _matmul_rate(torch, dtype, n: int, budget_s: float) -> float:
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    return _best_rate(lambda: torch.mm(a, b), 2 * n ** 3, budget_s)
 
 
 def _copy_bandwidth(torch, budget_s: float) -> float:
     src = torch.ones(16 * 2 ** 20)                     # 64 MiB: well beyond the caches
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    reps, t0 = 0, time.perf_counter()
-    while True:
-        dst.copy_(src)
-        reps += 1
-        dt = time.perf_counter() - t0
-        if dt >= budget_s and reps >= 3:
-            return 2 * src.numel() * 4 * reps / dt     # read + write
+    return _best_rate(lambda: dst.copy_(src), 2 * src.numel() * 4, budget_s)   # read + write
+
+
+def _cpu_busy_s() -> float | None:
+    """Busy CPU seconds of the whole machine so far (/proc/stat), or None off Linux."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu_name() -> str:
@@ -166,45 +191,54 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def probe_cpu(out_path: str | Path | None = None, threads: int = 1, budget_s: float = 0.4) -> Hardware:
+def probe_cpu(out_path: str | Path | None = None, threads: int = 1, budget_s: float = 0.6) -> Hardware:
     """Measure this CPU with torch (one device = one rank of `threads` threads) and write a profile.
 
-    fp32/bf16/fp16 matmul FLOP/s (n = 1024 / 512), a copy bandwidth for the optimizer step; links are the
+    fp32/bf16/fp16 matmul FLOP/s (n = 512 / 256, fastest call), a copy bandwidth for the
+    optimizer step; links are the
     gloo-over-loopback figures of notes/perf-baseline.md until --calibrate fits them.
     """
+    import resource
     import torch                                       # only the probe needs torch
+    busy0, own0, t0 = _cpu_busy_s(), resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        peak = {"fp32": _matmul_rate(torch, torch.float32, 1024, budget_s),
-                "bf16": _matmul_rate(torch, torch.bfloat16, 512, budget_s),
-                "fp16": _matmul_rate(torch, torch.float16, 512, budget_s)}
+        # Sizes: big enough for full-speed kernels, small enough (a few ms) that the fastest call
+        # fits in one scheduler slice when other processes share the core.
+        peak = {"fp32": _matmul_rate(torch, torch.float32, 512, budget_s),
+                "bf16": _matmul_rate(torch, torch.bfloat16, 256, budget_s),
+                "fp16": _matmul_rate(torch, torch.float16, 256, budget_s)}
         mem_bw = _copy_bandwidth(torch, budget_s)
     finally:
         torch.set_num_threads(prev)
+    # CPU time other processes used meanwhile (in cores): 0 means the probe had the machine.
+    own1, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - t0
+    own = (own1.ru_utime + own1.ru_stime) - (own0.ru_utime + own0.ru_stime)
+    others = max(0.0, (_cpu_busy_s() - busy0 - own) / wall) if busy0 is not None else None
     cores = os.cpu_count() or 1
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         ram = 8 * 2 ** 30
     when = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
-    try:
-        load = f"load average {os.getloadavg()[0]:.2f} at the time"
-    except OSError:
-        load = "load unknown"
+    load = ("other processes used unknown CPU meanwhile" if others is None else
+            f"other processes used {others:.2f} cores meanwhile"
+            + (" (rerun on an idle machine)" if others > 0.2 else ""))
     hw = Hardware(
         name="this_cpu", peak_flops={k: round(v, -6) for k, v in peak.items()},
         memory_bytes=float(ram // cores), memory_bandwidth_bytes_per_s=round(mem_bw, -6),
         intra_node=Link(1.3e9, 1.0e-4), inter_node=Link(1.25e8, 1.0e-4),
         devices_per_node=cores, threads_per_device=threads, compute_efficiency=0.6,
         comm_overlap=0.0, step_overhead_s=0.003, runtime_memory_bytes=350e6,
-        host={"link_bandwidth_bytes_per_s": round(mem_bw, -6), "memory_bandwidth_bytes_per_s": round(mem_bw, -6)},
+        host={"link_bandwidth_bytes_per_s": round(mem_bw, -6),
+              "memory_bandwidth_bytes_per_s": round(mem_bw, -6)},
         cost_per_device_hour=0.02, power_watts=10.0,
         note=(f"Measured by `scalelab plan --probe` on {when}: {_cpu_name()}, {cores} cores, "
-              f"torch {torch.__version__}, {threads} thread(s) per device, {load} (rerun on an idle "
-              f"machine); peak_flops = torch.mm n=1024 (bf16/fp16 n=512), memory bandwidth = "
-              f"64 MiB copy. A device is one rank of "
-              f"{threads} thread(s); memory_bytes = RAM / cores. Links: gloo all_reduce over "
+              f"torch {torch.__version__}, {threads} thread(s) per device, {load}; peak_flops = "
+              f"fastest torch.mm n=512 (bf16/fp16 n=256), memory bandwidth = fastest 64 MiB copy. "
+              f"A device is one rank of {threads} thread(s); memory_bytes = RAM / cores. "
+              "Links: gloo all_reduce over "
               "loopback, 1.1-1.6 GB/s (notes/perf-baseline.md); gloo does not overlap comm with "
               "backward (comm_overlap 0). compute_efficiency, overheads, links: rerun "
               "`scalelab plan --calibrate SWEEP_DIR` to fit them. Cost and power are assumptions "

@@ -5,6 +5,7 @@ Everything here is plain data plus the checks that turn bad input into one clear
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, field, replace
@@ -43,6 +44,10 @@ class Strategy:
     offload_params: bool = False
     tensor_parallel: bool = False
     pipeline: bool = False
+    grad_comm_bytes: int = 0            # DDP comm hook fp16/bf16 -> 2 (0: the family's default)
+    powersgd_rank: int = 0              # DDP PowerSGD hook (Vogels et al. 2019), 0 = off
+    local_sgd_period: int = 0           # post-local SGD: params averaged every N steps, 0 = off
+    default_tp: int = 0                 # tensor_parallel_size from the strategy config (0: auto)
     note: str = ""
 
 
@@ -63,13 +68,79 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     Strategy("fsdp_tp", "fsdp", True, True, True, tensor_parallel=True,
              note="2D: tensor parallel inside, FSDP over the data-parallel dimension"),
     Strategy("pipeline", "torch", pipeline=True, note="1F1B pipeline (+ DDP over dp)"),
+    Strategy("ddp_compress", "torch", grad_comm_bytes=2, note="DDP, buckets cast to bf16 for the all-reduce"),
+    Strategy("ddp_powersgd", "torch", powersgd_rank=1, note="DDP, PowerSGD low-rank gradients"),
+    Strategy("local_sgd", "torch", local_sgd_period=4, note="no gradient sync; params averaged every N steps"),
 ]}
 
+# A config in conf/strategy/ that the table above does not name maps by its _target_ class.
+_TARGETS = {"single.Single": "single", "ddp.DDP": "ddp", "fsdp.FSDP": "fsdp",
+            "deepspeed.ZeRO": "zero2", "tensor_parallel.TensorParallel": "tp",
+            "tensor_parallel.FSDPTensorParallel": "fsdp_tp"}
 
-def get_strategy(name: str) -> Strategy:
-    if name not in STRATEGIES:
-        raise PlanError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}")
-    return STRATEGIES[name]
+
+def strategy_names() -> list[str]:
+    d = conf_dir() / "strategy"
+    confs = [p.stem for p in sorted(d.glob("*.yaml"))] if d.is_dir() else []
+    return list(STRATEGIES) + [n for n in confs if n not in STRATEGIES]
+
+
+def _strategy_config(name: str) -> dict:
+    path = conf_dir() / "strategy" / f"{name}.yaml"
+    if not path.is_file():
+        return {}
+    return dict(_read_yaml(str(path), path.stat().st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=64)
+def _read_yaml(path: str, mtime_ns: int) -> dict:
+    import yaml
+    try:
+        return yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError:
+        return {}
+
+
+def get_strategy(name: str, options: dict | None = None) -> Strategy:
+    """The planner's view of a strategy: the table above, refined by its config in conf/strategy/
+    (comm hook, PowerSGD rank, local SGD period, ZeRO stage / offload, FSDP resharding, TP size)
+    and then by `options` (e.g. a run's resolved `config.strategy`)."""
+    cfg = {**_strategy_config(name), **(options or {})}
+    if name in STRATEGIES:
+        base = STRATEGIES[name]
+    else:
+        target = str(cfg.get("_target_", "")).rsplit(".", 2)
+        key = ".".join(target[-2:]) if len(target) >= 2 else ""
+        if key not in _TARGETS:
+            raise PlanError(f"unknown strategy {name!r}; valid: {', '.join(strategy_names())}")
+        base = replace(STRATEGIES[_TARGETS[key]], name=name)
+    return _apply_options(base, cfg)
+
+
+def _apply_options(st: Strategy, cfg: dict) -> Strategy:
+    kw: dict = {}
+    hook = cfg.get("comm_hook")
+    if hook in ("fp16", "bf16"):
+        kw["grad_comm_bytes"] = 2
+    elif hook == "powersgd":
+        kw["powersgd_rank"] = int(cfg.get("powersgd_rank") or 1)
+    elif hook in ("none", None) and "comm_hook" in cfg:
+        kw.update(grad_comm_bytes=0, powersgd_rank=0)
+    if "local_sgd_period" in cfg:
+        kw["local_sgd_period"] = int(cfg["local_sgd_period"] or 0)
+    if st.family == "deepspeed" and cfg.get("stage") in (1, 2, 3):
+        stage = int(cfg["stage"])
+        kw.update(zero_stage=stage, shard_optimizer=True, shard_grads=stage >= 2, shard_params=stage == 3)
+    if st.family == "deepspeed" and "offload_optimizer" in cfg:
+        kw["offload_optimizer"] = cfg["offload_optimizer"] not in (None, "none", False)
+    if st.family == "deepspeed" and "offload_params" in cfg:
+        kw["offload_params"] = cfg["offload_params"] not in (None, "none", False) and kw.get(
+            "zero_stage", st.zero_stage) == 3
+    if st.family == "fsdp" and "reshard_after_forward" in cfg:
+        kw["reshard_after_forward"] = bool(cfg["reshard_after_forward"])
+    if st.tensor_parallel and isinstance(cfg.get("tensor_parallel_size"), int):
+        kw["default_tp"] = cfg["tensor_parallel_size"]
+    return replace(st, **kw) if kw else st
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,15 +260,18 @@ class ModelSpec:
 
     @classmethod
     def from_params(cls, n_params: float, seq_len: int = 2048, vocab: int = 50257):
-        """Guess a GPT shape for N parameters: 12 L h^2 ~ N with h = 128 L (the aspect ratio of
-        GPT-3 175B and LLaMA-7B), h rounded to a multiple of 128, heads of size 128."""
+        """Guess a GPT shape for N parameters: 12 L h^2 ~ N with h ~ 128 L (the aspect ratio of
+        GPT-3 175B and LLaMA-7B); h rounded to a multiple of 1024 (128 when small) so that the
+        heads (of size 128) split 8 ways for tensor parallelism; then L = (N - embeddings) / (12 h^2)."""
         n = int(float(n_params))
         if n < 1:
             raise PlanError(f"--params must be positive, got {n_params!r}")
-        layers = max(1, round((n / (12 * 128 ** 2)) ** (1 / 3)))
-        hidden = max(128, round(math.sqrt(n / (12 * layers)) / 128) * 128)
-        return replace(cls(n, layers, hidden, max(1, hidden // 128), vocab, seq_len),
-                       shape_inferred=True)
+        layers = max(1.0, (n / (12 * 128 ** 2)) ** (1 / 3))
+        h = math.sqrt(n / (12 * layers))
+        step = 1024 if h >= 1024 else 128
+        hidden = max(128, round(h / step) * step)
+        layers = max(1, round((n - (vocab + seq_len) * hidden) / (12 * hidden * hidden)))
+        return cls(n, layers, hidden, hidden // 128, vocab, seq_len, shape_inferred=True)
 
 
 def _divisors(n: int) -> list[int]:
@@ -233,8 +307,10 @@ def resolve_layout(strategy: Strategy, model: ModelSpec, devices: int, nodes: in
                    global_batch: int | None = None, micro_batches: int | None = None) -> Layout:
     """Check the degrees and batch sizes against each other; fill defaults.
 
-    Defaults: tp strategy -> tp = devices per node (TP inside a node); fsdp_tp -> tp = devices per
-    node on several nodes, else 2; pipeline -> pp = world, m = 4 pp micro-batches; otherwise
+    Defaults: the strategy config's tensor_parallel_size, else: tp -> tp = devices per node (TP
+    inside a node); fsdp_tp -> tp = devices per node on several nodes, else 2; pipeline -> pp =
+    devices (at most the layers), m = 4 pp
+    micro-batches; otherwise
     global batch = dp x micro-batch (no accumulation).
     """
     if devices is None or int(devices) < 1:
@@ -248,9 +324,10 @@ def resolve_layout(strategy: Strategy, model: ModelSpec, devices: int, nodes: in
     if tp is None:
         tp = 1
         if strategy.tensor_parallel:
-            tp = devices if (strategy.name == "tp" or nodes > 1) else min(2, world)
-    if pp is None:
-        pp = world // tp if strategy.pipeline else 1
+            tp = strategy.default_tp or (devices if (not strategy.shard_params or nodes > 1)
+                                         else min(2, world))
+    if pp is None:   # pipeline: as many stages as devices allow (a divisor of them, <= layers)
+        pp = max(d for d in _divisors(world // tp) if d <= model.n_layers) if strategy.pipeline else 1
     tp, pp = int(tp), int(pp)
     if tp < 1 or pp < 1:
         raise PlanError(f"--tp and --pp must be >= 1, got tp={tp} pp={pp}")

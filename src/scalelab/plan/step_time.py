@@ -4,7 +4,7 @@ Step time on one device (every term is per optimizer step):
 
     t = overhead + compute + bubble + optimizer + exposed communication
 
-- compute = hardware FLOPs of the device's share / (peak[dtype] x compute_efficiency)
+- compute = hardware FLOPs of the device's share / (peak[dtype] x compute_efficiency[dtype@threads])
   (flops.py; the share is 1/(dp tp) of the batch's FLOPs, the slowest pipeline stage for pp > 1)
 - bubble = (p - 1) / m x compute for a pipeline of p stages and m micro-batches (GPipe, Huang et al.
   2019; 1F1B has the same bubble, Narayanan et al. 2021 Sec. 2.2)
@@ -13,8 +13,9 @@ Step time on one device (every term is per optimizer step):
 - communication = sum of the collectives' ring cost (comm.py); the overlappable part (bucketed DP
   sync, ZeRO-3/FSDP prefetch) hides behind compute up to `comm_overlap` (a hardware-profile
   fraction: about 0 on CPU gloo, which does not overlap, see notes/perf-baseline.md; high on NCCL)
-- overhead = per-step framework cost (Python, Lightning loop, hooks) + a per-strategy extra; both
-  are fitted from real runs by `--calibrate`; they dominate tiny models.
+- overhead = per-step framework cost (Python, Lightning loop, optimizer hooks) + a per-strategy
+  extra + per micro-batch and per layer x micro-batch costs (op dispatch); all fitted from real
+  runs by `--calibrate`; they dominate tiny models and vanish in big ones.
 Every term is linear in one hardware rate, which is what makes `calibrate.py` a least-squares fit
 (see `linear_features`).
 """
@@ -102,12 +103,27 @@ def _link_params(hw: Hardware, c: Collective) -> tuple[float, float]:
     return link.bandwidth_bytes_per_s, link.latency_s
 
 
-def linear_features(terms: Terms, hw: Hardware) -> dict[str, float]:
+def _local_layers(terms: Terms) -> int:
+    return math.ceil(terms.model.n_layers / terms.layout.pp)
+
+
+def compute_key(terms: Terms, hw: Hardware) -> str:
+    """'fp32@2': the compute dtype at this many threads per device (CPU ranks)."""
+    return f"{compute_dtype(terms.precision)}@{terms.threads or hw.threads_per_device}"
+
+
+def linear_features(terms: Terms, hw: Hardware, split_compute: bool = False) -> dict[str, float]:
     """x such that step time = sum(theta[k] * x[k]) with theta from `theta_of(hw)`.
 
-    Overlap is taken as a constant fraction here (exact when comm_overlap = 0, as on CPU gloo)."""
-    x = {"overhead": 1.0, f"strategy:{terms.strategy.name}": 1.0,
-         "compute": terms.hw_flops_per_device * (1 + terms.bubble_fraction) / _peak(hw, terms),
+    The compute term is keyed "compute:<dtype>@<threads>" when the profile has an efficiency for
+    it (or split_compute, for fitting one), else "compute". Overlap is taken as a constant fraction
+    here (exact when comm_overlap = 0, as on CPU gloo)."""
+    key = compute_key(terms, hw)
+    ck = f"compute:{key}" if (split_compute or key in hw.compute_efficiency_by) else "compute"
+    m = terms.layout.micro_batches
+    x = {"overhead": 1.0, f"strategy:{terms.strategy.name}": 1.0, "micro_overhead": float(m),
+         "layer_overhead": float(m * _local_layers(terms)),
+         ck: terms.hw_flops_per_device * (1 + terms.bubble_fraction) / _peak(hw, terms),
          "memory": terms.opt_device_bytes, "host_memory": terms.opt_host_bytes,
          "intra_bw": 0.0, "intra_lat": 0.0, "inter_bw": 0.0, "inter_lat": 0.0, "host_link": 0.0}
     for c in terms.colls:
@@ -122,7 +138,8 @@ def linear_features(terms: Terms, hw: Hardware) -> dict[str, float]:
 
 
 def theta_of(hw: Hardware) -> dict[str, float]:
-    th = {"overhead": hw.step_overhead_s, "compute": 1 / hw.compute_efficiency,
+    th = {"overhead": hw.step_overhead_s, "micro_overhead": hw.micro_batch_overhead_s,
+          "layer_overhead": hw.layer_overhead_s, "compute": 1 / hw.compute_efficiency,
           "memory": 1 / hw.memory_bandwidth_bytes_per_s,
           "host_memory": 1 / float(hw.host["memory_bandwidth_bytes_per_s"]),
           "intra_bw": 1 / hw.intra_node.bandwidth_bytes_per_s, "intra_lat": hw.intra_node.latency_s,
@@ -130,11 +147,14 @@ def theta_of(hw: Hardware) -> dict[str, float]:
           "host_link": 1 / float(hw.host["link_bandwidth_bytes_per_s"])}
     for name, s in hw.strategy_overhead_s.items():
         th[f"strategy:{name}"] = s
+    for key, eff in hw.compute_efficiency_by.items():
+        th[f"compute:{key}"] = 1 / eff
     return th
 
 
 def step_time(terms: Terms, hw: Hardware) -> dict[str, float]:
-    compute = terms.hw_flops_per_device / (_peak(hw, terms) * hw.compute_efficiency)
+    eff = hw.efficiency(compute_dtype(terms.precision), terms.threads)
+    compute = terms.hw_flops_per_device / (_peak(hw, terms) * eff)
     bubble = terms.bubble_fraction * compute
     optim = (terms.opt_device_bytes / hw.memory_bandwidth_bytes_per_s
              + terms.opt_host_bytes / float(hw.host["memory_bandwidth_bytes_per_s"]))
@@ -146,7 +166,9 @@ def step_time(terms: Terms, hw: Hardware) -> dict[str, float]:
     # DDP buckets only hide behind backward (2/3 of compute); ZeRO-3/FSDP prefetch behind all of it.
     window = compute * (2 / 3 if terms.strategy.family == "torch" else 1.0)
     hidden = min(hw.comm_overlap * overlappable, window)
-    overhead = hw.step_overhead_s + hw.strategy_overhead_s.get(terms.strategy.name, 0.0)
+    m = terms.layout.micro_batches
+    overhead = (hw.step_overhead_s + hw.strategy_overhead_s.get(terms.strategy.name, 0.0)
+                + m * (hw.micro_batch_overhead_s + _local_layers(terms) * hw.layer_overhead_s))
     step = overhead + compute + bubble + optim + total - hidden
     return {"step_s": step, "compute_s": compute, "comm_exposed_s": total - hidden,
             "comm_total_s": total, "bubble_s": bubble, "optimizer_s": optim, "overhead_s": overhead}
@@ -207,27 +229,27 @@ def plan(model: ModelSpec, strategy: str, hardware: Hardware | str, *, devices: 
                          "sequence_parallel": L.sequence_parallel and L.tp > 1},
         },
         "memory": {
-            "parameters_bytes_per_device": st.params_bytes,
-            "gradients_bytes_per_device": st.grads_bytes,
-            "optimizer_bytes_per_device": st.optimizer_bytes,
-            "model_states_bytes_per_device": st.total_bytes,
-            "activations_bytes_per_device": terms.activations_bytes,
-            "buffers_bytes_per_device": st.buffers_bytes,
-            "runtime_bytes_per_device": hw.runtime_memory_bytes,
-            "total_bytes_per_device": device_total,
-            "device_memory_bytes": hw.memory_bytes,
-            "fits": device_total <= hw.memory_bytes,
-            "offloaded_bytes_per_device": st.offloaded_bytes,
+            "parameters_bytes_per_device": float(st.params_bytes),
+            "gradients_bytes_per_device": float(st.grads_bytes),
+            "optimizer_bytes_per_device": float(st.optimizer_bytes),
+            "model_states_bytes_per_device": float(st.total_bytes),
+            "activations_bytes_per_device": float(terms.activations_bytes),
+            "buffers_bytes_per_device": float(st.buffers_bytes),
+            "runtime_bytes_per_device": float(hw.runtime_memory_bytes),
+            "total_bytes_per_device": float(device_total),
+            "device_memory_bytes": float(hw.memory_bytes),
+            "fits": bool(device_total <= hw.memory_bytes),
+            "offloaded_bytes_per_device": float(st.offloaded_bytes),
         },
         "comm": {
-            "bytes_per_step_per_device": sum(c.bytes_per_step for c in colls if c.op != "host_copy"),
+            "bytes_per_step_per_device": float(sum(c.bytes_per_step for c in colls if c.op != "host_copy")),
             "by_collective": {k: v for k, v in by_op(colls).items() if k != "host_copy"},
-            "host_transfer_bytes_per_step_per_device": sum(c.bytes_per_step for c in colls
-                                                           if c.op == "host_copy"),
+            "host_transfer_bytes_per_step_per_device": float(sum(c.bytes_per_step for c in colls
+                                                                 if c.op == "host_copy")),
             "collectives": [c.as_dict() for c in colls],
         },
-        "flops": {"model_per_step": terms.model_flops_per_step,
-                  "hardware_per_step_per_device": terms.hw_flops_per_device,
+        "flops": {"model_per_step": float(terms.model_flops_per_step),
+                  "hardware_per_step_per_device": float(terms.hw_flops_per_device),
                   "model_per_token": terms.model_flops_per_step / (L.global_batch * model.seq_len)},
         "time": times,
         "throughput": {"tokens_per_s": tokens_per_s, "samples_per_s": samples_per_s},

@@ -19,6 +19,8 @@ COLUMNS = [  # (header, getter, format)
     ("state KiB/rank", lambda r: _kib(max(r.get("memory", {}).get("model_state_bytes_per_rank") or [0]) or None), "{:.0f}"),
     ("loss first", lambda r: r.get("loss", {}).get("first"), "{:.4f}"),
     ("loss final", lambda r: r.get("loss", {}).get("final"), "{:.4f}"),
+    ("MFU %", lambda r: 100 * r["mfu"]["value"] if r.get("mfu") else None, "{:.1f}"),
+    ("comm %", lambda r: 100 * r["breakdown"]["comm_fraction"] if r.get("breakdown") else None, "{:.0f}"),
     ("efficiency", lambda r: r.get("scaling_efficiency"), "{:.2f}"),
     ("status", lambda r: r.get("status") if r.get("status") == "completed" else f"{r.get('status')}: {str(r.get('error', ''))[:60]}", "{}"),
 ]

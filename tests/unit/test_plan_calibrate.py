@@ -1,0 +1,154 @@
+"""--calibrate / --validate on a fake sweep whose run.json figures come from a known "true" machine.
+
+The fake runs follow the run-record contract (DESIGN.md); their step times are the planner's own
+prediction on the true profile plus +-3% noise, so calibration must recover the true rates and
+validation must land within 15% for every strategy.
+"""
+import argparse
+import json
+import random
+from dataclasses import replace
+
+import pytest
+
+from scalelab.plan import Hardware, Link, ModelSpec, calibrate, load_hardware, save_hardware, validate
+from scalelab.plan import cli
+from scalelab.plan.calibrate import nnls, terms_from_run
+from scalelab.plan.step_time import step_time
+
+import numpy as np
+
+TRUE = Hardware(
+    name="true_cpu", peak_flops={"fp32": 120e9, "bf16": 10e9, "fp16": 5e9}, memory_bytes=8e9,
+    memory_bandwidth_bytes_per_s=6e9, intra_node=Link(1.2e9, 8e-5), inter_node=Link(1e8, 1e-4),
+    devices_per_node=2, threads_per_device=1, compute_efficiency=0.55, comm_overlap=0.0,
+    compute_efficiency_by={"fp32@2": 0.42},       # 2 threads per rank do not give twice 1
+    step_overhead_s=0.004, strategy_overhead_s={"zero3": 0.012, "fsdp": 0.006},
+    micro_batch_overhead_s=0.001, layer_overhead_s=0.0005,
+    runtime_memory_bytes=3e8, host={"link_bandwidth_bytes_per_s": 6e9, "memory_bandwidth_bytes_per_s": 6e9},
+    cost_per_device_hour=0.02, power_watts=10.0, note="test truth")
+PRIOR = replace(TRUE, name="prior_cpu", compute_efficiency=0.3, compute_efficiency_by={},
+                memory_bandwidth_bytes_per_s=2e10,
+                intra_node=Link(3e9, 1e-5), step_overhead_s=0.001, strategy_overhead_s={},
+                host={"link_bandwidth_bytes_per_s": 2e10, "memory_bandwidth_bytes_per_s": 2e10})
+
+MODELS = {"gpt_nano": (2, 64, 4, 256, 64), "gpt_small": (4, 256, 4, 256, 128)}
+
+
+def run_record(model, strategy, world, micro, threads=1, precision="32-true", accum=1, tp=1, pp=1):
+    L, h, a, V, s = MODELS[model]
+    n = ModelSpec.gpt_params(L, h, V, s)
+    dp = world // (tp * pp)
+    per_dev = micro * (4 if pp > 1 else 1)          # pipeline: per-rank batch cut in 4 chunks
+    rec = {
+        "status": "completed", "strategy": strategy, "world_size": world, "num_nodes": 1,
+        "devices_per_node": world, "global_batch_size": per_dev * dp * accum,
+        "per_device_batch_size": per_dev, "accumulate_grad_batches": accum, "lr_rule": "none",
+        "base_lr": 3e-3, "base_batch_size": 8, "lr": 3e-3, "steps": 30,
+        "precision": precision, "optimizer": "adamw", "activation_checkpointing": False,
+        "model": {"name": model, "kind": "gpt", "n_params": n, "n_layers": L, "d_model": h,
+                  "n_heads": a, "vocab_size": V, "seq_len": s},
+        "parallel": {"dp": dp, "tp": tp, "pp": pp},
+        "hardware": {"accelerator": "cpu", "threads_per_rank": threads},
+        "loss": {"first": 5.5, "final": 3.0, "curve": [[1, 5.5], [30, 3.0]]},
+    }
+    terms = terms_from_run(rec)
+    t = step_time(terms, TRUE)["step_s"]
+    states = terms.states.total_bytes + terms.states.offloaded_bytes
+    rec["step_time_s"] = {"median": t, "p90": t * 1.1, "mean": t * 1.02}
+    rec["throughput"] = {"samples_per_s": rec["global_batch_size"] / t,
+                         "tokens_per_s": rec["global_batch_size"] * s / t}
+    rec["memory"] = {"peak_rss_bytes_per_rank": [int(6e8)] * world,
+                     "model_state_bytes_per_rank": [int(states)] * world,
+                     "model_state_breakdown_per_rank": [{"params": 0, "grads": 0, "optimizer": 0}] * world}
+    return rec
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    return write_sweep(tmp_path_factory.mktemp("plan") / "sweep")
+
+
+def write_sweep(root):
+    rng = random.Random(0)
+    configs = []
+    for model in MODELS:
+        configs += [
+            dict(strategy="single", world=1, micro=8), dict(strategy="single", world=1, micro=16),
+            dict(strategy="single", world=1, micro=8, threads=2),
+            dict(strategy="single", world=2, micro=8),
+            dict(strategy="ddp", world=2, micro=8), dict(strategy="ddp", world=2, micro=4, accum=2),
+            dict(strategy="ddp", world=2, micro=8, precision="bf16-mixed"),
+            dict(strategy="zero1", world=2, micro=8), dict(strategy="zero2", world=2, micro=8),
+            dict(strategy="zero3", world=2, micro=8), dict(strategy="fsdp", world=2, micro=8),
+            dict(strategy="zero2_offload", world=2, micro=8),
+            dict(strategy="tp", world=2, micro=8, tp=2), dict(strategy="pipeline", world=2, micro=2, pp=2),
+        ]
+    for i, c in enumerate(configs):
+        rec = run_record(next(iter(MODELS)) if i < len(configs) // 2 else list(MODELS)[1], **c)
+        rec["step_time_s"]["median"] *= 1 + rng.uniform(-0.03, 0.03)
+        d = root / str(i)
+        d.mkdir(parents=True)
+        (d / "run.json").write_text(json.dumps(rec))
+    bad = root / "failed"
+    bad.mkdir()
+    (bad / "run.json").write_text(json.dumps({"status": "failed", "error": "boom"}))
+    odd = root / "odd"
+    odd.mkdir()
+    (odd / "run.json").write_text(json.dumps(dict(run_record("gpt_nano", "ddp", 2, 8), strategy="horovod")))
+    return root
+
+
+def test_nnls_matches_known_solution():
+    A = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    assert nnls(A, np.array([1.0, -1.0, 0.0])) == pytest.approx([0.5, 0.0], abs=1e-9)
+    A = np.random.default_rng(0).random((20, 4))
+    x = np.array([1.0, 2.0, 0.0, 0.5])
+    assert nnls(A, A @ x) == pytest.approx(x, abs=1e-8)
+
+
+def test_calibrate_recovers_the_machine(sweep, tmp_path):
+    hw, rep = calibrate(sweep, PRIOR, tmp_path / "fit.yaml")
+    assert len(rep["runs"]) == 28 and len(rep["skipped"]) == 2
+    assert hw.compute_efficiency == pytest.approx(TRUE.compute_efficiency, rel=0.1)
+    assert hw.compute_efficiency_by["fp32@1"] == pytest.approx(0.55, rel=0.1)
+    assert hw.compute_efficiency_by["fp32@2"] == pytest.approx(0.42, rel=0.1)
+    assert hw.step_overhead_s == pytest.approx(TRUE.step_overhead_s, rel=0.3)
+    assert hw.strategy_overhead_s["zero3"] == pytest.approx(0.012, rel=0.3)
+    # Communication is a few % of these steps, so bandwidth and latency are only loosely pinned
+    # down one by one; the comm time they predict for the biggest all-reduce is what must hold.
+    t = terms_from_run(run_record("gpt_small", "ddp", 2, 8))
+    assert step_time(t, hw)["comm_total_s"] == pytest.approx(step_time(t, TRUE)["comm_total_s"], rel=0.5)
+    assert max(abs(r["ratio"] - 1) for r in rep["runs"]) < 0.06
+    again = load_hardware(str(tmp_path / "fit.yaml"))     # reusable as --hardware PATH
+    assert again.name == "fit" and again.calibration["runs"] == 28
+    assert again.compute_efficiency == pytest.approx(hw.compute_efficiency)
+
+
+def test_validate_within_15_percent_after_calibration(sweep, tmp_path):
+    hw, _ = calibrate(sweep, PRIOR)
+    rep = validate(sweep, hw)
+    assert rep["max_step_error"] < 0.15
+    assert rep["max_model_states_error"] < 1e-6
+    assert {r["strategy"] for r in rep["runs"]} >= {"ddp", "zero3", "tp", "pipeline", "zero2_offload"}
+    assert validate(sweep, PRIOR)["max_step_error"] > 0.15      # uncalibrated prior is off
+
+
+def main(argv):
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    return cli.run(p.parse_args(argv))
+
+
+def test_cli_calibrate_then_validate(sweep, tmp_path, capsys):
+    prior = save_hardware(PRIOR, tmp_path / "prior.yaml")
+    fit = tmp_path / "fitted.yaml"
+    assert main(["--calibrate", str(sweep), "--hardware", str(prior), "--out", str(fit)]) == 0
+    out = capsys.readouterr().out
+    assert "compute_efficiency" in out and fit.is_file()
+    assert main(["--validate", str(sweep), "--hardware", str(fit), "--tolerance", "0.15"]) == 0
+    out = capsys.readouterr().out
+    assert "ratio" in out and "skipped" in out and "zero3" in out
+    assert main(["--validate", str(sweep), "--hardware", str(prior), "--tolerance", "0.15"]) == 1
+    assert main(["--validate", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -1,0 +1,91 @@
+"""`scalelab plan` argument handling: JSON contract, table, one-line errors (exit 2)."""
+import argparse
+import json
+
+import pytest
+
+from scalelab.plan import cli
+
+REQUIRED_KEYS = ["memory.model_states_bytes_per_device", "memory.activations_bytes_per_device",
+                 "memory.total_bytes_per_device", "comm.bytes_per_step_per_device",
+                 "flops.model_per_step", "time.step_s", "throughput.tokens_per_s", "mfu",
+                 "scaling_efficiency"]
+
+
+def main(argv):
+    p = argparse.ArgumentParser(prog="scalelab plan")
+    cli.add_arguments(p)
+    return cli.run(p.parse_args(argv))
+
+
+def test_json_has_the_contract_keys(capsys):
+    rc = main(["--layers", "32", "--hidden", "4096", "--heads", "32", "--vocab", "50257",
+               "--seq-len", "2048", "--strategy", "zero3", "--devices", "8", "--nodes", "2",
+               "--micro-batch", "2", "--global-batch", "256", "--hardware", "h100_sxm",
+               "--tokens", "1e9", "--json"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    for key in REQUIRED_KEYS:
+        v = doc
+        for part in key.split("."):
+            v = v[part]
+        assert isinstance(v, float) and v > 0, key
+    assert set(doc["time"]) >= {"compute_s", "comm_exposed_s", "bubble_s"}
+    assert doc["memory"]["fits"] in (True, False)
+    assert doc["comm"]["by_collective"].keys() == {"all_gather", "reduce_scatter"}
+    assert doc["train"]["cost"] > 0
+
+
+def test_table_and_params_only(capsys):
+    assert main(["--params", "7B", "--strategy", "fsdp", "--devices", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "memory per device" in out and "shape guessed" in out and "MFU" in out
+    assert "fits" in out or "DOES NOT FIT" in out
+
+
+def test_model_config(capsys):
+    pytest.importorskip("yaml")
+    if not (cli.conf_dir() / "model" / "gpt_nano.yaml").is_file():
+        pytest.skip("conf/model/gpt_nano.yaml not present")
+    assert main(["--model", "gpt_nano", "--strategy", "ddp", "--devices", "2",
+                 "--hardware", "this_cpu", "--precision", "32", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["inputs"]["model"]["n_layers"] == 2 and doc["inputs"]["model"]["hidden"] == 64
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--params", "1B", "--strategy", "zero4", "--devices", "8"], "unknown strategy 'zero4'; valid: single, ddp"),
+    (["--params", "1B", "--strategy", "ddp", "--devices", "8", "--hardware", "tpu9"], "unknown hardware 'tpu9'; valid: a100_80g_nvlink"),
+    (["--layers", "4", "--hidden", "256", "--heads", "4", "--strategy", "tp", "--devices", "8", "--tp", "8"], "--tp 8 does not divide --heads 4"),
+    (["--params", "1B", "--strategy", "ddp", "--devices", "0"], "--devices must be >= 1"),
+    (["--params", "1B", "--strategy", "ddp", "--devices", "4", "--micro-batch", "2", "--global-batch", "12"],
+     "--global-batch 12 is not divisible by dp x micro-batch = 4 x 2 = 8"),
+    (["--layers", "4", "--hidden", "256", "--heads", "4", "--strategy", "pipeline", "--devices", "8", "--pp", "8"],
+     "--pp 8 exceeds the number of layers 4; valid pp: 1..4"),
+    (["--params", "1B", "--strategy", "ddp", "--devices", "8", "--precision", "fp8"], "unknown precision 'fp8'"),
+    (["--params", "1B", "--strategy", "ddp", "--optimizer", "lion"], "unknown optimizer 'lion'"),
+    (["--params", "1B", "--strategy", "ddp", "--activation-checkpointing", "some"], "unknown activation checkpointing"),
+    (["--params", "1B", "--strategy", "zero2", "--devices", "8", "--tp", "2"], "--tp 2 needs a tensor-parallel strategy"),
+    (["--strategy", "ddp"], "no model"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and needle in err and err.count("\n") == 1
+
+
+def test_strategy_configs_refine_and_extend_the_table(tmp_path, monkeypatch):
+    from scalelab.plan import get_strategy
+    (tmp_path / "strategy").mkdir()
+    (tmp_path / "strategy" / "my_offload.yaml").write_text(
+        "_target_: scalelab.strategies.deepspeed.ZeRO\nname: my_offload\nstage: 3\n"
+        "offload_optimizer: cpu\noffload_params: none\n")
+    (tmp_path / "strategy" / "tp.yaml").write_text("name: tp\ntensor_parallel_size: 2\n")
+    monkeypatch.setenv("SCALELAB_CONF_DIR", str(tmp_path))
+    st = get_strategy("my_offload")
+    assert (st.family, st.zero_stage, st.shard_params, st.offload_optimizer, st.offload_params) == \
+        ("deepspeed", 3, True, True, False)
+    assert get_strategy("tp").default_tp == 2
+    assert get_strategy("ddp", {"comm_hook": "powersgd", "powersgd_rank": 4}).powersgd_rank == 4
+    with pytest.raises(ValueError, match="valid: single, ddp.*my_offload"):
+        get_strategy("nope")

@@ -1,0 +1,61 @@
+"""Sweep aggregation and comparison output on synthetic run records."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from scalelab.results.record import write_json
+from scalelab.results.sweep import aggregate
+
+
+def _rec(job, strategy, world, batch, thr, status="completed", lr_rule="none"):
+    cfg = {"strategy": {"name": strategy}, "model": {"name": "gpt_nano"}, "trainer": {"devices": world, "max_steps": 20},
+           "data": {"global_batch_size": batch}, "lr_scaling": {"rule": lr_rule, "base_batch_size": batch}}
+    return {"status": status, "strategy": strategy, "world_size": world, "global_batch_size": batch,
+            "per_device_batch_size": batch // world, "accumulate_grad_batches": 1, "parallel": {"dp": world},
+            "throughput": {"samples_per_s": thr, "tokens_per_s": None}, "step_time_s": {"median": 0.1, "p90": 0.1},
+            "memory": {"peak_rss_bytes_per_rank": [1] * world, "model_state_bytes_per_rank": [1] * world},
+            "loss": {"first": 5.0, "final": 3.0, "curve": [[1, 5.0], [2, 3.0]]}, "lr": 0.001,
+            "job": {"name": job}, "config": cfg, **({"error": "boom"} if status != "completed" else {})}
+
+
+@pytest.fixture()
+def sweep(tmp_path):
+    runs = [_rec("s/0", "ddp", 1, 16, 100.0), _rec("s/1", "ddp", 2, 16, 150.0), _rec("s/2", "ddp", 2, 32, 180.0),
+            _rec("s/3", "ddp", 4, 16, 200.0), _rec("s/4", "fsdp", 2, 16, 0.0, status="failed")]
+    for i, r in enumerate(runs):
+        (tmp_path / str(i)).mkdir()
+        write_json(tmp_path / str(i) / "run.json", r)
+    return tmp_path
+
+
+def test_strong_and_weak_groups(sweep):
+    s = aggregate(sweep)
+    strong = next(g for g in s["groups"] if g["kind"] == "strong" and g["baseline_samples_per_s"] == 100.0)
+    eff = {m["world_size"]: m["scaling_efficiency"] for m in strong["runs"]}
+    assert eff == pytest.approx({1: 1.0, 2: 150 / 200, 4: 200 / 400})
+    weak = next(g for g in s["groups"] if g["kind"] == "weak")  # per-rank batch 16: (1, 16) and (2, 32)
+    assert {m["world_size"]: m["scaling_efficiency"] for m in weak["runs"]} == pytest.approx({1: 1.0, 2: 0.9})
+    assert s["num_failed"] == 1 and s["failed"][0]["error"] == "boom"
+    assert json.loads((sweep / "sweep.json").read_text())["num_runs"] == 5
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "json", "html"])
+def test_compare_cli_formats(sweep, fmt, tmp_path):
+    out = tmp_path / f"out.{fmt}"
+    proc = subprocess.run([sys.executable, "-m", "scalelab.cli", "compare", str(sweep), "--format", fmt,
+                           "--out", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert "fsdp" in text and "ddp" in text
+    if fmt == "table":
+        assert "0.75" in text  # ddp x2 strong efficiency
+    if fmt == "json":
+        assert len(json.loads(text)) == 5
+
+
+def test_compare_missing_path_is_one_line():
+    proc = subprocess.run([sys.executable, "-m", "scalelab.cli", "compare", "/no/such/sweep"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "/no/such/sweep" in proc.stderr
