@@ -10,7 +10,7 @@ import pytest
 
 from ..conftest import FAST, records, train, worker_pids
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 RUNS = int(os.environ.get("SCALELAB_STABILITY_RUNS", 30))
 
