@@ -34,3 +34,10 @@ def test_same_seed_same_order_other_seed_other_order():
     a = list(GlobalBatchSampler(100, 8, 8, 0, 1, seed=1))
     assert a == list(GlobalBatchSampler(100, 8, 8, 0, 1, seed=1))
     assert a != list(GlobalBatchSampler(100, 8, 8, 0, 1, seed=2))
+
+
+def test_resume_continues_with_the_next_global_batch_even_if_lightning_counts_an_epoch_ahead():
+    full = list(GlobalBatchSampler(100, 8, 8, 0, 1, seed=3))
+    resumed = GlobalBatchSampler(100, 8, 8, 0, 1, seed=3, start_step=5, lightning_epoch=1)
+    resumed.set_epoch(1)  # what Lightning does after a max_steps stop + resume
+    assert list(resumed)[:16] == full[5 * 8: 7 * 8]

@@ -25,9 +25,10 @@ class ByteCorpusDataModule(L.LightningDataModule):
         self.train_ds = datasets.load_from_disk(str(self.prepared / "train")).with_format("torch")
         self.val_ds = datasets.load_from_disk(str(self.prepared / "val")).with_format("torch")
 
-    def _loader(self, ds, shuffle: bool, start_step: int = 0) -> DataLoader:
+    def _loader(self, ds, shuffle: bool, start_step: int = 0, lightning_epoch: int | None = None) -> DataLoader:
         sampler = GlobalBatchSampler(len(ds), self.global_batch, self.micro_batch, self.dp_rank,
-                                     self.dp_size, self.seed, shuffle=shuffle, start_step=start_step)
+                                     self.dp_size, self.seed, shuffle=shuffle, start_step=start_step,
+                                     lightning_epoch=lightning_epoch)
         return DataLoader(ds, batch_size=self.micro_batch, sampler=sampler, drop_last=True,
                           num_workers=self.num_workers, collate_fn=_collate)
 
@@ -35,7 +36,8 @@ class ByteCorpusDataModule(L.LightningDataModule):
         # After a resume, continue with the global batch the interrupted run would have used next
         # (Lightning restores global_step before it asks for the dataloader).
         step = self.trainer.global_step if self.trainer is not None else 0
-        return self._loader(self.train_ds, shuffle=True, start_step=step)
+        epoch = self.trainer.current_epoch if self.trainer is not None else None
+        return self._loader(self.train_ds, shuffle=True, start_step=step, lightning_epoch=epoch)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_ds, shuffle=False)

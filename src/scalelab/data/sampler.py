@@ -17,7 +17,8 @@ from torch.utils.data import Sampler
 
 class GlobalBatchSampler(Sampler[int]):
     def __init__(self, num_samples: int, global_batch: int, micro_batch: int, dp_rank: int,
-                 dp_size: int, seed: int, shuffle: bool = True, start_step: int = 0):
+                 dp_size: int, seed: int, shuffle: bool = True, start_step: int = 0,
+                 lightning_epoch: int | None = None):
         if global_batch % (micro_batch * dp_size):
             raise ValueError(f"global batch {global_batch} is not a multiple of micro batch "
                              f"{micro_batch} x {dp_size} data-parallel ranks")
@@ -29,8 +30,14 @@ class GlobalBatchSampler(Sampler[int]):
             raise ValueError(f"global batch {global_batch} is larger than the dataset ({num_samples} samples)")
         # start_step: optimizer steps already taken (resume); it picks the epoch and the offset in it.
         self.epoch, self.first = divmod(start_step, self.steps)
+        # Lightning calls set_epoch(trainer.current_epoch) before it iterates. After a resume its
+        # count can run ahead of ours: a run stopped by max_steps counts its unfinished epoch as
+        # completed, so the resumed run would call set_epoch(1) and restart from epoch 1's first
+        # batch. Lightning's epoch numbers are translated by the offset seen at construction.
+        self._epoch_offset = 0 if lightning_epoch is None else self.epoch - lightning_epoch
 
     def set_epoch(self, epoch: int) -> None:
+        epoch += self._epoch_offset
         if epoch != self.epoch:  # a new epoch starts from its first step
             self.epoch, self.first = epoch, 0
 

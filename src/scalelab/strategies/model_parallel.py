@@ -1,0 +1,85 @@
+"""Shared base of the mesh-parallel strategies (`fsdp`, `fsdp_grad_op`, `tp`, `fsdp_tp`).
+
+All of them run on Lightning's ModelParallelStrategy: Lightning builds a 2-D device mesh
+(data_parallel x tensor_parallel; rank = dp_index * tp + tp_index) and then calls
+LightningModule.configure_model, where LitModule calls `plan.parallelize(net, device_mesh)`.
+Lightning calls configure_model BEFORE configure_optimizers (Trainer._run: configure_model,
+then strategy.setup -> setup_optimizers), so the optimizer is built over the sharded (DTensor)
+parameters and its state is sharded too. Checkpoints are torch.distributed.checkpoint folders
+(one shard file per rank + Lightning's metadata), restored into the sharded model in place.
+
+No CPU adaptation is needed here: FSDP2 (`fully_shard`) and DTensor tensor parallelism run on a
+"cpu" device mesh with gloo as they are (shared/notes/cpu-strategies.md section 3 and 5); the
+CUDA path is the same code with an NCCL "cuda" mesh, chosen by Lightning from the accelerator.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from scalelab.errors import ConfigError
+from scalelab.strategies.base import RunSpec, StrategyPlan
+
+#: precisions Lightning's ModelParallelStrategy accepts (its accelerator connector refuses 16-mixed)
+PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16-true")
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+class MeshParallelPlan(StrategyPlan):
+    """A plan applied in configure_model on a (dp x tp) mesh. Subclasses set how many ranks
+    form a tensor-parallel group (`tp_size`) and implement `parallelize`."""
+
+    name = "mesh_parallel"
+
+    def __init__(self, name: str | None = None, save_distributed_checkpoint: bool = True, **options: Any):
+        super().__init__(name, **options)
+        self.save_distributed_checkpoint = bool(save_distributed_checkpoint)
+        self.precision = "32-true"  # set from the run in lightning_strategy (inside the rank)
+
+    # -- degrees ---------------------------------------------------------------------------
+    def tp_size(self, world_size: int) -> int:
+        return 1
+
+    def _degrees_or_raise(self, world_size: int) -> tuple[int, int]:
+        tp = self.tp_size(world_size)
+        if world_size % tp:
+            raise ConfigError(f"strategy={self.name}: strategy.tensor_parallel_size={tp} does not divide the "
+                              f"world size {world_size}: choose one of {', '.join(map(str, divisors(world_size)))}")
+        return world_size // tp, tp
+
+    def parallel_degrees(self, world_size: int) -> dict[str, int]:
+        dp, tp = self._degrees_or_raise(world_size)
+        return {"dp": dp, "tp": tp, "pp": 1}
+
+    def dp_rank(self, global_rank: int, world_size: int) -> int:
+        """The ranks of one tensor-parallel group (consecutive ranks, Lightning's mesh order
+        (data_parallel, tensor_parallel)) must read the same samples: they share a dp rank."""
+        return global_rank // self.tp_size(world_size)
+
+    # -- preflight -------------------------------------------------------------------------
+    def validate(self, run: RunSpec) -> None:
+        super().validate(run)
+        self._degrees_or_raise(run.world_size)
+        if run.precision not in PRECISIONS:
+            raise ConfigError(f"trainer.precision={run.precision} is not supported by strategy={self.name}: "
+                              f"choose one of {', '.join(PRECISIONS)}")
+
+    # -- inside a rank ---------------------------------------------------------------------
+    def lightning_strategy(self, run: RunSpec):
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        self.precision = run.precision  # parallelize() picks the FSDP2 mixed-precision policy from it
+        dp, tp = self._degrees_or_raise(run.world_size)
+        return ModelParallelStrategy(data_parallel_size=dp, tensor_parallel_size=tp,
+                                     save_distributed_checkpoint=self.save_distributed_checkpoint)
+
+    def parallelize(self, net: nn.Module, device_mesh: Any) -> nn.Module:
+        raise NotImplementedError
+
+    # consolidated_state_dict: the base default (full_tensor() of every DTensor) is right here:
+    # FSDP2 and parallelize_module keep the plain module's parameter names, so the keys are the
+    # plain GPT's state_dict keys (checked by tests/integration/test_fsdp_tp.py).
