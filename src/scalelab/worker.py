@@ -126,6 +126,7 @@ def run(job_dir: Path) -> int:
             torch.save(state, job_dir / "model_consolidated.pt")
     device = module.device
     summary = metrics.rank_summary(device)
+    summary["strategy_metrics"] = plan.rank_metrics()  # e.g. a pipeline's per-stage step/compute times
     summary["breakdown"] = window.result if window is not None else None
     per_rank = gather_all(summary)
     real_world = dist.get_world_size() if dist.is_initialized() else 1
@@ -136,6 +137,8 @@ def run(job_dir: Path) -> int:
         profiled = window.steps if window is not None and window.result else 0
         record.update(summarize(per_rank, spec.batch.global_batch_size, seq, cfg.trainer.warmup_steps,
                                 plan.loss_ranks(world), profiled))
+        record.update(plan.record_fields([r["strategy_metrics"] for r in per_rank], cfg.trainer.warmup_steps,
+                                         profiled))
         record["breakdown"] = combine([r["breakdown"] for r in per_rank])
         record["mfu"] = compute_mfu(record, module.net, cfg.get("hardware_profile", "auto"))
         record["resumed_from"] = str(resume) if resume else None

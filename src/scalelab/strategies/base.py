@@ -91,6 +91,16 @@ class StrategyPlan:
         """Bytes of gradients this rank holds (called just before the optimizer step)."""
         return sum(local_bytes(p.grad) for p in pl_module.net.parameters())
 
+    def rank_metrics(self) -> Any:
+        """Strategy-specific measurements of this rank, gathered to rank 0 after fit (None: none)."""
+        return None
+
+    def record_fields(self, per_rank: list[Any], warmup_steps: int, profiled_steps: int = 0) -> dict:
+        """Extra run.json entries built on rank 0 from every rank's rank_metrics(), in rank order
+        (e.g. a pipeline's measured bubble). Steady state: skip the first warmup_steps and the
+        last profiled_steps steps."""
+        return {}
+
     def consolidated_state_dict(self, trainer: Any, pl_module: Any) -> dict | None:
         """The plain model's full state_dict on rank 0 (None elsewhere). Collective: every
         rank calls it. Sharded strategies gather their shards here."""

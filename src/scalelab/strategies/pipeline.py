@@ -1,0 +1,406 @@
+"""`pipeline`: pipeline parallelism with torch.distributed.pipelining (GPipe or 1F1B).
+
+The GPT's layers are split into `pp` contiguous stages of (nearly) equal layer counts; stage 0
+also holds the embeddings, the last stage the final norm and the LM head. Each stage is the plain
+GPT with the layers it does not own deleted (GPT.layers is a ModuleDict keyed "0".."L-1", so the
+parameter names stay those of the plain model) and tok_emb/pos_emb (non-first) or ln_f/lm_head
+(non-last) set to None, which GPT.forward treats as "pass hidden states through".
+
+Ranks: pp x dp = world size. rank r is stage r // dp, data-parallel replica r % dp (pp outermost:
+the replicas of one stage are neighbours, so their gradient all-reduce stays inside a node while
+the activations travel between nodes). dp = 1 (the default) is pure pipeline: every rank gets
+the same batch; stage 0 consumes the inputs, the last stage the targets.
+
+One optimizer step = one schedule step over `microbatches` micro-batches of the per-replica batch.
+The schedule runs forward and backward itself, so the plan switches the LightningModule to manual
+optimization and steps the optimizer and LR scheduler itself. Loss scaling: the loss of a
+micro-batch is its mean token cross-entropy and the schedule divides the summed gradients by the
+number of micro-batches (scale_grads=True); with equal micro-batches that is the mean over the
+whole batch, the same gradient `single` computes (and dp replicas are averaged on top).
+
+Bubble: each rank times its own compute (the stage's forward_one_chunk / backward_one_chunk and
+the loss) inside each schedule step; idle = step - compute. Recorded per step in
+`plan.rank_metrics()`; `Pipeline.record_fields` turns every rank's lists into run.json's
+`pipeline` entry next to the prediction (p-1)/m (Huang et al. 2019; Narayanan et al. 2021).
+
+Checkpoints: each stage holds different parameters, so `last.ckpt` is a directory written with
+torch.distributed.checkpoint (every rank writes its stage; keys are the plain GPT's names, the
+optimizer state is flattened by parameter name) plus `meta.pt` (loops, schedulers, step) from
+rank 0. See PipelineStrategy.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from lightning.pytorch.strategies import DDPStrategy
+from torch import nn
+
+from scalelab.errors import ConfigError
+from scalelab.strategies.base import RunSpec, StrategyPlan
+
+SCHEDULES = ("gpipe", "1f1b")
+_META = "meta.pt"
+_BUBBLE_METHOD = ("per rank and optimizer step: idle = wall time of the schedule step minus the time in the "
+                  "stage's own forward_one_chunk/backward_one_chunk calls and the loss (CUDA synchronized around "
+                  "each); bubble = idle / compute, idle_fraction = idle / step; mean over steady steps (warm-up "
+                  "and profiled steps excluded), then over ranks")
+
+
+def split_layers(n_layers: int, stages: int) -> list[list[int]]:
+    """Contiguous, balanced layer ranges: the first n_layers % stages stages get one more layer."""
+    base, extra = divmod(n_layers, stages)
+    out, start = [], 0
+    for s in range(stages):
+        n = base + (1 if s < extra else 0)
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
+
+
+def make_stage(net: nn.Module, stage: int, stages: int) -> nn.Module:
+    """Trim a plain GPT in place to pipeline stage `stage` of `stages`; returns it."""
+    own = {str(i) for i in split_layers(len(net.layers), stages)[stage]}
+    for key in [k for k in net.layers.keys() if k not in own]:
+        del net.layers[key]
+    if stage > 0:
+        net.tok_emb = None
+        net.pos_emb = None
+    if stage < stages - 1:
+        net.ln_f = None
+        net.lm_head = None
+    return net
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy of one micro-batch (as LitModule.loss computes it)."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class PipelineStrategy(DDPStrategy):
+    """DDPStrategy's process group and launch, without a DDP wrapper, for a pipeline.
+
+    - configure_ddp: leaves the module unwrapped (each rank holds a different stage; gradients
+      of dp replicas are all-reduced by the plan).
+    - setup: switches the LightningModule to manual optimization (the schedule runs forward and
+      backward). Done here, after Lightning's loop-configuration check, because the plan clips
+      gradients itself (across stages) and validates accumulation itself (it must be 1).
+    - save_checkpoint / load_checkpoint: Lightning's DDPStrategy saves rank 0's state only,
+      which for a pipeline is stage 0 alone. Here every rank writes its stage's parameters and
+      optimizer state with torch.distributed.checkpoint under the plain GPT's names (so a
+      checkpoint does not depend on the stage split), and rank 0 adds meta.pt with the rest of
+      Lightning's checkpoint (loops, LR schedulers, global step). Loaded after setup, when the
+      optimizer exists to receive its state.
+    """
+
+    def __init__(self, layout: dict | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.layout = layout or {}  # stages / dp / schedule, recorded in meta.pt
+
+    def configure_ddp(self) -> None:
+        pass
+
+    def setup(self, trainer) -> None:
+        trainer.lightning_module.automatic_optimization = False
+        super().setup(trainer)
+
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True
+
+    def _dcp_state(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        module = self.lightning_module
+        opts = StateDictOptions(flatten_optimizer_state_dict=True)
+        return {"model": module.state_dict(),
+                "optimizer": [get_optimizer_state_dict(module, o, options=opts) for o in self.optimizers]}
+
+    def save_checkpoint(self, checkpoint: dict, filepath, storage_options: Any = None) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        path = Path(filepath)
+        if self.is_global_zero and path.is_file():  # a file of that name from an earlier run
+            path.unlink()
+        self.barrier()
+        path.mkdir(parents=True, exist_ok=True)
+        dcp.save(self._dcp_state(), checkpoint_id=path)
+        if self.is_global_zero:
+            meta = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
+            meta["pipeline"] = self.layout
+            torch.save(meta, path / _META)
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict:
+        import torch.distributed.checkpoint as dcp
+
+        path = Path(checkpoint_path)
+        if not (path / _META).is_file():
+            raise ValueError(f"checkpoint.resume_from={path} is not a pipeline checkpoint (a directory with {_META} "
+                             "written by strategy=pipeline)")
+        state = self._dcp_state()
+        dcp.load(state, checkpoint_id=path)
+        checkpoint = torch.load(path / _META, map_location="cpu", weights_only=False)
+        checkpoint["state_dict"] = state["model"]
+        checkpoint["optimizer_states"] = state["optimizer"]
+        return checkpoint
+
+    def load_optimizer_state_dict(self, checkpoint) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        opts = StateDictOptions(flatten_optimizer_state_dict=True)
+        for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"]):
+            set_optimizer_state_dict(self.lightning_module, optimizer, state, options=opts)
+
+
+class Pipeline(StrategyPlan):
+    name = "pipeline"
+
+    def __init__(self, name: str = "pipeline", schedule: str = "1f1b", microbatches: int = 4, dp: int = 1,
+                 **options):
+        super().__init__(name, **options)
+        schedule = str(schedule).lower()
+        if schedule not in SCHEDULES:
+            raise ConfigError(f"strategy.schedule={schedule!r} is not known: choose one of {', '.join(SCHEDULES)}")
+        if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
+            raise ConfigError(f"strategy.microbatches={microbatches!r} must be an integer >= 1")
+        if not isinstance(dp, int) or isinstance(dp, bool) or dp < 1:
+            raise ConfigError(f"strategy.dp={dp!r} must be an integer >= 1 (data-parallel replicas of the pipeline)")
+        self.schedule, self.microbatches, self.dp = schedule, microbatches, dp
+        # inside a rank
+        self._stage_idx = 0
+        self._pp = 1
+        self._pp_group = self._dp_group = None
+        self._schedule = None
+        self._step_s: list[float] = []
+        self._busy_s: list[float] = []
+        self._busy = 0.0
+        self._n_layers = 0
+
+    # -- before any rank starts ------------------------------------------------------------
+    def _pp_degree(self, world_size: int) -> int:
+        return max(world_size // self.dp, 1)
+
+    def parallel_degrees(self, world_size: int) -> dict[str, int]:
+        if world_size % self.dp:  # validate() reports it; keep derive_batch from failing first
+            return {"dp": 1, "tp": 1, "pp": world_size}
+        return {"dp": self.dp, "tp": 1, "pp": world_size // self.dp}
+
+    def validate(self, run: RunSpec) -> None:
+        super().validate(run)
+        world = run.world_size
+        if world % self.dp:
+            raise ConfigError(f"strategy.dp={self.dp} does not divide the world size {world}: "
+                              f"pipeline stages = world size / dp must be a whole number")
+        pp = world // self.dp
+        from scalelab.models.gpt import GPTConfig
+
+        n_layers = run.model_arch.n_layers if isinstance(run.model_arch, GPTConfig) else None
+        if n_layers is None:
+            raise ConfigError(f"strategy=pipeline splits a GPT by layers; model {type(run.model_arch).__name__} has "
+                              "none: use model=gpt_nano or another gpt_* model")
+        if pp > n_layers:
+            raise ConfigError(f"strategy=pipeline: {pp} pipeline stages (world size {world} / dp {self.dp}) but the "
+                              f"model has {n_layers} layers: use at most {n_layers * self.dp} devices, or raise "
+                              "strategy.dp or model.arch.n_layers")
+        batch = run.batch
+        if batch is not None:
+            if batch.accumulate_grad_batches != 1:
+                raise ConfigError(f"data.micro_batch_size={batch.per_device_batch_size} means gradient accumulation, "
+                                  "which strategy=pipeline does with its micro-batches: leave data.micro_batch_size "
+                                  "null and set strategy.microbatches")
+            per = batch.per_device_batch_size
+            if per % self.microbatches:
+                raise ConfigError(f"strategy.microbatches={self.microbatches} does not divide the batch per pipeline "
+                                  f"replica ({per} = data.global_batch_size / dp): use a divisor of {per}")
+        if self.schedule == "1f1b" and self.microbatches < pp:
+            raise ConfigError(f"strategy.microbatches={self.microbatches} is fewer than the {pp} stages, which "
+                              f"schedule=1f1b needs at least: use >= {pp} micro-batches or schedule=gpipe")
+        if run.precision == "16-mixed":
+            raise ConfigError("trainer.precision=16-mixed needs a loss scaler, which the pipeline schedule's own "
+                              "backward bypasses: use bf16-mixed, bf16-true or 32-true with strategy=pipeline")
+
+    # -- inside a rank -----------------------------------------------------------------------
+    def dp_rank(self, global_rank: int, world_size: int) -> int:
+        return global_rank % self.dp
+
+    def loss_ranks(self, world_size: int) -> list[int]:
+        pp = self._pp_degree(world_size)
+        return [(pp - 1) * self.dp + d for d in range(self.dp)]
+
+    def lightning_strategy(self, run: RunSpec):
+        return PipelineStrategy(layout={"stages": self._pp_degree(run.world_size), "dp": self.dp,
+                                        "schedule": self.schedule, "microbatches": self.microbatches})
+
+    def parallelize(self, net: nn.Module, device_mesh: Any) -> nn.Module:
+        """Keep this rank's stage of the plain GPT (called in configure_model, after the
+        process group exists and before the optimizer is built from the remaining parameters)."""
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        self._pp = world // self.dp
+        self._stage_idx = rank // self.dp
+        self._n_layers = len(net.layers)
+        if self.dp > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            device_type = "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
+            mesh = init_device_mesh(device_type, (self._pp, self.dp), mesh_dim_names=("pp", "dp"))
+            self._pp_group, self._dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
+        return make_stage(net, self._stage_idx, self._pp)
+
+    @property
+    def is_first(self) -> bool:
+        return self._stage_idx == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self._stage_idx == self._pp - 1
+
+    def _build_schedule(self, pl_module) -> None:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        device = pl_module.device
+        stage = PipelineStage(pl_module.net, self._stage_idx, self._pp, device, group=self._pp_group)
+        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+        def timed(fn):
+            def run(*args, **kwargs):
+                sync()
+                t0 = time.perf_counter()
+                out = fn(*args, **kwargs)
+                sync()
+                self._busy += time.perf_counter() - t0
+                return out
+            return run
+
+        # Bubble measurement: the schedules call these per micro-batch between their send/recv waits.
+        stage.forward_one_chunk = timed(stage.forward_one_chunk)
+        stage.backward_one_chunk = timed(stage.backward_one_chunk)
+        cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.schedule]
+        self._schedule = cls(stage, n_microbatches=self.microbatches, loss_fn=timed(lm_loss), scale_grads=True)
+
+    def training_step(self, pl_module, batch: torch.Tensor, batch_idx: int) -> dict:
+        if self._schedule is None:
+            self._build_schedule(pl_module)
+        opt = pl_module.optimizers()
+        opt.zero_grad(set_to_none=True)
+        x, y = batch[:, :-1], batch[:, 1:]
+        args = (x,) if self.is_first else ()
+        kwargs: dict[str, Any] = {}
+        losses: list[torch.Tensor] = []
+        if self.is_last:
+            kwargs = {"target": y, "losses": losses}
+        self._busy = 0.0
+        device = pl_module.device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        self._schedule.step(*args, return_outputs=False, **kwargs)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self._step_s.append(time.perf_counter() - t0)
+        self._busy_s.append(self._busy)
+        if self._dp_group is not None:
+            self._all_reduce_grads(pl_module)
+        self._clip_gradients(pl_module)
+        opt.step()
+        scheds = pl_module.lr_schedulers()
+        for s in scheds if isinstance(scheds, list) else [scheds] if scheds is not None else []:
+            s.step()
+        if self.is_last:
+            loss = torch.stack([l.detach().float() for l in losses]).mean()
+        else:
+            loss = torch.tensor(float("nan"), device=device)  # no loss on this stage (see loss_ranks)
+        if pl_module.trainer.loggers:  # rank 0 logs; it is stage 0, so it gets the last stage's loss
+            shown = loss.clone()
+            dist.broadcast(shown, src=(self._pp - 1) * self.dp)
+            pl_module.log("train/loss", shown, prog_bar=True, on_step=True, on_epoch=False)
+        return {"loss": loss, "raw_loss": loss}
+
+    def _all_reduce_grads(self, pl_module) -> None:
+        """Average this stage's gradients over its dp replicas (one flat all-reduce)."""
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+        grads = [p.grad for p in pl_module.net.parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self._dp_group)
+        flat.div_(self.dp)
+        for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+            g.copy_(reduced)
+
+    def _clip_gradients(self, pl_module) -> None:
+        """trainer.gradient_clip_val over the whole model: the norm's squares are summed over stages."""
+        trainer = pl_module.trainer
+        clip = trainer.gradient_clip_val
+        if not clip:
+            return
+        grads = [p.grad for p in pl_module.net.parameters() if p.grad is not None]
+        algorithm = getattr(trainer.gradient_clip_algorithm, "value", trainer.gradient_clip_algorithm) or "norm"
+        if algorithm == "value":
+            for g in grads:
+                g.clamp_(-clip, clip)
+            return
+        sq = torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads else \
+            torch.zeros((), device=pl_module.device)
+        dist.all_reduce(sq, group=self._pp_group)
+        coef = float(clip) / (sq.sqrt().item() + 1e-6)
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef)
+
+    def consolidated_state_dict(self, trainer: Any, pl_module: Any) -> dict | None:
+        """Every stage's parameters gathered to rank 0, under the plain GPT's names."""
+        local = {} if self.dp_rank(trainer.global_rank, trainer.world_size) else \
+            {k: v.detach().cpu() for k, v in pl_module.net.state_dict().items()}
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return local
+        parts: list | None = [None] * dist.get_world_size() if trainer.global_rank == 0 else None
+        dist.gather_object(local, parts, dst=0)
+        if trainer.global_rank != 0:
+            return None
+        merged: dict = {}
+        for part in parts:
+            merged.update(part)
+        return merged
+
+    # -- measurements for run.json (see the report: worker.py / metrics.py glue) -------------
+    def rank_metrics(self) -> dict:
+        """This rank's per-step pipeline timings (gathered to rank 0 after fit)."""
+        return {"stage": self._stage_idx, "step_s": list(self._step_s), "busy_s": list(self._busy_s)}
+
+    def record_fields(self, per_rank: list[dict], warmup_steps: int, profiled_steps: int = 0) -> dict:
+        """run.json's `pipeline` entry from every rank's rank_metrics()."""
+        p, m = self._pp_degree(len(per_rank)), self.microbatches
+        bubble_stage: dict[int, list[float]] = {}
+        idle_stage: dict[int, list[float]] = {}
+        for r in per_rank:
+            n = len(r["step_s"]) - profiled_steps
+            steps = list(zip(r["step_s"], r["busy_s"]))[:max(n, 0)]
+            steady = steps[warmup_steps:] if len(steps) > warmup_steps else steps[1:] or steps
+            idle = [max(s - b, 0.0) for s, b in steady]
+            bubble_stage.setdefault(r["stage"], []).append(
+                statistics.fmean(i / b for i, (_, b) in zip(idle, steady)) if steady else math.nan)
+            idle_stage.setdefault(r["stage"], []).append(
+                statistics.fmean(i / s for i, (s, _) in zip(idle, steady)) if steady else math.nan)
+        idle_per_stage = [statistics.fmean(idle_stage[s]) for s in sorted(idle_stage)]
+        bubble_per_stage = [statistics.fmean(bubble_stage[s]) for s in sorted(bubble_stage)]
+        return {"pipeline": {
+            "schedule": self.schedule, "microbatches": m, "stages": p, "dp": self.dp,
+            # bubble = idle time / compute time; (p-1)/m for GPipe and 1F1B with equal stages
+            "bubble_predicted": (p - 1) / m,
+            "bubble_measured": statistics.fmean(bubble_per_stage),
+            # the same as a fraction of the step: (p-1)/(m+p-1)
+            "idle_fraction_predicted": (p - 1) / (m + p - 1),
+            "idle_fraction_measured": statistics.fmean(idle_per_stage),
+            "idle_fraction_per_stage": idle_per_stage,
+            "bubble_per_stage": bubble_per_stage,
+            "layers_per_stage": [len(x) for x in split_layers(self._n_layers, p)] if self._n_layers else None,
+            "method": _BUBBLE_METHOD,
+        }}

@@ -1,0 +1,205 @@
+"""strategy=pipeline end to end: real 2-rank runs (2 stages of gpt_nano's 2 layers, 1F1B, 4 micro-batches).
+
+Default runs (module fixture `pipe`, 3 jobs): 20 uninterrupted steps; 10 steps + checkpoint + consolidated
+export; a new job resuming that checkpoint to step 20. `single` at 1 rank comes from the session fixture
+core_sweep (20 steps, same global batch 16).
+"""
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from scalelab.errors import ConfigError
+from scalelab.preflight import preflight
+
+from ..conftest import FAST, records, train, worker_pids
+
+pytestmark = pytest.mark.integration
+
+PIPE = [*FAST, "logger=none", "strategy=pipeline", "trainer.devices=2"]
+# Equivalence with `single`: the pipeline does the same fp32 arithmetic; only the order of the sums
+# differs (4 micro-batch gradients summed then divided by 4 vs one mean over the batch, per-stage
+# optimizer steps). Observed: <= 2e-7 relative over 20 AdamW steps; 1e-5 leaves 50x margin and still
+# catches any real error (a wrong loss scale by 1/4 or a dropped micro-batch changes the loss at 1e-2).
+REL_TOL = 1e-5
+
+
+def _curve(rec):
+    return [v for _, v in rec["loss"]["curve"]]
+
+
+def _run(root: Path, name: str) -> dict:
+    return json.loads((root / name / "run.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def pipe(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("pipeline")
+    train([*PIPE, "trainer.max_steps=20", f"hydra.run.dir={root / 'full'}"], root)
+    train([*PIPE, "trainer.max_steps=10", "checkpoint.save=true", "checkpoint.export_consolidated=true",
+           f"hydra.run.dir={root / 'first'}"], root)
+    train([*PIPE, "trainer.max_steps=20", f"checkpoint.resume_from={root / 'first' / 'checkpoints' / 'last.ckpt'}",
+           f"hydra.run.dir={root / 'resumed'}"], root)
+    return root
+
+
+def _single(core_sweep) -> dict:
+    return next(r for r in records(core_sweep) if r["strategy"] == "single" and r["world_size"] == 1)
+
+
+def _ddp2(core_sweep) -> dict:
+    return next(r for r in records(core_sweep) if r["strategy"] == "ddp" and r["world_size"] == 2)
+
+
+def test_two_stages_match_single_device(pipe, core_sweep):
+    rec, single = _run(pipe, "full"), _single(core_sweep)
+    assert rec["status"] == "completed" and rec["parallel"] == {"dp": 1, "tp": 1, "pp": 2}
+    # every stage sees the whole global batch: no data-parallel split
+    assert rec["per_device_batch_size"] == rec["global_batch_size"] == single["global_batch_size"] == 16
+    a, b = _curve(single), _curve(rec)
+    assert len(a) == len(b) == 20
+    for x, y in zip(a, b):
+        assert abs(x - y) <= REL_TOL * abs(x), (x, y)
+    assert b[-1] < b[0] - 1.0  # it learns
+
+
+def test_loss_curve_is_the_last_stage_loss(pipe):
+    # stage 0 has no loss (it reports NaN); the curve must come from the last stage alone
+    assert all(math.isfinite(v) for v in _curve(_run(pipe, "full")))
+
+
+def test_each_stage_holds_only_its_layers(pipe, core_sweep):
+    """Against DDP at 2 ranks: parameters, gradients and optimizer state per rank are about halved
+    (stage 0: embeddings + layer 0, 51.5% of the bytes; stage 1: layer 1 + final norm + head, 48.5%),
+    and the stages together hold exactly one copy of the model."""
+    pipe_b = _run(pipe, "full")["memory"]["model_state_breakdown_per_rank"]
+    ddp_b = _ddp2(core_sweep)["memory"]["model_state_breakdown_per_rank"]
+    for kind in ("params", "grads", "optimizer"):
+        full = ddp_b[0][kind]
+        assert full > 0
+        assert sum(r[kind] for r in pipe_b) == full, kind
+        for r in pipe_b:
+            assert 0.45 * full <= r[kind] <= 0.55 * full, (kind, r[kind], full)
+
+
+def test_run_record_has_measured_and_predicted_bubble(pipe):
+    p = _run(pipe, "full")["pipeline"]
+    assert p["schedule"] == "1f1b" and p["microbatches"] == 4 and p["stages"] == 2
+    assert p["bubble_predicted"] == pytest.approx(1 / 4)          # (p-1)/m
+    assert p["idle_fraction_predicted"] == pytest.approx(1 / 5)   # (p-1)/(m+p-1)
+    assert len(p["idle_fraction_per_stage"]) == 2 and p["layers_per_stage"] == [1, 1]
+    assert 0.0 <= p["idle_fraction_measured"] < 1.0 and p["bubble_measured"] >= 0.0
+    assert "method" in p
+
+
+def test_resume_continues_like_an_uninterrupted_run(pipe):
+    ckpt = pipe / "first" / "checkpoints" / "last.ckpt"
+    # every stage wrote its own shard (torch.distributed.checkpoint), rank 0 the trainer state
+    assert ckpt.is_dir() and (ckpt / "meta.pt").is_file() and len(list(ckpt.glob("*.distcp"))) == 2
+    full, resumed = _run(pipe, "full"), _run(pipe, "resumed")
+    assert resumed["status"] == "completed" and resumed["resumed_from"]
+    assert [s for s, _ in resumed["loss"]["curve"]] == list(range(11, 21))
+    # same data, same parameters and optimizer state: the same arithmetic (observed: bit-identical)
+    assert resumed["loss"]["final"] == pytest.approx(full["loss"]["final"], rel=1e-6)
+    assert _curve(resumed) == pytest.approx(_curve(full)[10:], rel=1e-6)
+
+
+def test_consolidated_export_is_the_plain_gpt(pipe):
+    from scalelab.models.gpt import GPT, GPTConfig
+
+    state = torch.load(pipe / "first" / "model_consolidated.pt", map_location="cpu", weights_only=True)
+    model = GPT(GPTConfig(n_layers=2, n_heads=4, d_model=64, seq_len=64, vocab_size=256))
+    model.load_state_dict(state, strict=True)  # both stages' parameters, the plain model's names
+    assert {"tok_emb.weight", "layers.0.attn.q_proj.weight", "layers.1.mlp.down.weight", "lm_head.weight"} <= set(state)
+    fresh = GPT(GPTConfig(n_layers=2, n_heads=4, d_model=64, seq_len=64, vocab_size=256))
+    assert not torch.equal(state["lm_head.weight"], fresh.lm_head.weight)  # trained, not initial
+
+
+def test_no_rank_outlives_its_job(pipe):
+    assert worker_pids(pipe) == []
+
+
+@pytest.mark.parametrize("args, words", [
+    (["trainer.devices=3"], ["3 pipeline stages", "2 layers"]),                     # pp > n_layers
+    (["trainer.devices=2", "strategy.microbatches=3"], ["microbatches=3", "16"]),    # does not divide the batch
+    (["trainer.devices=2", "strategy.microbatches=1"], ["1f1b", ">= 2"]),           # 1F1B needs m >= stages
+    (["trainer.devices=2", "data.micro_batch_size=8"], ["data.micro_batch_size"]),  # accumulation
+    (["trainer.devices=2", "trainer.precision=16-mixed"], ["16-mixed", "bf16-mixed"]),
+    (["trainer.devices=2", "model=mlp"], ["gpt"]),
+    (["trainer.devices=2", "strategy.dp=3"], ["strategy.dp=3"]),
+    (["trainer.devices=2", "strategy.schedule=zb"], ["gpipe", "1f1b"]),
+])
+def test_unsupported_combinations_fail_in_one_line_before_any_rank(args, words):
+    with pytest.raises(ConfigError) as e:
+        preflight(["strategy=pipeline", *args])
+    msg = str(e.value)
+    assert "\n" not in msg
+    for w in words:
+        assert w in msg, msg
+
+
+def test_valid_pipeline_configs_pass_preflight():
+    assert preflight(["strategy=pipeline", "trainer.devices=2", "strategy.schedule=gpipe", "strategy.microbatches=16",
+                      "trainer.precision=bf16-mixed"]) == 1
+    assert preflight(["strategy=pipeline", "trainer.devices=4", "strategy.dp=2"]) == 1
+
+
+@pytest.mark.slow
+def test_gpipe_bf16_learns(tmp_path):
+    """GPipe with 8 micro-batches under bf16-mixed autocast (activations cross stages as computed)."""
+    train([*PIPE, "trainer.max_steps=10", "strategy.schedule=gpipe", "strategy.microbatches=8",
+           "trainer.precision=bf16-mixed", f"hydra.run.dir={tmp_path / 'r'}"], tmp_path)
+    rec = _run(tmp_path, "r")
+    c = _curve(rec)
+    assert rec["pipeline"]["schedule"] == "gpipe" and rec["pipeline"]["bubble_predicted"] == pytest.approx(1 / 8)
+    assert all(math.isfinite(v) for v in c) and c[-1] < c[0] - 1.0
+
+
+@pytest.mark.slow
+def test_gpipe_matches_single_device(tmp_path, core_sweep):
+    train([*PIPE, "trainer.max_steps=10", "strategy.schedule=gpipe", "strategy.microbatches=8",
+           f"hydra.run.dir={tmp_path / 'r'}"], tmp_path)
+    a, b = _curve(_single(core_sweep))[:10], _curve(_run(tmp_path, "r"))
+    for x, y in zip(a, b, strict=True):
+        assert abs(x - y) <= REL_TOL * abs(x), (x, y)
+
+
+@pytest.mark.slow
+def test_pipeline_times_data_parallel_matches_single_device(tmp_path, core_sweep):
+    """pp=2 x dp=2 at 4 ranks: replicas of a stage all-reduce their gradients; same tolerance."""
+    train([*FAST, "logger=none", "strategy=pipeline", "trainer.devices=4", "strategy.dp=2", "trainer.max_steps=10",
+           "checkpoint.export_consolidated=true", f"hydra.run.dir={tmp_path / 'r'}"], tmp_path)
+    rec = _run(tmp_path, "r")
+    assert rec["parallel"] == {"dp": 2, "tp": 1, "pp": 2} and rec["per_device_batch_size"] == 8
+    a, b = _curve(_single(core_sweep))[:10], _curve(rec)
+    for x, y in zip(a, b, strict=True):
+        assert abs(x - y) <= REL_TOL * abs(x), (x, y)
+    from scalelab.models.gpt import GPT, GPTConfig
+
+    state = torch.load(tmp_path / "r" / "model_consolidated.pt", map_location="cpu", weights_only=True)
+    GPT(GPTConfig(n_layers=2, n_heads=4, d_model=64, seq_len=64, vocab_size=256)).load_state_dict(state, strict=True)
+
+
+@pytest.mark.slow
+def test_gradient_clipping_spans_all_stages(tmp_path):
+    """trainer.gradient_clip_val clips by the norm over the whole model (squares summed over stages),
+    as `single` does: same curve within REL_TOL (observed <= 1e-7)."""
+    clip = ["trainer.max_steps=10", "trainer.gradient_clip_val=0.5"]
+    train([*PIPE, *clip, f"hydra.run.dir={tmp_path / 'p'}"], tmp_path)
+    train([*FAST, "logger=none", "strategy=single", "trainer.devices=1", *clip, f"hydra.run.dir={tmp_path / 's'}"],
+          tmp_path)
+    a, b = _curve(_run(tmp_path, "s")), _curve(_run(tmp_path, "p"))
+    for x, y in zip(a, b, strict=True):
+        assert abs(x - y) <= REL_TOL * abs(x), (x, y)
+
+
+@pytest.mark.slow
+def test_checkpoint_resumes_with_another_stage_count(pipe, tmp_path):
+    """The checkpoint is keyed by the plain GPT's parameter names (model and flattened optimizer state),
+    not by stage: the 2-stage checkpoint resumes as 1 stage on 1 rank, and continues identically."""
+    train([*FAST, "logger=none", "strategy=pipeline", "trainer.devices=1", "trainer.max_steps=20",
+           f"checkpoint.resume_from={pipe / 'first' / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={tmp_path / 'r'}"],
+          tmp_path)
+    assert _curve(_run(tmp_path, "r")) == pytest.approx(_curve(_run(pipe, "full"))[10:], rel=1e-6)
