@@ -21,8 +21,8 @@ import lightning as L
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-_COMM = re.compile(r"(gloo:|nccl:|c10d::|all_reduce|allreduce|all_gather|allgather|reduce_scatter|"
-                   r"broadcast|barrier|send|recv)", re.I)
+_COMM = re.compile(r"(gloo:|nccl:|c10d::|record_param_comms|all_reduce|allreduce|all_gather|allgather|reduce_scatter|"
+                   r"all_to_all|barrier)", re.I)  # not plain "broadcast": aten::broadcast_tensors is compute
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
