@@ -1,0 +1,361 @@
+"""`zero1`, `zero2`, `zero3`, `zero2_offload`, `zero3_offload`: DeepSpeed ZeRO through Lightning's
+DeepSpeedStrategy.
+
+The whole DeepSpeed config is built here, in Python, from the strategy yaml's options (ZeRO
+stage, offload devices, bucket sizes, overlap_comm, ...) plus what the job already knows (micro
+batch, precision): users never write DeepSpeed JSON. Two things are left to Lightning on purpose:
+`gradient_accumulation_steps` (Lightning fills it from Trainer(accumulate_grad_batches) and refuses
+it in the config, Lightning #12299 / #19891) and `gradient_clipping` (from trainer.gradient_clip_val).
+
+On CPU (tests, laptops) the strategy is the subclass in deepspeed_cpu.py; every CPU adaptation
+lives there. The CUDA path is Lightning's DeepSpeedStrategy plus the two fixes in
+ScaleLabDeepSpeedStrategy below, with NCCL chosen by Lightning from the device.
+
+`deepspeed` itself is imported only inside a rank (it takes seconds and, on CPU, must see
+DS_ACCELERATOR first); validation before launch only checks that it is installed.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from scalelab.errors import ConfigError
+from scalelab.strategies.base import RunSpec, StrategyPlan
+
+STAGES = (1, 2, 3)
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+#: trainer.precision -> DeepSpeed precision section ("32-true": none, DeepSpeed trains in fp32)
+PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed")
+
+
+def _nbytes(t: Any) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _unique_nbytes(tensors) -> int:
+    """Bytes of distinct storages among tensors (views of one flat buffer count once)."""
+    seen, total = set(), 0
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            continue
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+        if key not in seen:
+            seen.add(key)
+            total += _nbytes(t)
+    return total
+
+
+class ScaleLabDeepSpeedStrategy(DeepSpeedStrategy):
+    """Lightning's DeepSpeedStrategy with two fixes (GPU and CPU alike).
+
+    1. Loss scaled twice under gradient accumulation. Lightning's automatic optimization divides
+       the loss by accumulate_grad_batches (loops/optimization/automatic.py) and then
+       DeepSpeedEngine.backward divides it again by gradient_accumulation_steps
+       (`scale_wrt_gas=True`), so accumulated gradients come out 1/k^2 instead of 1/k
+       (Lightning #6170; the same bug fixed in transformers #35808). Adam hides most of it, but
+       gradient clipping, SGD and Adam's eps do not. We pass scale_wrt_gas=False: Lightning's
+       scaling is the one kept, as for every other strategy here.
+    2. ZeRO-Offload with Adam/AdamW: the user's torch optimizer is replaced by DeepSpeedCPUAdam
+       (see `_init_optimizers`).
+    """
+
+    def __init__(self, *args: Any, cpu_adam: bool = True, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.cpu_adam = cpu_adam
+
+    def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        kwargs.setdefault("scale_wrt_gas", False)  # fix 1: Lightning already divided by accumulate_grad_batches
+        return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    @property
+    def offloads_optimizer(self) -> bool:
+        zero = (self.config or {}).get("zero_optimization", {})
+        return zero.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
+
+    def _init_optimizers(self):
+        """ZeRO-Offload runs the optimizer step on the CPU, and DeepSpeed refuses a client torch
+        optimizer there ("ZeRO-Offload with a client provided optimizer") unless
+        `zero_force_ds_cpu_optimizer: false`. We choose DeepSpeedCPUAdam for Adam/AdamW: it is
+        the CPU optimizer ZeRO-Offload was designed and measured with (Ren et al. 2021; DeepSpeed
+        documents a 5-7x faster step than torch's Adam on CPU), so measured offload throughput is
+        what a user of ZeRO-Offload gets; the torch step would make offload look slower than it
+        is. Same hyperparameters (lr, betas, eps, weight_decay; AdamW -> adamw_mode), the
+        LR scheduler is re-pointed at it. Other optimizers (SGD, AMSGrad, maximize) and
+        `cpu_adam: false` keep the user's torch optimizer with zero_force_ds_cpu_optimizer: false
+        (correct, slower step). Cost: the cpu_adam op is JIT-built once (~40 s) into
+        TORCH_EXTENSIONS_DIR, which the launcher points at the shared cache."""
+        optimizer, scheduler_cfg = super()._init_optimizers()
+        swapped = False
+        if self.offloads_optimizer and self.cpu_adam:
+            new = _to_ds_cpu_adam(optimizer)
+            if new is not None:
+                if scheduler_cfg is not None:
+                    _repoint_scheduler(scheduler_cfg.scheduler, new)
+                optimizer, swapped = new, True
+        if self.offloads_optimizer:
+            self.config["zero_force_ds_cpu_optimizer"] = swapped
+            rank_zero_info(f"[scalelab] ZeRO-Offload optimizer step on CPU: {type(optimizer).__name__}"
+                           + ("" if swapped else " (zero_force_ds_cpu_optimizer: false)"))
+        return optimizer, scheduler_cfg
+
+
+def _to_ds_cpu_adam(opt: torch.optim.Optimizer):
+    """DeepSpeedCPUAdam with opt's parameter groups and hyperparameters, or None if opt is not a
+    plain Adam/AdamW (DeepSpeedCPUAdam has no AMSGrad, maximize, ...)."""
+    if not isinstance(opt, torch.optim.Adam) or type(opt) not in (torch.optim.Adam, torch.optim.AdamW):
+        return None
+    groups = [dict(g) for g in opt.param_groups]
+    if any(g.get("amsgrad") or g.get("maximize") or g.get("capturable") or isinstance(g["lr"], torch.Tensor)
+           for g in groups):
+        return None
+    adamw = bool(groups[0].get("decoupled_weight_decay", isinstance(opt, torch.optim.AdamW)))
+    if any(bool(g.get("decoupled_weight_decay", adamw)) != adamw for g in groups):
+        return None
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    g0 = groups[0]
+    return DeepSpeedCPUAdam(groups, lr=g0["lr"], betas=tuple(g0["betas"]), eps=g0["eps"],
+                            weight_decay=g0["weight_decay"], adamw_mode=adamw)
+
+
+def _repoint_scheduler(sched: Any, opt: torch.optim.Optimizer) -> None:
+    """Make an LR scheduler (and the children of SequentialLR / ChainedScheduler) drive opt.
+    The groups were copied with their 'lr' / 'initial_lr', so the schedule continues unchanged;
+    torch's order check (optimizer.step before scheduler.step) is re-armed on the new step."""
+    sched.optimizer = opt
+    for child in getattr(sched, "_schedulers", ()):
+        _repoint_scheduler(child, opt)
+    if not hasattr(opt.step, "_wrapped_by_lr_sched"):
+        step = opt.step
+
+        @functools.wraps(step)
+        def tracked(*args, **kwargs):
+            opt._opt_called = True
+            return step(*args, **kwargs)
+
+        tracked._wrapped_by_lr_sched = True
+        opt.step = tracked
+
+
+class ZeRO(StrategyPlan):
+    """One DeepSpeed ZeRO configuration (conf/strategy/zero*.yaml). Every option is a key of
+    DeepSpeed's `zero_optimization` section with the same name (see
+    https://www.deepspeed.ai/docs/config-json/#zero-optimizations-for-fp16-training), except:
+    offload_optimizer / offload_params (a device name: none | cpu | nvme), pin_memory (for both
+    offloads), nvme_path, and cpu_adam (see ScaleLabDeepSpeedStrategy._init_optimizers)."""
+
+    name = "zero"
+
+    def __init__(self, name: str = "zero", stage: int = 2, offload_optimizer: str = "none",
+                 offload_params: str = "none", pin_memory: bool = True, nvme_path: str | None = None,
+                 cpu_adam: bool = True, overlap_comm: bool = True, contiguous_gradients: bool = True,
+                 reduce_scatter: bool = True, allgather_partitions: bool = True,
+                 reduce_bucket_size: int = 200_000_000, allgather_bucket_size: int = 200_000_000,
+                 round_robin_gradients: bool = False,
+                 stage3_prefetch_bucket_size: int | None = None,
+                 stage3_param_persistence_threshold: int | None = None,
+                 stage3_max_live_parameters: int | None = None, stage3_max_reuse_distance: int | None = None,
+                 sub_group_size: int | None = None, **options: Any):
+        super().__init__(name, **options)
+        self.stage = stage
+        self.offload_optimizer, self.offload_params = offload_optimizer, offload_params
+        self.pin_memory, self.nvme_path, self.cpu_adam = pin_memory, nvme_path, cpu_adam
+        self.zero_options = dict(
+            overlap_comm=overlap_comm, contiguous_gradients=contiguous_gradients, reduce_scatter=reduce_scatter,
+            allgather_partitions=allgather_partitions, reduce_bucket_size=reduce_bucket_size,
+            allgather_bucket_size=allgather_bucket_size, round_robin_gradients=round_robin_gradients)
+        self.stage3_options = {k: v for k, v in dict(
+            stage3_prefetch_bucket_size=stage3_prefetch_bucket_size,
+            stage3_param_persistence_threshold=stage3_param_persistence_threshold,
+            stage3_max_live_parameters=stage3_max_live_parameters,
+            stage3_max_reuse_distance=stage3_max_reuse_distance, sub_group_size=sub_group_size).items()
+            if v is not None}
+
+    # -- before any rank starts ------------------------------------------------------------
+    def validate(self, run: RunSpec) -> None:
+        super().validate(run)
+        n = f"strategy={self.name}"
+        if run.world_size < 1:
+            raise ConfigError(f"{n}: world size {run.world_size} must be >= 1")
+        if self.stage not in STAGES or isinstance(self.stage, bool):
+            raise ConfigError(f"{n}: strategy.stage={self.stage!r} is not a ZeRO stage: choose one of 1, 2, 3")
+        for key in ("offload_optimizer", "offload_params"):
+            if getattr(self, key) not in OFFLOAD_DEVICES:
+                raise ConfigError(f"{n}: strategy.{key}={getattr(self, key)!r} is not an offload device: "
+                                  f"choose one of {', '.join(OFFLOAD_DEVICES)}")
+        if self.offload_params != "none" and self.stage != 3:
+            raise ConfigError(f"{n}: strategy.offload_params={self.offload_params} needs ZeRO stage 3 "
+                              f"(got stage {self.stage}); use offload_optimizer for stages 1-2")
+        if "nvme" in (self.offload_optimizer, self.offload_params) and not self.nvme_path:
+            raise ConfigError(f"{n}: offloading to nvme needs strategy.nvme_path (a folder on a local NVMe drive)")
+        if self.stage3_options and self.stage != 3:
+            raise ConfigError(f"{n}: strategy.{sorted(self.stage3_options)[0]} applies to ZeRO stage 3 only "
+                              f"(got stage {self.stage}): use strategy=zero{self.stage} for stage {self.stage}")
+        for key in ("reduce_bucket_size", "allgather_bucket_size"):
+            v = self.zero_options[key]
+            if not isinstance(v, int) or isinstance(v, bool) or v < 2 or v % 2:
+                raise ConfigError(f"{n}: strategy.{key}={v!r} must be an even integer >= 2 (elements)")
+        for key, v in self.stage3_options.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"{n}: strategy.{key}={v!r} must be an integer >= 0")
+        if run.precision not in PRECISIONS:
+            raise ConfigError(f"{n}: trainer.precision={run.precision} is not supported by DeepSpeed here: "
+                              f"choose one of {', '.join(PRECISIONS)}")
+        if run.precision == "16-mixed" and run.accelerator == "cpu":
+            raise ConfigError(f"{n}: trainer.precision=16-mixed (DeepSpeed fp16) needs a GPU: "
+                              "use bf16-mixed or 32-true on CPU")
+        if importlib.util.find_spec("deepspeed") is None:
+            raise ConfigError(f"{n} needs DeepSpeed: pip install 'scalelab[deepspeed]' (deepspeed==0.19.8, ninja)")
+
+    # -- inside a rank -----------------------------------------------------------------------
+    def deepspeed_config(self, run: RunSpec) -> dict:
+        """The DeepSpeed config dict for this job (no gradient_accumulation_steps: Lightning's)."""
+        zero: dict[str, Any] = {"stage": self.stage, **self.zero_options}
+        if self.stage == 3:
+            zero.update(self.stage3_options)
+        for key, section in (("offload_optimizer", "offload_optimizer"), ("offload_params", "offload_param")):
+            device = getattr(self, key)
+            if device != "none":
+                zero[section] = {"device": device, "pin_memory": self.pin_memory,
+                                 **({"nvme_path": self.nvme_path} if device == "nvme" else {})}
+        config: dict[str, Any] = {
+            "zero_optimization": zero,
+            "zero_allow_untested_optimizer": True,  # any torch optimizer (SGD too); DeepSpeed warns otherwise
+            "steps_per_print": 2**31 - 1,  # the run record measures; no DeepSpeed step logs
+            "wall_clock_breakdown": False,
+        }
+        if run.batch is not None:  # DeepSpeed checks train_batch = micro x accumulation x dp
+            config["train_micro_batch_size_per_gpu"] = run.batch.per_device_batch_size
+        if run.precision == "bf16-mixed":
+            # DeepSpeed's mixed precision: 16-bit params/grads in the module, fp32 master weights
+            # and Adam moments in the ZeRO optimizer (not torch autocast over fp32 weights).
+            config["bf16"] = {"enabled": True}
+        # 16-mixed: Lightning adds the fp16 section (dynamic loss scaling) from its defaults.
+        return config
+
+    def lightning_strategy(self, run: RunSpec):
+        config = self.deepspeed_config(run)
+        if run.accelerator == "cpu":
+            from scalelab.strategies.deepspeed_cpu import CPUDeepSpeedStrategy, select_cpu_accelerator
+
+            select_cpu_accelerator()  # before the strategy's __init__ imports deepspeed
+            return CPUDeepSpeedStrategy(config=config, cpu_adam=self.cpu_adam, process_group_backend="gloo")
+        # GPU: Lightning picks NCCL for CUDA devices and hands it to deepspeed.init_distributed
+        return ScaleLabDeepSpeedStrategy(config=config, cpu_adam=self.cpu_adam)
+
+    # -- measurements ------------------------------------------------------------------------
+    def state_bytes(self, trainer: Any, pl_module: Any) -> dict[str, int]:
+        """What this rank really holds after an optimizer step (host and device memory together:
+        with offload the optimizer part lives in host memory).
+
+        DeepSpeed moves the model states out of the places the default looks (pl_module.net
+        parameters, torch optimizer state) into its ZeRO optimizer (trainer.optimizers[0]):
+        - params: ZeRO-1/2: the full model, flattened (`bit16_groups_flat`: fp32 under 32-true,
+          bf16 under bf16-mixed). ZeRO-3: the rank's partition (`fp16_partitioned_groups_flat`,
+          Psi / N) plus the data of any parameter still materialized after the step, i.e. the
+          persistent ones below stage3_param_persistence_threshold, whole on every rank by design
+          (the unshardable remainder; the default 1e5 elements covers every weight of gpt_nano,
+          so the sharding test sets it to 0).
+        - optimizer: the inner optimizer's state tensors for the rank's partition (Adam exp_avg,
+          exp_avg_sq: 8 Psi / N), plus the fp32 master copy of the partition when it is a tensor
+          of its own (4 Psi / N). DeepSpeed 0.19.8 clones it at every stage, even in fp32:
+          ZeRO-1/2 `single_partition_of_fp32_groups`; ZeRO-3 `fp32_partitioned_groups_flat` (its
+          reuse branch compares `tensor.device == "cpu"/"cuda:0"`, a torch.device against a str,
+          which is False, so it always copies). So at N ranks in fp32: 12 Psi / N, against DDP's
+          8 Psi: half of (moments + master), i.e. 0.75 x DDP at N = 2, not 0.5.
+        Communication buffers (the reduce buckets of reduce_bucket_size elements, ZeRO-3's
+        gathered working set) are not model state and are not counted, as DDP's are not.
+        """
+        opt = _zero_optimizer(trainer)
+        if opt is None:
+            return super().state_bytes(trainer, pl_module)
+        inner = getattr(opt, "optimizer", opt)
+        moments = sum(_nbytes(v) for st in inner.state.values() for v in st.values()
+                      if isinstance(v, torch.Tensor) and v.dim() > 0)
+        if hasattr(opt, "fp16_partitioned_groups_flat"):  # ZeRO-3
+            partition = [t for t in opt.fp16_partitioned_groups_flat if t is not None]
+            params = _unique_nbytes(partition) + sum(_nbytes(p.data) for p in pl_module.net.parameters())
+            ptrs = {t.untyped_storage().data_ptr() for t in partition}
+            master = sum(_nbytes(t) for t in opt.fp32_partitioned_groups_flat
+                         if t.numel() and t.untyped_storage().data_ptr() not in ptrs)
+        else:  # ZeRO-1/2 (DeepSpeedZeroOptimizer); BF16_Optimizer names as fallback
+            params = _unique_nbytes(getattr(opt, "bit16_groups_flat", None)
+                                    or [p for p in pl_module.net.parameters()])
+            master = _unique_nbytes(getattr(opt, "single_partition_of_fp32_groups", None)
+                                    or getattr(opt, "fp32_groups_flat_partition", []))
+        return {"params": params, "optimizer": moments + master}
+
+    def grad_bytes(self, trainer: Any, pl_module: Any) -> int:
+        """Gradient bytes this rank holds after backward, just before the step: the reduced
+        gradient partition the ZeRO optimizer keeps (ZeRO-1/2 `averaged_gradients` /
+        `grads_in_partition`, or with offload the fp32 `single_partition_of_fp32_groups[i].grad`
+        in host memory; ZeRO-3 `grad_partitions_flat_buffer`, plus an offloaded fp32 partition
+        .grad if separate), plus any full-size gradient still alive on the module (param.grad,
+        param.grad_accum).
+
+        ZeRO-1 in DeepSpeed 0.19.8 registers the same backward hooks as ZeRO-2 whenever
+        overlap_comm or contiguous_gradients is on (stage_1_and_2.py): at an accumulation
+        boundary (every micro-batch when accumulate_grad_batches = 1) gradients are reduced
+        bucket by bucket during backward and only the partition is kept, so it reports Psi / N
+        too. Between boundaries (accumulation) ZeRO-1 keeps full gradients; ZeRO-2 keeps only
+        the partition. The reduce bucket itself is a communication buffer, not counted."""
+        opt = _zero_optimizer(trainer)
+        module = [p.grad for p in pl_module.net.parameters()]
+        module += [getattr(p, "grad_accum", None) for p in pl_module.net.parameters()]
+        if opt is None:
+            return _unique_nbytes(module)
+        if hasattr(opt, "fp16_partitioned_groups_flat"):  # ZeRO-3
+            buf = getattr(opt, "grad_partitions_flat_buffer", None)
+            ptr = buf.untyped_storage().data_ptr() if buf is not None else None
+            part = _nbytes(buf) + _unique_nbytes(  # + an offloaded fp32 copy, if separate
+                t.grad for t in getattr(opt, "fp32_partitioned_groups_flat", [])
+                if t.grad is not None and t.grad.untyped_storage().data_ptr() != ptr)
+        else:  # ZeRO-1/2
+            if getattr(opt, "grads_in_partition", None) is not None:
+                part = _nbytes(opt.grads_in_partition)
+            else:
+                avg = getattr(opt, "averaged_gradients", None) or {}
+                part = _unique_nbytes(t for v in avg.values() if v is not None
+                                      for t in (v if isinstance(v, (list, tuple)) else [v]))
+            # ZeRO-Offload: the partition's fp32 gradient lives in host memory as the master
+            # partition's .grad (and accumulated_grads_in_cpu between accumulation boundaries)
+            part += _unique_nbytes(t.grad for t in getattr(opt, "single_partition_of_fp32_groups", []))
+            part += _unique_nbytes((getattr(opt, "accumulated_grads_in_cpu", None) or {}).values())
+        return part + _unique_nbytes(module)
+
+    def consolidated_state_dict(self, trainer: Any, pl_module: Any) -> dict | None:
+        """The plain GPT's state_dict (its own keys: no `net.` / `module.` prefix) on rank 0.
+        Parameters come from DeepSpeed's fp32 master weights (deepspeed.utils.
+        safe_get_full_fp32_param: an all-gather of the partitions for ZeRO-3, of the fp32
+        partitions for ZeRO-1/2), so a bf16-mixed run exports its fp32 weights, not the bf16
+        working copy. Collective: every rank calls it, in the same parameter order."""
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        net = pl_module.net
+        params = dict(net.named_parameters())
+        state: dict[str, torch.Tensor] = {}
+        for key, value in net.state_dict(keep_vars=True).items():
+            p = params.get(key)
+            if p is None:  # a buffer: replicated, never partitioned
+                state[key] = value.detach().cpu().clone()
+                continue
+            full = safe_get_full_fp32_param(p)
+            if full is None:  # no ZeRO mapping (frozen parameter): gather it if ZeRO-3 partitioned it
+                import deepspeed
+
+                with deepspeed.zero.GatheredParameters([p], enabled=hasattr(p, "ds_id")):
+                    full = p.detach().clone()
+            state[key] = full.detach().float().cpu().reshape(p.ds_shape if hasattr(p, "ds_shape") else p.shape)
+        return state if trainer.global_rank == 0 else None
+
+
+def _zero_optimizer(trainer: Any):
+    """The DeepSpeed (ZeRO) optimizer wrapper of this rank, or None."""
+    engine = getattr(trainer.strategy, "deepspeed_engine", None)
+    opt = getattr(engine, "optimizer", None)
+    return opt if opt is not None and hasattr(opt, "optimizer") else None
