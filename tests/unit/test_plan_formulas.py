@@ -50,9 +50,9 @@ def test_fsdp_shards_everything_and_deepspeed_fp32_keeps_a_master_copy():
     # DeepSpeed ZeRO-2 in fp32: params 4 (full) + (grads 4 + fp32 clone 4 + m, v 8) / N.
     st = model_states(m, get_strategy("zero2"), layout("zero2", m, 4), "32", "adam")
     assert st.total_bytes == pytest.approx(4e6 + 16e6 / 4)
-    # ZeRO-3 in fp32 reuses the partition: 16 / N.
+    # ZeRO-3 in fp32: DeepSpeed 0.19.8 still keeps an fp32 master copy (measured): (4 + 4 + 4 + 8) / N.
     st = model_states(m, get_strategy("zero3"), layout("zero3", m, 4), "32", "adam")
-    assert st.total_bytes == pytest.approx(16e6 / 4)
+    assert st.total_bytes == pytest.approx(20e6 / 4)
 
 
 def test_offload_moves_optimizer_and_grads_to_host():
