@@ -94,3 +94,12 @@ def test_breakdown_recorded_per_rank(core_sweep):
     assert min(r["wait_s"] for r in b["per_rank"]) == 0.0
     single1 = _by(records(core_sweep), "single", 1)["breakdown"]["per_rank"][0]
     assert single1["comm_s"] == pytest.approx(0.0, abs=1e-3)  # one rank: nothing to communicate
+
+
+def test_mfu_uses_this_cpu_profile_and_states_its_formula(core_sweep):
+    rec = _by(records(core_sweep), "ddp", 2)
+    mfu = rec["mfu"]
+    assert mfu["hardware_profile"] == "this_cpu" and "6*N + 12*L*T*d" in mfu["formula"]
+    expected = rec["throughput"]["samples_per_s"] * mfu["model_flops_per_sample"] / (2 * mfu["peak_flops_per_device"])
+    assert mfu["value"] == pytest.approx(expected) and 0 < mfu["value"] < 1
+    assert rec["lr"] == rec["base_lr"]  # lr_scaling=none
