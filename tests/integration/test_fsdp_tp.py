@@ -94,7 +94,7 @@ def _ten_steps(request, strategy: str) -> Path:
 
 
 # -- equivalence ------------------------------------------------------------------------------
-@pytest.mark.parametrize("strategy", ["fsdp", "fsdp_grad_op", "tp"])
+@pytest.mark.parametrize("strategy", ["fsdp", pytest.param("fsdp_grad_op", marks=pytest.mark.slow), "tp"])
 def test_two_ranks_match_single_device(strategy, request, ref):
     rec = _rec(_ten_steps(request, strategy))
     assert rec["status"] == "completed" and rec["world_size"] == 2
@@ -116,7 +116,7 @@ def _ratio(rec: dict, ddp: dict, key: str) -> list[float]:
     return [o[key] / t[key] for o, t in zip(ours, theirs)]
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "fsdp_grad_op", "tp"])
+@pytest.mark.parametrize("strategy", ["fsdp", pytest.param("fsdp_grad_op", marks=pytest.mark.slow), "tp"])
 def test_params_grads_and_optimizer_state_halve_vs_ddp(strategy, request, ref):
     """FSDP shards every tensor along dim 0 over 2 ranks: exactly half. TP shards all matmul
     weights and the vocab-parallel embedding and head; pos_emb (64x64) and the LayerNorms
@@ -207,7 +207,7 @@ def test_good_setups_pass_preflight(args):
     assert preflight([*args, "trainer.accelerator=cpu"]) == 1
 
 
-def test_no_rank_outlives_its_job(fsdp_runs, tp_runs, grad_op_run):
+def test_no_rank_outlives_its_job(fsdp_runs, tp_runs):
     assert worker_pids() == []
 
 
