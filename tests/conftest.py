@@ -57,3 +57,26 @@ def core_sweep(tmp_path_factory) -> Path:
     train(["-m", "strategy=single,ddp", "trainer.devices=1,2", "trainer.max_steps=20", "logger=wandb",
            f"hydra.sweep.dir={sweep}", *FAST], cwd)
     return sweep
+
+
+def by_strategy(recs: list[dict], strategy: str, world: int) -> dict:
+    return next(r for r in recs if r["strategy"] == strategy and r["world_size"] == world)
+
+
+def losses_by_step(rec: dict) -> dict[int, float]:
+    return {int(s): v for s, v in rec["loss"]["curve"]}
+
+
+def assert_same_curve(rec: dict, ref: dict, steps, rel: float) -> None:
+    """rec's loss at each of `steps` equals ref's within rel (relative), and it has no other steps."""
+    got, want = losses_by_step(rec), losses_by_step(ref)
+    assert sorted(got) == list(steps), sorted(got)
+    for s in steps:
+        assert abs(got[s] - want[s]) <= rel * abs(want[s]), (s, got[s], want[s])
+
+
+@pytest.fixture(scope="session")
+def ref(core_sweep) -> dict:
+    """The strategies' references from the core sweep: single@1 and ddp@2 (same global batch)."""
+    recs = records(core_sweep)
+    return {"single": by_strategy(recs, "single", 1), "ddp": by_strategy(recs, "ddp", 2)}

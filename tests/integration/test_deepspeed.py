@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import FAST, REPO, records, train
+from ..conftest import FAST, REPO, assert_same_curve, losses_by_step, train
 
 pytestmark = pytest.mark.integration
 
@@ -51,26 +51,14 @@ def _rec(job: Path) -> dict:
     return json.loads((job / "run.json").read_text())
 
 
-def _losses(rec: dict) -> dict[int, float]:
-    return {int(s): v for s, v in rec["loss"]["curve"]}
+_losses = losses_by_step
 
 
 def _assert_same_curve(rec: dict, ref: dict, steps, rel: float = REL) -> None:
-    got, want = _losses(rec), _losses(ref)
-    assert sorted(got) == list(steps), sorted(got)
-    for s in steps:
-        assert abs(got[s] - want[s]) <= rel * abs(want[s]), (s, got[s], want[s])
+    assert_same_curve(rec, ref, steps, rel)
 
 
-def _by(recs, strategy, world):
-    return next(r for r in recs if r["strategy"] == strategy and r["world_size"] == world)
-
-
-# -- shared runs ------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def ref(core_sweep) -> dict:
-    recs = records(core_sweep)
-    return {"single": _by(recs, "single", 1), "ddp": _by(recs, "ddp", 2)}
+# -- shared runs (the references single@1 / ddp@2: the `ref` fixture of tests/conftest.py) ----
 
 
 def _saved(tmp_path_factory, strategy: str, extra=()) -> Path:
