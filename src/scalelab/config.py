@@ -4,6 +4,7 @@ Every check raises ConfigError with one line naming the bad value and what would
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from scalelab.strategies.registry import choices
 
 # ${mul:a,b,...} in configs, e.g. a weak-scaling global batch = devices x nodes x per-rank batch.
 if not OmegaConf.has_resolver("mul"):
-    OmegaConf.register_new_resolver("mul", lambda *xs: __import__("math").prod(int(x) for x in xs))
+    OmegaConf.register_new_resolver("mul", lambda *xs: math.prod(int(x) for x in xs))
 
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true")
 LOGGERS = ("wandb", "csv", "none")
