@@ -80,3 +80,15 @@ def ref(core_sweep) -> dict:
     """The strategies' references from the core sweep: single@1 and ddp@2 (same global batch)."""
     recs = records(core_sweep)
     return {"single": by_strategy(recs, "single", 1), "ddp": by_strategy(recs, "ddp", 2)}
+
+
+def run_one_job(tmp_path_factory, tag: str, args: list[str]) -> Path:
+    """One fast single run (gpt_nano, no logger) in its own folder; returns its job dir."""
+    cwd = tmp_path_factory.mktemp(tag)
+    job = cwd / "job"
+    train([*FAST, "logger=none", *args, f"hydra.run.dir={job}"], cwd)
+    return job
+
+
+def read_record(job: Path) -> dict:
+    return json.loads((job / "run.json").read_text())

@@ -5,13 +5,12 @@ import pytest
 
 from scalelab.results.wandb_offline import find_runs, read_run
 
-from ..conftest import records, worker_pids
+from ..conftest import by_strategy, records, worker_pids
 
 pytestmark = pytest.mark.integration
 
 
-def _by(recs, strategy, world):
-    return next(r for r in recs if r["strategy"] == strategy and r["world_size"] == world)
+_by = by_strategy
 
 
 def test_each_job_runs_at_its_world_size_in_its_own_dir(core_sweep):

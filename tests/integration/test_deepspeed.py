@@ -22,33 +22,22 @@ jobs load them (test_offload_variants_learn_and_reuse_the_cpu_adam_build checks 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from ..conftest import FAST, REPO, assert_same_curve, losses_by_step, train
+from ..conftest import REPO, assert_same_curve, losses_by_step
+from ..conftest import read_record as _rec
+from ..conftest import run_one_job as _job
 
 pytestmark = pytest.mark.integration
 
 REL = 1e-4  # see the module docstring
-BASE = [*FAST, "logger=none"]
 # gpt_nano's largest weight has 16,384 elements, below DeepSpeed's default
 # stage3_param_persistence_threshold (1e5), so ZeRO-3 would keep every parameter whole on every
 # rank (by design: small tensors are cheaper to keep than to gather). 0 partitions them all.
 Z3 = ["strategy.stage3_param_persistence_threshold=0"]
 NANO = dict(n_layers=2, n_heads=4, d_model=64, seq_len=64, vocab_size=256, mlp_ratio=4)
-
-
-def _job(tmp_path_factory, tag: str, args: list[str]) -> Path:
-    cwd = tmp_path_factory.mktemp(tag)
-    job = cwd / "job"
-    train([*BASE, *args, f"hydra.run.dir={job}"], cwd)
-    return job
-
-
-def _rec(job: Path) -> dict:
-    return json.loads((job / "run.json").read_text())
 
 
 _losses = losses_by_step

@@ -13,28 +13,17 @@ still allows the reordering to grow over 20 steps of Adam.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from ..conftest import FAST, assert_same_curve, losses_by_step, train, worker_pids
+from ..conftest import assert_same_curve, losses_by_step, worker_pids
+from ..conftest import read_record as _rec
+from ..conftest import run_one_job as _job
 
 pytestmark = pytest.mark.integration
 
 REL = 1e-4  # see the module docstring
-BASE = [*FAST, "logger=none"]
-
-
-def _job(tmp_path_factory, tag: str, args: list[str]) -> Path:
-    cwd = tmp_path_factory.mktemp(tag)
-    job = cwd / "job"
-    train([*BASE, *args, f"hydra.run.dir={job}"], cwd)
-    return job
-
-
-def _rec(job: Path) -> dict:
-    return json.loads((job / "run.json").read_text())
 
 
 _losses = losses_by_step

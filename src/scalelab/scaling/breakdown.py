@@ -3,7 +3,7 @@
 Method (written into run.json as `breakdown.method`): torch.profiler records a short window
 of optimizer steps at the end of training (excluded from the throughput figures). On each rank:
 - comm_s: the union of the intervals of collective ops (gloo:*, nccl:*, c10d::*, all_reduce,
-  all_gather, reduce_scatter, broadcast, barrier) per step, on any thread;
+  all_gather, reduce_scatter, all_to_all, barrier) per step, on any thread;
 - wait_s: comm_s minus the smallest comm_s of any rank. The rank that reaches a collective
   last spends only the transfer in it; every other rank also waits for it (a straggler makes
   the others wait);
