@@ -25,11 +25,16 @@ TRUE = Hardware(
     compute_efficiency_by={"fp32@2": 0.42},       # 2 threads per rank do not give twice 1
     step_overhead_s=0.004, strategy_overhead_s={"zero3": 0.012, "fsdp": 0.006},
     micro_batch_overhead_s=0.001, layer_overhead_s=0.0005,
+    strategy_layer_overhead_s={"tp": 0.003},      # DTensor dispatch per layer
+    activation_bandwidth_bytes_per_s=1.5e9, busy_slowdown={"2": 1.3},   # 2 busy ranks share caches
+    collectives={"all_gather": {"bandwidth_bytes_per_s": 4e8, "latency_s": 2e-4}},  # no native op
     runtime_memory_bytes=3e8, host={"link_bandwidth_bytes_per_s": 6e9, "memory_bandwidth_bytes_per_s": 6e9},
     cost_per_device_hour=0.02, power_watts=10.0, note="test truth")
 PRIOR = replace(TRUE, name="prior_cpu", compute_efficiency=0.3, compute_efficiency_by={},
                 memory_bandwidth_bytes_per_s=2e10,
                 intra_node=Link(3e9, 1e-5), step_overhead_s=0.001, strategy_overhead_s={},
+                strategy_layer_overhead_s={}, collectives={}, activation_bandwidth_bytes_per_s=0.0,
+                busy_slowdown={},
                 host={"link_bandwidth_bytes_per_s": 2e10, "memory_bandwidth_bytes_per_s": 2e10})
 
 MODELS = {"gpt_nano": (2, 64, 4, 256, 64), "gpt_small": (4, 256, 4, 256, 128)}
@@ -82,7 +87,8 @@ def write_sweep(root):
             dict(strategy="zero1", world=2, micro=8), dict(strategy="zero2", world=2, micro=8),
             dict(strategy="zero3", world=2, micro=8), dict(strategy="fsdp", world=2, micro=8),
             dict(strategy="zero2_offload", world=2, micro=8),
-            dict(strategy="tp", world=2, micro=8, tp=2), dict(strategy="pipeline", world=2, micro=2, pp=2),
+            dict(strategy="tp", world=2, micro=8, tp=2), dict(strategy="tp", world=2, micro=16, tp=2),
+            dict(strategy="pipeline", world=2, micro=2, pp=2),
         ]
     for i, c in enumerate(configs):
         rec = run_record(next(iter(MODELS)) if i < len(configs) // 2 else list(MODELS)[1], **c)
@@ -109,19 +115,27 @@ def test_nnls_matches_known_solution():
 
 def test_calibrate_recovers_the_machine(sweep, tmp_path):
     hw, rep = calibrate(sweep, PRIOR, tmp_path / "fit.yaml")
-    assert len(rep["runs"]) == 28 and len(rep["skipped"]) == 2
+    assert len(rep["runs"]) == 30 and len(rep["skipped"]) == 2
     assert hw.compute_efficiency == pytest.approx(TRUE.compute_efficiency, rel=0.1)
     assert hw.compute_efficiency_by["fp32@1"] == pytest.approx(0.55, rel=0.1)
     assert hw.compute_efficiency_by["fp32@2"] == pytest.approx(0.42, rel=0.1)
     assert hw.step_overhead_s == pytest.approx(TRUE.step_overhead_s, rel=0.3)
     assert hw.strategy_overhead_s["zero3"] == pytest.approx(0.012, rel=0.3)
+    assert hw.strategy_layer_overhead_s["tp"] == pytest.approx(0.003, rel=0.3)
+    assert hw.activation_bandwidth == pytest.approx(1.5e9, rel=0.2)
+    assert hw.slowdown(2) == pytest.approx(1.3, abs=0.05) and hw.slowdown(1) == 1.0
+    assert set(hw.collectives) >= {"all_reduce", "all_gather", "reduce_scatter", "p2p"}
+    # Runs the sweep does not hold (other batch sizes) are predicted too.
+    for strategy, kw in [("fsdp", {}), ("zero3", {}), ("tp", {"tp": 2})]:
+        t = terms_from_run(run_record("gpt_small", strategy, 2, 12, **kw))
+        assert step_time(t, hw)["step_s"] == pytest.approx(step_time(t, TRUE)["step_s"], rel=0.08)
     # Communication is a few % of these steps, so bandwidth and latency are only loosely pinned
     # down one by one; the comm time they predict for the biggest all-reduce is what must hold.
     t = terms_from_run(run_record("gpt_small", "ddp", 2, 8))
     assert step_time(t, hw)["comm_total_s"] == pytest.approx(step_time(t, TRUE)["comm_total_s"], rel=0.5)
     assert max(abs(r["ratio"] - 1) for r in rep["runs"]) < 0.06
     again = load_hardware(str(tmp_path / "fit.yaml"))     # reusable as --hardware PATH
-    assert again.name == "fit" and again.calibration["runs"] == 28
+    assert again.name == "fit" and again.calibration["runs"] == 30
     assert again.compute_efficiency == pytest.approx(hw.compute_efficiency)
 
 

@@ -68,3 +68,35 @@ def activation_bytes_per_device(model: ModelSpec, layout: Layout, precision: str
         return first + output
     last = per_layer * layers_per_stage + output
     return max(first, last)
+
+
+def activation_traffic_bytes(model: ModelSpec, layout: Layout, precision: str,
+                             checkpointing: str = "none") -> float:
+    """Activation bytes one device writes in the forward passes of one optimizer step (all its
+    micro-batches, its own layers and TP share, the output layer on the last stage).
+
+    Elementwise work (LayerNorm, GELU, softmax, residual adds, their gradients) is memory-bound:
+    its time is this traffic over memory bandwidth, not FLOPs over peak (the roofline model,
+    Williams et al. 2009, CACM 52(4)). It is what makes small-width models slower than their
+    FLOPs say. Recomputation writes the recomputed layers' activations a second time."""
+    e = 4 if precision == "32" else 2
+    b, t = layout.micro_batch, layout.tp
+    if model.kind == "mlp":
+        per_micro = 3 * e * b * model.hidden * model.n_layers
+    else:
+        s, h = model.seq_len, model.hidden
+        sp = layout.sequence_parallel and t > 1
+        per_layer = layer_activation_bytes(s, b, h, model.heads, t, e=e, ffn=model.ffn,
+                                           sequence_parallel=sp)
+        layers = math.ceil(model.n_layers / layout.pp)
+        if checkpointing == "full":
+            per_layer *= 2
+        elif checkpointing == "selective":
+            per_layer += a_scores(s, b, model.heads, t, e)
+        per_micro = per_layer * layers + (4 * s * b * h + 4 * s * b * model.vocab) / t
+    return per_micro * layout.micro_batches
+
+
+def a_scores(s: int, b: int, a: int, t: int, e: int) -> float:
+    """Attention scores' bytes (softmax and dropout outputs + mask) of one layer, micro-batch."""
+    return a * s * s * b * (2 * e + 1) / t

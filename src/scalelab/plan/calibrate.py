@@ -3,19 +3,24 @@
 Each job dir of a sweep holds a `run.json` (DESIGN.md, run record contract). The step-time model of
 step_time.py is linear in a handful of physical rates, so calibration is a least-squares fit:
 
-    t_measured ~= overhead + strategy_overhead[s] + m x (micro_overhead + layers x layer_overhead)
+    t_measured ~= overhead + strategy_overhead[s]
+                  + m x (micro_overhead + layers x (layer_overhead + strategy_layer_overhead[s]))
                   + compute_flops / (peak x efficiency[dtype@threads])
-                  + optimizer_bytes / memory_bw + bus_bytes / link_bw + ring_hops x latency
+                  + activation_bytes / activation_bw + optimizer_bytes / memory_bw
+                  + sum over collective types op: bus_bytes[op] / bw[op] + ring_hops[op] x latency[op]
 
 Rows are divided by the measured time (we minimise relative error, which is how --validate
 judges), the unknowns are constrained >= 0 (non-negative least squares, Lawson & Hanson 1974), and
 a weak pull towards the prior profile keeps rates the sweep cannot separate (e.g. bandwidth vs
 latency when every run moves the same buffers) at physically sensible values instead of 0 or inf.
-A strategy gets its own overhead term only when the sweep has >= 2 runs of it ("single", plain
-Lightning, has the base overhead only), so each such term is over-determined; the report also gives
-leave-one-out ratios (each run predicted by a fit that did not see it). Compute gets one rate per
-(dtype, threads per rank) seen: on CPU, 2 threads are not twice 1, and bf16 may have no fast
-kernel (see this_cpu.yaml's probe).
+Each collective type gets its own bandwidth and latency (a backend implements each with its own
+algorithm: gloo has no native reduce-scatter, DeepSpeed's ZeRO-1/2 reduce per partition), as
+nccl-tests reports a busbw per collective. A strategy gets its own per-step term only when the
+sweep has >= 2 runs of it, and its own per-layer term with >= 3 runs at >= 2 layer x micro-batch
+counts ("single", plain Lightning, has the base terms only), so each such term is over-determined;
+the report also gives leave-one-out ratios (each run predicted by a fit that did not see it).
+Compute gets one rate per (dtype, threads per rank) seen: on CPU, 2 threads are not twice 1, and
+bf16 may have no fast kernel (see this_cpu.yaml's probe).
 """
 from __future__ import annotations
 
@@ -29,27 +34,33 @@ import numpy as np
 
 from .hardware import Hardware, Link, save_hardware
 from .spec import ModelSpec, PlanError, conf_dir, get_strategy
-from .step_time import Terms, build_terms, linear_features, step_time, theta_of
+from .step_time import Terms, build_terms, busy_per_node, linear_features, step_time, theta_of
 
 BASE_STRATEGIES = ("single",)
 PRIOR_WEIGHT = 1e-4          # pull of a rate towards its prior, relative to one run's squared error
+SLOWDOWN_GRID = np.arange(1.0, 2.5001, 0.025)   # busy_slowdown candidates
 
 
 # --------------------------------------------------------------------------------------------
 # Reading runs
 # --------------------------------------------------------------------------------------------
-def find_runs(sweep_dir: str | Path) -> list[tuple[Path, dict]]:
-    root = Path(sweep_dir)
-    if not root.exists():
-        raise PlanError(f"sweep directory {str(root)!r} does not exist")
+def _dirs(sweep_dirs) -> list[Path]:
+    return [Path(d) for d in ([sweep_dirs] if isinstance(sweep_dirs, (str, Path)) else sweep_dirs)]
+
+
+def find_runs(sweep_dirs) -> list[tuple[Path, dict]]:
+    """Every run.json under one sweep directory or several."""
     runs = []
-    for p in sorted(root.rglob("run.json")):
-        try:
-            runs.append((p, json.loads(p.read_text())))
-        except (OSError, json.JSONDecodeError) as exc:
-            runs.append((p, {"status": "unreadable", "error": str(exc)}))
+    for root in _dirs(sweep_dirs):
+        if not root.exists():
+            raise PlanError(f"sweep directory {str(root)!r} does not exist")
+        for p in sorted(root.rglob("run.json")):
+            try:
+                runs.append((p, json.loads(p.read_text())))
+            except (OSError, json.JSONDecodeError) as exc:
+                runs.append((p, {"status": "unreadable", "error": str(exc)}))
     if not runs:
-        raise PlanError(f"no run.json under {str(root)!r}")
+        raise PlanError(f"no run.json under {', '.join(repr(str(d)) for d in _dirs(sweep_dirs))}")
     return runs
 
 
@@ -103,7 +114,9 @@ def terms_from_run(run: dict) -> Terms:
         nodes=int(run.get("num_nodes") or 1), tp=tp, pp=pp, micro_batch=micro, micro_batches=m,
         precision=run.get("precision", "32"), optimizer=run.get("optimizer", "adam"),
         activation_checkpointing=bool(run.get("activation_checkpointing", False)),
-        threads=int(hw.get("threads_per_rank") or 1))
+        threads=int(hw.get("threads_per_rank") or 1),
+        # scalelab's tp keeps LayerNorms and the residual stream replicated (no sequence parallel)
+        sequence_parallel=bool(par.get("sequence_parallel", False)))
 
 
 def measured(run: dict) -> dict:
@@ -170,7 +183,7 @@ def fit(rows: list[dict[str, float]], times: list[float], prior: dict[str, float
     """
     cols = sorted({k for r in rows for k, v in r.items() if v != 0.0})
     t_med = float(np.median(times))
-    free = [k for k in cols if k == "overhead" or k.startswith("strategy:")]
+    free = [k for k in cols if k == "overhead" or k.startswith(("strategy:", "strategy_layer:"))]
     scale = {k: (t_med if k in free else (prior.get(k) or t_med)) for k in cols}
     A = np.array([[r.get(k, 0.0) * scale[k] / t for k in cols] for r, t in zip(rows, times)])
     b = np.ones(len(rows))
@@ -193,12 +206,25 @@ def apply_theta(hw: Hardware, theta: dict[str, float], name: str) -> Hardware:
             return old
         return 1 / theta[key] if theta[key] > 0 else math.inf
     strat = dict(hw.strategy_overhead_s)
+    strat_layer = dict(hw.strategy_layer_overhead_s)
     by = dict(hw.compute_efficiency_by)
+    colls = {op: dict(v) for op, v in hw.collectives.items()}
     for k, v in theta.items():
-        if k.startswith("strategy:"):
-            strat[k.split(":", 1)[1]] = v
-        if k.startswith("compute:") and v > 0:
-            by[k.split(":", 1)[1]] = 1 / v
+        kind, _, key = k.partition(":")
+        if kind == "strategy":
+            strat[key] = v
+        elif kind == "strategy_layer":
+            strat_layer[key] = v
+        elif kind == "compute" and key and v > 0:
+            by[key] = 1 / v
+        elif kind in ("intra_bw", "intra_lat") and key:
+            link = hw.link(False, key)
+            d = colls.setdefault(key, {"bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
+                                       "latency_s": link.latency_s})
+            if kind == "intra_bw":
+                d["bandwidth_bytes_per_s"] = 1 / v if v > 0 else math.inf
+            else:
+                d["latency_s"] = v
     # The generic efficiency (for dtypes / thread counts not measured): one device's fp32 rate.
     generic = by.get(f"fp32@{hw.threads_per_device}", by[min(by)] if by else None)
     if "compute" in theta and theta["compute"] > 0:
@@ -210,9 +236,11 @@ def apply_theta(hw: Hardware, theta: dict[str, float], name: str) -> Hardware:
         hw, name=name, step_overhead_s=theta.get("overhead", hw.step_overhead_s),
         micro_batch_overhead_s=theta.get("micro_overhead", hw.micro_batch_overhead_s),
         layer_overhead_s=theta.get("layer_overhead", hw.layer_overhead_s),
-        strategy_overhead_s=strat, compute_efficiency_by=by,
+        strategy_overhead_s=strat, strategy_layer_overhead_s=strat_layer, collectives=colls,
+        compute_efficiency_by=by,
         compute_efficiency=generic or hw.compute_efficiency,
         memory_bandwidth_bytes_per_s=rate("memory", hw.memory_bandwidth_bytes_per_s),
+        activation_bandwidth_bytes_per_s=rate("act_memory", hw.activation_bandwidth),
         intra_node=Link(rate("intra_bw", hw.intra_node.bandwidth_bytes_per_s),
                         theta.get("intra_lat", hw.intra_node.latency_s)),
         inter_node=Link(rate("inter_bw", hw.inter_node.bandwidth_bytes_per_s),
@@ -220,28 +248,60 @@ def apply_theta(hw: Hardware, theta: dict[str, float], name: str) -> Hardware:
         host=host)
 
 
+def _rows(runs, hw: Hardware) -> tuple[list[dict[str, float]], dict[str, float]]:
+    """Feature rows of the runs under `hw` (its slowdown applied) and the prior rates."""
+    rows = [linear_features(terms, hw, split=True) for _, _, terms in runs]
+    counts: dict[str, int] = {}
+    for _, _, t in runs:
+        counts[t.strategy.name] = counts.get(t.strategy.name, 0) + 1
+    # A strategy's own per-step cost needs >= 2 runs of it, its own per-layer cost >= 3 runs with
+    # >= 2 different layer x micro-batch counts; otherwise the term could only echo one run.
+    for s in counts:
+        mine = [x for x, (_, _, t) in zip(rows, runs) if t.strategy.name == s]
+        own_step = s not in BASE_STRATEGIES and counts[s] >= 2
+        own_layer = (s not in BASE_STRATEGIES and counts[s] >= 3
+                     and len({x[f"strategy_layer:{s}"] for x in mine}) >= 2)
+        for x in mine:
+            if not own_step:
+                x.pop(f"strategy:{s}")
+            if not own_layer:
+                x.pop(f"strategy_layer:{s}")
+    prior = theta_of(hw)
+    for x in rows:      # a rate the prior lacks starts at the generic one (compute, intra link)
+        for k in x:
+            if k not in prior and ":" in k and k.split(":")[0] in ("compute", "intra_bw", "intra_lat"):
+                prior[k] = prior[k.split(":")[0]]
+    return rows, prior
+
+
+def _fit_runs(runs, times, hw: Hardware):
+    """(theta, prior, sum of squared relative errors) of the least-squares fit under `hw`."""
+    rows, prior = _rows(runs, hw)
+    theta = fit(rows, times, prior)
+    err = sum((sum(theta.get(k, 0.0) * v for k, v in x.items()) / t - 1) ** 2
+              for x, t in zip(rows, times))
+    return theta, prior, err
+
+
 def calibrate(sweep_dir, base: Hardware, out_path=None) -> tuple[Hardware, dict]:
     """Fit `base` to the runs under `sweep_dir`; write the profile to out_path (if given)."""
     runs, skipped = usable_runs(sweep_dir)
     if not runs:
-        raise PlanError(f"no completed run with a step time under {str(sweep_dir)!r} "
+        raise PlanError(f"no completed run with a step time under {', '.join(map(str, _dirs(sweep_dir)))} "
                         f"({len(skipped)} skipped)")
-    counts: dict[str, int] = {}
-    for _, _, t in runs:
-        counts[t.strategy.name] = counts.get(t.strategy.name, 0) + 1
-    rows, times = [], []
-    for _, run, terms in runs:
-        x = linear_features(terms, base, split_compute=True)
-        s = terms.strategy.name
-        if s in BASE_STRATEGIES or counts[s] < 2:
-            x.pop(f"strategy:{s}")
-        rows.append(x)
-        times.append(measured(run)["step_s"])
-    prior = theta_of(base)
-    for x in rows:                     # a compute rate the prior lacks starts at the generic one
-        for k in x:
-            if k.startswith("compute:") and k not in prior:
-                prior[k] = prior["compute"]
+    times = [measured(run)["step_s"] for _, run, _ in runs]
+    # Devices sharing a node slow each other (busy_slowdown): a factor on the whole step, so it
+    # is found by a 1-D search around the least-squares fit, and only when the sweep also has
+    # runs of a device alone (otherwise the rates absorb it).
+    busy = {busy_per_node(t) for _, _, t in runs}
+    slowdown = dict(base.busy_slowdown)
+    if 1 in busy:
+        for n in sorted(busy - {1}):
+            best = min(SLOWDOWN_GRID, key=lambda f: _fit_runs(
+                runs, times, replace(base, busy_slowdown={**slowdown, str(n): float(f)}))[2])
+            slowdown[str(n)] = round(float(best), 3)
+    base = replace(base, busy_slowdown=slowdown)
+    rows, prior = _rows(runs, base)
     theta = fit(rows, times, prior)
     name = Path(out_path).stem if out_path else f"{base.name}_calibrated"
     hw = apply_theta(base, theta, name)
@@ -260,13 +320,16 @@ def calibrate(sweep_dir, base: Hardware, out_path=None) -> tuple[Hardware, dict]
     rel = [r["ratio"] - 1 for r in report]
     loo_rel = [r["loo_ratio"] - 1 for r in report if r["loo_ratio"] is not None]
     hw.calibration = {
-        "sweep_dir": str(Path(sweep_dir).resolve()), "base_profile": base.name,
+        "sweep_dir": " ".join(str(d.resolve()) for d in _dirs(sweep_dir)), "base_profile": base.name,
         "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "runs": len(runs),
         "skipped": len(skipped), "fitted_terms": sorted(theta),
         "rms_relative_error": float(np.sqrt(np.mean(np.square(rel)))),
         "max_relative_error": float(np.max(np.abs(rel))),
         "leave_one_out_max_relative_error": float(np.max(np.abs(loo_rel))) if loo_rel else None,
+        "busy_slowdown": dict(hw.busy_slowdown),
         "strategies_with_own_overhead": sorted(k.split(":", 1)[1] for k in theta if k.startswith("strategy:")),
+        "strategies_with_own_layer_overhead": sorted(k.split(":", 1)[1] for k in theta
+                                                     if k.startswith("strategy_layer:")),
     }
     base_note = base.note.split(" || ", 1)[-1]
     hw.note = (f"Calibrated from {len(runs)} runs in {hw.calibration['sweep_dir']} on "
@@ -309,9 +372,17 @@ def validate(sweep_dir, hw: Hardware) -> dict:
             "rss_ratio": pred_rss / meas["peak_rss_bytes"] if meas["peak_rss_bytes"] else None,
             "breakdown": t,
         })
+    by: dict[str, dict] = {}
+    for r in rows:
+        b = by.setdefault(r["strategy"], {"runs": 0, "min_ratio": math.inf, "max_ratio": 0.0})
+        b["runs"] += 1
+        b["min_ratio"] = min(b["min_ratio"], r["step_ratio"])
+        b["max_ratio"] = max(b["max_ratio"], r["step_ratio"])
+    for b in by.values():
+        b["max_step_error"] = max(abs(b["min_ratio"] - 1), abs(b["max_ratio"] - 1))
     step_err = [abs(r["step_ratio"] - 1) for r in rows]
     mem_err = [abs(r["model_states_ratio"] - 1) for r in rows if r["model_states_ratio"]]
-    return {"hardware": hw.name, "runs": rows,
+    return {"hardware": hw.name, "runs": rows, "by_strategy": by,
             "skipped": [{"run": str(p), "reason": r} for p, r in skipped],
             "max_step_error": max(step_err) if step_err else None,
             "max_model_states_error": max(mem_err) if mem_err else None}

@@ -5,8 +5,8 @@
                   [--global-batch G] [--precision P] [--optimizer adam|sgd]
                   [--activation-checkpointing none|selective|full] [--hardware H] [--tokens T] [--json]
     scalelab plan --probe [--out PATH]                       measure this CPU -> conf/hardware/this_cpu.yaml
-    scalelab plan --calibrate SWEEP_DIR [--hardware H] [--out PATH]
-    scalelab plan --validate SWEEP_DIR [--hardware H] [--tolerance 0.15] [--json]
+    scalelab plan --calibrate SWEEP_DIR [SWEEP_DIR ...] [--hardware H] [--out PATH]
+    scalelab plan --validate SWEEP_DIR [SWEEP_DIR ...] [--hardware H] [--tolerance 0.15] [--json]
 """
 from __future__ import annotations
 
@@ -63,8 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     j.add_argument("--json", action="store_true", help="print JSON instead of a table")
     c = parser.add_argument_group("probe / calibration / validation")
     c.add_argument("--probe", action="store_true", help="measure this CPU, write conf/hardware/this_cpu.yaml")
-    c.add_argument("--calibrate", metavar="SWEEP_DIR", help="fit the hardware profile to measured runs")
-    c.add_argument("--validate", metavar="SWEEP_DIR", help="predicted vs measured for every run")
+    c.add_argument("--calibrate", metavar="SWEEP_DIR", nargs="+",
+                   help="fit the hardware profile to the runs measured under these sweep dirs")
+    c.add_argument("--validate", metavar="SWEEP_DIR", nargs="+",
+                   help="predicted vs measured for every run under these sweep dirs")
     c.add_argument("--out", help="where --probe / --calibrate write the profile")
     c.add_argument("--tolerance", type=float,
                    help="with --validate: exit 1 if any step-time ratio is off by more than this")
@@ -155,7 +157,7 @@ def _calibrate(a) -> int:
         print(json.dumps(rep, indent=2))
         return 0
     print(f"fitted {len(rep['runs'])} runs ({len(rep['skipped'])} skipped) -> {out}")
-    print(f"use it with: scalelab plan --validate {a.calibrate} --hardware {out}\n")
+    print(f"use it with: scalelab plan --validate SWEEP_DIR --hardware {out}\n")
     print(yaml.safe_dump(hw.to_dict(), sort_keys=False, width=100))
     _print_table(["run", "strategy", "N", "measured s", "fit s", "ratio", "leave-one-out ratio"],
                  [[_short(r["run"]), r["strategy"], r["world_size"], f"{r['measured_step_s']:.4f}",
@@ -184,6 +186,10 @@ def _validate(a) -> int:
               _opt(r["model_states_ratio"]), _opt(r["rss_ratio"])] for r in rep["runs"]])
         for s in rep["skipped"]:
             print(f"skipped {s['run']}: {s['reason']}")
+        print()
+        _print_table(["strategy", "runs", "step ratio min", "step ratio max", "max |ratio - 1|"],
+                     [[k, b["runs"], f"{b['min_ratio']:.3f}", f"{b['max_ratio']:.3f}",
+                       f"{b['max_step_error']:.3f}"] for k, b in sorted(rep["by_strategy"].items())])
         if rep["max_step_error"] is not None:
             print(f"max |step ratio - 1| = {rep['max_step_error']:.3f}"
                   + (f"; max |model-state ratio - 1| = {rep['max_model_states_error']:.3f}"

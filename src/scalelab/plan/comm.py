@@ -36,7 +36,7 @@ parameter element):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass, asdict, replace
 
 from .model_states import DS_REDUCE_BUCKET_ELEMENTS, local_params
 from .spec import Layout, ModelSpec, Strategy
@@ -56,6 +56,12 @@ class Collective:
     calls: float           # per optimizer step
     overlappable: bool     # may hide behind compute (bucketed DP sync, ZeRO-3/FSDP prefetch)
     crosses_nodes: bool = False
+    impl: str = ""         # whose code issues it when not torch.distributed's own ("deepspeed")
+
+    @property
+    def kind(self) -> str:
+        """The key of its measured figures in a hardware profile's `collectives`."""
+        return f"{self.op}@{self.impl}" if self.impl else self.op
 
     @property
     def bus_factor(self) -> float:
@@ -165,6 +171,10 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
         if model.kind == "gpt":
             out.append(Collective("pp_tied_embedding_all_reduce", "all_reduce", "pp", 2,
                                   model.vocab * model.hidden / layout.tp * g, 1, False, pp_x))
+    if strategy.family == "deepspeed":
+        # ZeRO's collectives are DeepSpeed's own code (partitioned reduces for stage 1/2,
+        # coalesced gathers for stage 3), so they get their own measured figures.
+        out = [replace(c, impl="deepspeed") if c.group == "dp" else c for c in out]
     return out
 
 

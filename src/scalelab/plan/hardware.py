@@ -6,14 +6,28 @@ A profile describes one device and its links. Keys (all plain YAML, SI units):
   compute_efficiency                  fraction of peak reached on the model's FLOPs (fitted by --calibrate)
   compute_efficiency_by {"fp32@2": x}  per compute dtype @ threads per device, where measured (CPU:
                                       threads do not scale linearly; a dtype may lack fast kernels)
+  busy_slowdown {"2": f}              while N devices of a node run at once, each one's step takes f
+                                      times as long as alone (CPU ranks share caches, memory
+                                      bandwidth and the host's cores; about 1 for GPUs; fitted)
   memory_bytes, runtime_memory_bytes  device memory; what the runtime takes before the model (CUDA
                                       context / the Python+torch process)
   memory_bandwidth_bytes_per_s        drives the optimizer step (memory-bound)
+  activation_bandwidth_bytes_per_s    stored activation bytes per second that forward + backward's
+                                      memory-bound elementwise ops get through (each byte is
+                                      written, read, and its gradient written and read: about a
+                                      quarter of memory bandwidth, the default when 0; fitted)
   intra_node / inter_node {bandwidth_bytes_per_s, latency_s}   collective bus bandwidth (nccl-tests
                                       "busbw") per device and per-hop latency
+  collectives {kind: {bandwidth_bytes_per_s, latency_s}}   optional intra-node figures per collective
+                                      kind (all_reduce, all_gather, reduce_scatter, p2p, and
+                                      "<op>@deepspeed" for ZeRO's own code paths): each has its own
+                                      algorithm (gloo has no native reduce-scatter), so nccl-tests
+                                      reports a busbw per collective too
   host {link_bandwidth_bytes_per_s, memory_bandwidth_bytes_per_s}   PCIe and host RAM (offload)
   comm_overlap                        fraction of bucketed gradient/prefetch comm hidden behind compute
   step_overhead_s, strategy_overhead_s {name: s}   per-step framework cost (fitted by --calibrate)
+  strategy_layer_overhead_s {name: s} a strategy's extra cost per layer x micro-batch (DTensor
+                                      dispatch for tp, FSDP's per-unit hooks; fitted)
   micro_batch_overhead_s, layer_overhead_s   per micro-batch and per layer x micro-batch (Python,
                                       op dispatch); matter for tiny models only (fitted)
   cost_per_device_hour, power_watts
@@ -50,11 +64,15 @@ class Hardware:
     threads_per_device: int = 1
     compute_efficiency: float = 0.5
     compute_efficiency_by: dict = field(default_factory=dict)   # "fp32@2" -> dtype at N threads/device
+    activation_bandwidth_bytes_per_s: float = 0.0  # 0: memory_bandwidth_bytes_per_s / 4
+    busy_slowdown: dict = field(default_factory=dict)  # "N busy devices per node" -> factor
     comm_overlap: float = 0.0
     step_overhead_s: float = 0.0
     micro_batch_overhead_s: float = 0.0      # per forward/backward of a micro-batch
     layer_overhead_s: float = 0.0            # per layer per micro-batch (op dispatch)
     strategy_overhead_s: dict = field(default_factory=dict)
+    strategy_layer_overhead_s: dict = field(default_factory=dict)
+    collectives: dict = field(default_factory=dict)    # op -> Link as a dict (intra-node, measured)
     runtime_memory_bytes: float = 0.0
     host: dict = field(default_factory=lambda: {"link_bandwidth_bytes_per_s": 25e9,
                                                 "memory_bandwidth_bytes_per_s": 50e9})
@@ -74,8 +92,31 @@ class Hardware:
         return float(self.compute_efficiency_by.get(f"{dtype}@{threads or self.threads_per_device}",
                                                     self.compute_efficiency))
 
-    def link(self, crosses_nodes: bool) -> Link:
-        return self.inter_node if crosses_nodes else self.intra_node
+    def slowdown(self, busy_devices: int) -> float:
+        """How much longer everything a device does takes while `busy_devices` of its node work
+        at once (1 for a device alone, and where the profile does not say)."""
+        return float(self.busy_slowdown.get(str(busy_devices), 1.0)) if busy_devices > 1 else 1.0
+
+    @property
+    def activation_bandwidth(self) -> float:
+        return self.activation_bandwidth_bytes_per_s or self.memory_bandwidth_bytes_per_s / 4
+
+    def collective_key(self, kind: str | None) -> str | None:
+        """The `collectives` entry for a collective kind ("reduce_scatter@deepspeed" falls back to
+        "reduce_scatter"), or None: the generic intra_node link."""
+        for key in (kind, (kind or "").split("@")[0]):
+            if key and key in self.collectives:
+                return key
+        return None
+
+    def link(self, crosses_nodes: bool, kind: str | None = None) -> Link:
+        if crosses_nodes:
+            return self.inter_node
+        key = self.collective_key(kind)
+        if key is None:
+            return self.intra_node
+        d = self.collectives[key]
+        return Link(float(d["bandwidth_bytes_per_s"]), float(d.get("latency_s", 0.0)))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -109,13 +150,20 @@ def parse_hardware(d: dict, source: str = "") -> Hardware:
     known = {f for f in Hardware.__dataclass_fields__} - {"intra_node", "inter_node", "source"}
     kw = {k: v for k, v in d.items() if k in known}
     kw["peak_flops"] = {k: float(v) for k, v in d["peak_flops"].items()}
-    for k in ("memory_bytes", "memory_bandwidth_bytes_per_s", "compute_efficiency", "comm_overlap",
+    for k in ("memory_bytes", "memory_bandwidth_bytes_per_s", "activation_bandwidth_bytes_per_s",
+              "compute_efficiency", "comm_overlap",
               "step_overhead_s", "micro_batch_overhead_s", "layer_overhead_s", "runtime_memory_bytes",
               "cost_per_device_hour", "power_watts"):
         if k in kw:
             kw[k] = float(kw[k])
     kw["strategy_overhead_s"] = {k: float(v) for k, v in (d.get("strategy_overhead_s") or {}).items()}
+    kw["strategy_layer_overhead_s"] = {k: float(v) for k, v in
+                                       (d.get("strategy_layer_overhead_s") or {}).items()}
+    kw["collectives"] = {str(op): {"bandwidth_bytes_per_s": float(_link(v, f"collectives.{op}", source).bandwidth_bytes_per_s),
+                                   "latency_s": float(v.get("latency_s", 0.0))}
+                         for op, v in (d.get("collectives") or {}).items()}
     kw["compute_efficiency_by"] = {str(k): float(v) for k, v in (d.get("compute_efficiency_by") or {}).items()}
+    kw["busy_slowdown"] = {str(k): float(v) for k, v in (d.get("busy_slowdown") or {}).items()}
     return Hardware(intra_node=intra, inter_node=inter, source=source, **kw)
 
 
@@ -194,7 +242,7 @@ def _cpu_name() -> str:
 def probe_cpu(out_path: str | Path | None = None, threads: int = 1, budget_s: float = 0.6) -> Hardware:
     """Measure this CPU with torch (one device = one rank of `threads` threads) and write a profile.
 
-    fp32/bf16/fp16 matmul FLOP/s (n = 512 / 256, fastest call), a copy bandwidth for the
+    fp32/bf16/fp16 matmul FLOP/s (fastest call; fp32 the best of n = 256, 512, 1024; 16-bit n = 256), a copy bandwidth for the
     optimizer step; links are the
     gloo-over-loopback figures of notes/perf-baseline.md until --calibrate fits them.
     """
@@ -206,7 +254,9 @@ def probe_cpu(out_path: str | Path | None = None, threads: int = 1, budget_s: fl
     try:
         # Sizes: big enough for full-speed kernels, small enough (a few ms) that the fastest call
         # fits in one scheduler slice when other processes share the core.
-        peak = {"fp32": _matmul_rate(torch, torch.float32, 512, budget_s),
+        # The fastest of three sizes: kernels peak at different sizes on different CPUs (an
+        # efficiency > 1 after --calibrate would mean this peak was not one).
+        peak = {"fp32": max(_matmul_rate(torch, torch.float32, n, budget_s) for n in (256, 512, 1024)),
                 "bf16": _matmul_rate(torch, torch.bfloat16, 256, budget_s),
                 "fp16": _matmul_rate(torch, torch.float16, 256, budget_s)}
         mem_bw = _copy_bandwidth(torch, budget_s)
@@ -236,7 +286,7 @@ def probe_cpu(out_path: str | Path | None = None, threads: int = 1, budget_s: fl
         cost_per_device_hour=0.02, power_watts=10.0,
         note=(f"Measured by `scalelab plan --probe` on {when}: {_cpu_name()}, {cores} cores, "
               f"torch {torch.__version__}, {threads} thread(s) per device, {load}; peak_flops = "
-              f"fastest torch.mm n=512 (bf16/fp16 n=256), memory bandwidth = fastest 64 MiB copy. "
+              f"fastest torch.mm of n=256/512/1024 (bf16/fp16 n=256), memory bandwidth = fastest 64 MiB copy. "
               f"A device is one rank of {threads} thread(s); memory_bytes = RAM / cores. "
               "Links: gloo all_reduce over "
               "loopback, 1.1-1.6 GB/s (notes/perf-baseline.md); gloo does not overlap comm with "

@@ -2,10 +2,14 @@
 
 Step time on one device (every term is per optimizer step):
 
-    t = overhead + compute + bubble + optimizer + exposed communication
+    t = slowdown x (overhead + compute + bubble + optimizer + exposed communication)
 
 - compute = hardware FLOPs of the device's share / (peak[dtype] x compute_efficiency[dtype@threads])
   (flops.py; the share is 1/(dp tp) of the batch's FLOPs, the slowest pipeline stage for pp > 1)
+  + activation bytes written / activation bandwidth: elementwise ops are memory-bound (roofline,
+  Williams et al. 2009), which is what makes narrow models slower than their FLOPs say
+- slowdown = busy_slowdown[devices of the node at work]: CPU ranks share caches and memory
+  bandwidth (measured 1.2-1.4x for 2 ranks on this 2-core VM); 1 on GPUs
 - bubble = (p - 1) / m x compute for a pipeline of p stages and m micro-batches (GPipe, Huang et al.
   2019; 1F1B has the same bubble, Narayanan et al. 2021 Sec. 2.2)
 - optimizer = bytes the update streams (read + write params, grads, states) / memory bandwidth; it is
@@ -14,10 +18,11 @@ Step time on one device (every term is per optimizer step):
   sync, ZeRO-3/FSDP prefetch) hides behind compute up to `comm_overlap` (a hardware-profile
   fraction: about 0 on CPU gloo, which does not overlap, see notes/perf-baseline.md; high on NCCL)
 - overhead = per-step framework cost (Python, Lightning loop, optimizer hooks) + a per-strategy
-  extra + per micro-batch and per layer x micro-batch costs (op dispatch); all fitted from real
-  runs by `--calibrate`; they dominate tiny models and vanish in big ones.
-Every term is linear in one hardware rate, which is what makes `calibrate.py` a least-squares fit
-(see `linear_features`).
+  extra + per micro-batch and per layer x micro-batch costs (op dispatch, plus a strategy's own:
+  DTensor dispatch, FSDP hooks); all fitted from real runs by `--calibrate`; they dominate tiny
+  models and vanish in big ones.
+Given the slowdown, every term is linear in one hardware rate, which is what makes `calibrate.py`
+a least-squares fit (see `linear_features`) inside a 1-D search over the slowdown.
 """
 from __future__ import annotations
 
@@ -48,6 +53,7 @@ class Terms:
     model_flops_per_step: float     # whole job, no recomputation (MFU numerator)
     hw_flops_per_device: float      # executed by the slowest device per step
     bubble_fraction: float
+    act_traffic_bytes: float        # activations written per step (memory-bound elementwise work)
     opt_device_bytes: float         # memory traffic of the optimizer step on the device
     opt_host_bytes: float           # ... on the host (offload)
     threads: int                    # CPU threads per rank (scales a CPU profile's peak)
@@ -87,8 +93,10 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
     traffic = states.updated_params_per_device * (2 * p_b + g_b + 2 * o_b)
     dev, host = (0.0, traffic) if strat.offload_optimizer else (traffic, 0.0)
     bubble = (layout.pp - 1) / layout.micro_batches if layout.pp > 1 else 0.0
+    traffic_acts = act_mod.activation_traffic_bytes(model, layout, prec, ckpt)
     return Terms(model, strat, layout, prec, opt, ckpt, states, acts, colls,
-                 flops_mod.model_flops(model, samples), hw_flops, bubble, dev, host, threads or 0)
+                 flops_mod.model_flops(model, samples), hw_flops, bubble, traffic_acts, dev, host,
+                 threads or 0)
 
 
 def _peak(hw: Hardware, terms: Terms) -> float:
@@ -99,7 +107,7 @@ def _peak(hw: Hardware, terms: Terms) -> float:
 def _link_params(hw: Hardware, c: Collective) -> tuple[float, float]:
     if c.op == "host_copy":
         return float(hw.host["link_bandwidth_bytes_per_s"]), 0.0
-    link = hw.link(c.crosses_nodes)
+    link = hw.link(c.crosses_nodes, c.kind)
     return link.bandwidth_bytes_per_s, link.latency_s
 
 
@@ -107,23 +115,32 @@ def _local_layers(terms: Terms) -> int:
     return math.ceil(terms.model.n_layers / terms.layout.pp)
 
 
+def busy_per_node(terms: Terms) -> int:
+    """Devices of a node working at once (all of them: every rank computes)."""
+    return min(terms.layout.world, terms.layout.devices_per_node)
+
+
 def compute_key(terms: Terms, hw: Hardware) -> str:
     """'fp32@2': the compute dtype at this many threads per device (CPU ranks)."""
     return f"{compute_dtype(terms.precision)}@{terms.threads or hw.threads_per_device}"
 
 
-def linear_features(terms: Terms, hw: Hardware, split_compute: bool = False) -> dict[str, float]:
+def linear_features(terms: Terms, hw: Hardware, split: bool = False) -> dict[str, float]:
     """x such that step time = sum(theta[k] * x[k]) with theta from `theta_of(hw)`.
 
-    The compute term is keyed "compute:<dtype>@<threads>" when the profile has an efficiency for
-    it (or split_compute, for fitting one), else "compute". Overlap is taken as a constant fraction
-    here (exact when comm_overlap = 0, as on CPU gloo)."""
+    The compute term is keyed "compute:<dtype>@<threads>" and an intra-node collective's terms
+    "intra_bw:<op>" / "intra_lat:<op>" when the profile has figures for them (or `split`, for
+    fitting them), else "compute" / "intra_bw" / "intra_lat". Overlap is taken as a constant
+    fraction here (exact when comm_overlap = 0, as on CPU gloo)."""
     key = compute_key(terms, hw)
-    ck = f"compute:{key}" if (split_compute or key in hw.compute_efficiency_by) else "compute"
+    ck = f"compute:{key}" if (split or key in hw.compute_efficiency_by) else "compute"
     m = terms.layout.micro_batches
-    x = {"overhead": 1.0, f"strategy:{terms.strategy.name}": 1.0, "micro_overhead": float(m),
+    name = terms.strategy.name
+    x = {"overhead": 1.0, f"strategy:{name}": 1.0, "micro_overhead": float(m),
          "layer_overhead": float(m * _local_layers(terms)),
+         f"strategy_layer:{name}": float(m * _local_layers(terms)),
          ck: terms.hw_flops_per_device * (1 + terms.bubble_fraction) / _peak(hw, terms),
+         "act_memory": terms.act_traffic_bytes * (1 + terms.bubble_fraction),
          "memory": terms.opt_device_bytes, "host_memory": terms.opt_host_bytes,
          "intra_bw": 0.0, "intra_lat": 0.0, "inter_bw": 0.0, "inter_lat": 0.0, "host_link": 0.0}
     for c in terms.colls:
@@ -131,22 +148,35 @@ def linear_features(terms: Terms, hw: Hardware, split_compute: bool = False) -> 
         if c.op == "host_copy":
             x["host_link"] += keep * c.bytes_per_step
             continue
-        side = "inter" if c.crosses_nodes else "intra"
-        x[f"{side}_bw"] += keep * c.bytes_per_step
-        x[f"{side}_lat"] += keep * c.latency_hops_per_step
-    return x
+        if c.crosses_nodes:
+            bw, lat = "inter_bw", "inter_lat"
+        elif split or hw.collective_key(c.kind):
+            key = c.kind if split else hw.collective_key(c.kind)
+            bw, lat = f"intra_bw:{key}", f"intra_lat:{key}"
+        else:
+            bw, lat = "intra_bw", "intra_lat"
+        x[bw] = x.get(bw, 0.0) + keep * c.bytes_per_step
+        x[lat] = x.get(lat, 0.0) + keep * c.latency_hops_per_step
+    f = hw.slowdown(busy_per_node(terms))
+    return {k: v * f for k, v in x.items()}
 
 
 def theta_of(hw: Hardware) -> dict[str, float]:
     th = {"overhead": hw.step_overhead_s, "micro_overhead": hw.micro_batch_overhead_s,
           "layer_overhead": hw.layer_overhead_s, "compute": 1 / hw.compute_efficiency,
-          "memory": 1 / hw.memory_bandwidth_bytes_per_s,
+          "memory": 1 / hw.memory_bandwidth_bytes_per_s, "act_memory": 1 / hw.activation_bandwidth,
           "host_memory": 1 / float(hw.host["memory_bandwidth_bytes_per_s"]),
           "intra_bw": 1 / hw.intra_node.bandwidth_bytes_per_s, "intra_lat": hw.intra_node.latency_s,
           "inter_bw": 1 / hw.inter_node.bandwidth_bytes_per_s, "inter_lat": hw.inter_node.latency_s,
           "host_link": 1 / float(hw.host["link_bandwidth_bytes_per_s"])}
     for name, s in hw.strategy_overhead_s.items():
         th[f"strategy:{name}"] = s
+    for name, s in hw.strategy_layer_overhead_s.items():
+        th[f"strategy_layer:{name}"] = s
+    for op in hw.collectives:
+        link = hw.link(False, op)
+        th[f"intra_bw:{op}"] = 1 / link.bandwidth_bytes_per_s
+        th[f"intra_lat:{op}"] = link.latency_s
     for key, eff in hw.compute_efficiency_by.items():
         th[f"compute:{key}"] = 1 / eff
     return th
@@ -155,6 +185,7 @@ def theta_of(hw: Hardware) -> dict[str, float]:
 def step_time(terms: Terms, hw: Hardware) -> dict[str, float]:
     eff = hw.efficiency(compute_dtype(terms.precision), terms.threads)
     compute = terms.hw_flops_per_device / (_peak(hw, terms) * eff)
+    compute += terms.act_traffic_bytes / hw.activation_bandwidth     # memory-bound elementwise ops
     bubble = terms.bubble_fraction * compute
     optim = (terms.opt_device_bytes / hw.memory_bandwidth_bytes_per_s
              + terms.opt_host_bytes / float(hw.host["memory_bandwidth_bytes_per_s"]))
@@ -167,11 +198,17 @@ def step_time(terms: Terms, hw: Hardware) -> dict[str, float]:
     window = compute * (2 / 3 if terms.strategy.family == "torch" else 1.0)
     hidden = min(hw.comm_overlap * overlappable, window)
     m = terms.layout.micro_batches
-    overhead = (hw.step_overhead_s + hw.strategy_overhead_s.get(terms.strategy.name, 0.0)
-                + m * (hw.micro_batch_overhead_s + _local_layers(terms) * hw.layer_overhead_s))
-    step = overhead + compute + bubble + optim + total - hidden
-    return {"step_s": step, "compute_s": compute, "comm_exposed_s": total - hidden,
-            "comm_total_s": total, "bubble_s": bubble, "optimizer_s": optim, "overhead_s": overhead}
+    name = terms.strategy.name
+    per_layer = hw.layer_overhead_s + hw.strategy_layer_overhead_s.get(name, 0.0)
+    overhead = (hw.step_overhead_s + hw.strategy_overhead_s.get(name, 0.0)
+                + m * (hw.micro_batch_overhead_s + _local_layers(terms) * per_layer))
+    parts = {"compute_s": compute, "comm_exposed_s": total - hidden, "comm_total_s": total,
+             "bubble_s": bubble, "optimizer_s": optim, "overhead_s": overhead}
+    # Devices sharing a node's caches/memory bandwidth (CPU ranks) slow each other down.
+    f = hw.slowdown(busy_per_node(terms))
+    parts = {k: v * f for k, v in parts.items()}
+    step = sum(v for k, v in parts.items() if k != "comm_total_s")
+    return {"step_s": step, **parts}
 
 
 def plan(model: ModelSpec, strategy: str, hardware: Hardware | str, *, devices: int = 1,
