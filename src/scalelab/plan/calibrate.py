@@ -128,6 +128,18 @@ def measured(run: dict) -> dict:
             "peak_rss_bytes": max(rss) if rss else None}
 
 
+def speed_factor(run: dict, terms: Terms, hw: Hardware) -> float:
+    """How fast the host ran during this run relative to the profile's reference: the run's own
+    matmul probe (run.json `host_speed`, measured by every rank at the start and end of training)
+    over the profile's fp32 peak for its threads. Step times are predicted at the reference speed
+    and divided by this. 1 for runs without a probe (GPU runs; records from before the probe)."""
+    flops = (run.get("host_speed") or {}).get("flops")
+    if not flops:
+        return 1.0
+    threads = terms.threads or hw.threads_per_device
+    return float(flops) / (hw.peak("fp32") * threads / hw.threads_per_device)
+
+
 def usable_runs(sweep_dir) -> tuple[list[tuple[Path, dict, Terms]], list[tuple[Path, str]]]:
     ok, skipped = [], []
     for path, run in find_runs(sweep_dir):
@@ -289,7 +301,8 @@ def calibrate(sweep_dir, base: Hardware, out_path=None) -> tuple[Hardware, dict]
     if not runs:
         raise PlanError(f"no completed run with a step time under {', '.join(map(str, _dirs(sweep_dir)))} "
                         f"({len(skipped)} skipped)")
-    times = [measured(run)["step_s"] for _, run, _ in runs]
+    # Fit the step times the runs would have taken at the profile's reference host speed.
+    times = [measured(run)["step_s"] * speed_factor(run, t, base) for _, run, t in runs]
     # Devices sharing a node slow each other (busy_slowdown): a factor on the whole step, so it
     # is found by a 1-D search around the least-squares fit, and only when the sweep also has
     # runs of a device alone (otherwise the rates absorb it).
@@ -307,7 +320,7 @@ def calibrate(sweep_dir, base: Hardware, out_path=None) -> tuple[Hardware, dict]
     hw = apply_theta(base, theta, name)
     report = []
     for i, ((path, run, terms), t) in enumerate(zip(runs, times)):
-        pred = step_time(terms, hw)["step_s"]
+        pred = step_time(terms, hw)["step_s"]     # both at reference speed: same ratio as measured
         # Leave-one-out: refit without this run, then predict it. In-sample ratios flatter the
         # model; these say how it does on a run it has not seen.
         loo = None
@@ -354,7 +367,8 @@ def validate(sweep_dir, hw: Hardware) -> dict:
     rows = []
     for path, run, terms in runs:
         meas = measured(run)
-        t = step_time(terms, hw)
+        speed = speed_factor(run, terms, hw)
+        t = {k: v / speed for k, v in step_time(terms, hw).items()}   # at the run's host speed
         st = terms.states
         pred_states = st.total_bytes + st.offloaded_bytes   # on CPU, host and device are one RAM
         pred_rss = pred_states + terms.activations_bytes + st.buffers_bytes + hw.runtime_memory_bytes
@@ -363,7 +377,7 @@ def validate(sweep_dir, hw: Hardware) -> dict:
             "world_size": terms.layout.world, "precision": terms.precision,
             "model": (run.get("model") or {}).get("name"),
             "predicted_step_s": t["step_s"], "measured_step_s": meas["step_s"],
-            "step_ratio": t["step_s"] / meas["step_s"],
+            "step_ratio": t["step_s"] / meas["step_s"], "host_speed_factor": speed,
             "predicted_model_states_bytes": pred_states,
             "measured_model_states_bytes": meas["model_states_bytes"],
             "model_states_ratio": (pred_states / meas["model_states_bytes"]

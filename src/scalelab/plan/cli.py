@@ -178,10 +178,10 @@ def _validate(a) -> int:
     else:
         print(f"predicted ({hw.name}) vs measured, {len(rep['runs'])} runs")
         _print_table(
-            ["run", "strategy", "N", "prec", "step pred s", "step meas s", "ratio",
+            ["run", "strategy", "N", "prec", "host speed", "step pred s", "step meas s", "ratio",
              "states pred", "states meas", "ratio", "RSS pred/meas"],
             [[_short(r["run"]), r["strategy"], r["world_size"], r["precision"],
-              f"{r['predicted_step_s']:.4f}", f"{r['measured_step_s']:.4f}", f"{r['step_ratio']:.3f}",
+              f"{r['host_speed_factor']:.2f}", f"{r['predicted_step_s']:.4f}", f"{r['measured_step_s']:.4f}", f"{r['step_ratio']:.3f}",
               fmt_bytes(r["predicted_model_states_bytes"]), fmt_bytes(r["measured_model_states_bytes"]),
               _opt(r["model_states_ratio"]), _opt(r["rss_ratio"])] for r in rep["runs"]])
         for s in rep["skipped"]:

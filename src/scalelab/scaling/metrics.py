@@ -20,6 +20,24 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def host_speed(seconds: float = 0.1, n: int = 256) -> float:
+    """FLOP/s this process gets from repeated fp32 n x n matmuls for `seconds` (mean, not best:
+    it includes what the host takes away, as training would feel it).
+
+    Measured by every rank at the start and the end of training, at the same moment (so with
+    its neighbours busy): a shared or virtualised host's speed drifts by tens of % over minutes,
+    and this is what lets the planner compare runs made at different times."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    calls, t0 = 0, time.perf_counter()
+    while True:
+        torch.mm(a, b)
+        calls += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            return 2 * n ** 3 * calls / elapsed
+
+
 class StepMetrics(L.Callback):
     def __init__(self, accumulate: int, plan: Any):
         self.accumulate, self.plan = accumulate, plan
@@ -30,10 +48,17 @@ class StepMetrics(L.Callback):
         self._t_last = 0.0
         self.grad_bytes = 0
         self.state: dict[str, int] = {}
+        self.host_flops: list[float] = []    # host_speed() at the start and end of training
 
     def on_train_start(self, trainer, pl_module) -> None:
+        if pl_module.device.type == "cpu":
+            self.host_flops.append(host_speed())
         _sync(pl_module.device)
         self._t_last = time.perf_counter()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if pl_module.device.type == "cpu":
+            self.host_flops.append(host_speed())
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if not self.grad_bytes:  # gradients exist only between backward and the optimizer step
@@ -59,7 +84,7 @@ class StepMetrics(L.Callback):
         out = {"step_times": self.step_times, "losses": self.losses, "global_steps": self.global_steps,
                "peak_rss_bytes": peak_rss,
                "params": self.state.get("params", 0), "grads": self.grad_bytes,
-               "optimizer": self.state.get("optimizer", 0)}
+               "optimizer": self.state.get("optimizer", 0), "host_flops": self.host_flops}
         if device.type == "cuda":
             out["peak_device_bytes"] = torch.cuda.max_memory_allocated(device)
         return out
@@ -112,4 +137,10 @@ def summarize(per_rank: list[dict], global_batch: int, tokens_per_sample: int | 
         },
         "loss": {"first": curve[0][1] if curve else None, "final": curve[-1][1] if curve else None,
                  "curve": curve},
+        **({"host_speed": {
+            "matmul_flops_per_rank": [statistics.fmean(r["host_flops"]) for r in per_rank],
+            "flops": statistics.fmean(f for r in per_rank for f in r["host_flops"]),
+            "method": "mean FLOP/s of fp32 256x256 torch.mm over 0.1 s, every rank at the start and "
+                      "the end of training (scaling.metrics.host_speed)"}}
+           if per_rank[0].get("host_flops") else {}),
     }
