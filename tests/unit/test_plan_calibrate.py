@@ -23,9 +23,9 @@ TRUE = Hardware(
     memory_bandwidth_bytes_per_s=6e9, intra_node=Link(1.2e9, 8e-5), inter_node=Link(1e8, 1e-4),
     devices_per_node=2, threads_per_device=1, compute_efficiency=0.55, comm_overlap=0.0,
     compute_efficiency_by={"fp32@2": 0.42},       # 2 threads per rank do not give twice 1
-    step_overhead_s=0.004, strategy_overhead_s={"zero3": 0.012, "fsdp": 0.006},
+    step_overhead_s=0.004, strategy_overhead_s={},
     micro_batch_overhead_s=0.001, layer_overhead_s=0.0005,
-    strategy_layer_overhead_s={"tp": 0.003},      # DTensor dispatch per layer
+    strategy_layer_overhead_s={"tp": 0.003, "zero3": 0.004},   # DTensor dispatch, ZeRO-3 hooks
     activation_bandwidth_bytes_per_s=1.5e9, busy_slowdown={"2": 1.3},   # 2 busy ranks share caches
     collectives={"all_gather": {"bandwidth_bytes_per_s": 4e8, "latency_s": 2e-4}},  # no native op
     runtime_memory_bytes=3e8, host={"link_bandwidth_bytes_per_s": 6e9, "memory_bandwidth_bytes_per_s": 6e9},
@@ -36,6 +36,8 @@ PRIOR = replace(TRUE, name="prior_cpu", compute_efficiency=0.3, compute_efficien
                 strategy_layer_overhead_s={}, collectives={}, activation_bandwidth_bytes_per_s=0.0,
                 busy_slowdown={},
                 host={"link_bandwidth_bytes_per_s": 2e10, "memory_bandwidth_bytes_per_s": 2e10})
+
+SPEEDS, SPEEDS_USED = [1.0, 0.7, 1.2, 0.85, 1.05], []
 
 MODELS = {"gpt_nano": (2, 64, 4, 256, 64), "gpt_small": (4, 256, 4, 256, 128)}
 
@@ -58,7 +60,12 @@ def run_record(model, strategy, world, micro, threads=1, precision="32-true", ac
         "loss": {"first": 5.5, "final": 3.0, "curve": [[1, 5.5], [30, 3.0]]},
     }
     terms = terms_from_run(rec)
-    t = step_time(terms, TRUE)["step_s"]
+    # The host ran at `speed` x the profile's reference during this run (a drifting shared host):
+    # the run's matmul probe says so, and its steps took 1/speed as long.
+    speed = SPEEDS[len(SPEEDS_USED) % len(SPEEDS)]
+    SPEEDS_USED.append(speed)
+    rec["host_speed"] = {"flops": speed * TRUE.peak("fp32") * threads, "method": "test"}
+    t = step_time(terms, TRUE)["step_s"] / speed
     states = terms.states.total_bytes + terms.states.offloaded_bytes
     rec["step_time_s"] = {"median": t, "p90": t * 1.1, "mean": t * 1.02}
     rec["throughput"] = {"samples_per_s": rec["global_batch_size"] / t,
@@ -85,7 +92,8 @@ def write_sweep(root):
             dict(strategy="ddp", world=2, micro=8), dict(strategy="ddp", world=2, micro=4, accum=2),
             dict(strategy="ddp", world=2, micro=8, precision="bf16-mixed"),
             dict(strategy="zero1", world=2, micro=8), dict(strategy="zero2", world=2, micro=8),
-            dict(strategy="zero3", world=2, micro=8), dict(strategy="fsdp", world=2, micro=8),
+            dict(strategy="zero3", world=2, micro=8), dict(strategy="zero3", world=2, micro=16),
+            dict(strategy="fsdp", world=2, micro=8),
             dict(strategy="zero2_offload", world=2, micro=8),
             dict(strategy="tp", world=2, micro=8, tp=2), dict(strategy="tp", world=2, micro=16, tp=2),
             dict(strategy="pipeline", world=2, micro=2, pp=2),
@@ -115,27 +123,28 @@ def test_nnls_matches_known_solution():
 
 def test_calibrate_recovers_the_machine(sweep, tmp_path):
     hw, rep = calibrate(sweep, PRIOR, tmp_path / "fit.yaml")
-    assert len(rep["runs"]) == 30 and len(rep["skipped"]) == 2
+    assert len(rep["runs"]) == 32 and len(rep["skipped"]) == 2
     assert hw.compute_efficiency == pytest.approx(TRUE.compute_efficiency, rel=0.1)
     assert hw.compute_efficiency_by["fp32@1"] == pytest.approx(0.55, rel=0.1)
     assert hw.compute_efficiency_by["fp32@2"] == pytest.approx(0.42, rel=0.1)
     assert hw.step_overhead_s == pytest.approx(TRUE.step_overhead_s, rel=0.3)
-    assert hw.strategy_overhead_s["zero3"] == pytest.approx(0.012, rel=0.3)
+    assert hw.strategy_layer_overhead_s["zero3"] == pytest.approx(0.004, rel=0.3)
     assert hw.strategy_layer_overhead_s["tp"] == pytest.approx(0.003, rel=0.3)
     assert hw.activation_bandwidth == pytest.approx(1.5e9, rel=0.2)
     assert hw.slowdown(2) == pytest.approx(1.3, abs=0.05) and hw.slowdown(1) == 1.0
     assert set(hw.collectives) >= {"all_reduce", "all_gather", "reduce_scatter", "p2p"}
     # Runs the sweep does not hold (other batch sizes) are predicted too.
     for strategy, kw in [("fsdp", {}), ("zero3", {}), ("tp", {"tp": 2})]:
-        t = terms_from_run(run_record("gpt_small", strategy, 2, 12, **kw))
+        t = terms_from_run(run_record("gpt_small", strategy, 2, 12, **kw))   # at reference speed
         assert step_time(t, hw)["step_s"] == pytest.approx(step_time(t, TRUE)["step_s"], rel=0.08)
     # Communication is a few % of these steps, so bandwidth and latency are only loosely pinned
     # down one by one; the comm time they predict for the biggest all-reduce is what must hold.
     t = terms_from_run(run_record("gpt_small", "ddp", 2, 8))
     assert step_time(t, hw)["comm_total_s"] == pytest.approx(step_time(t, TRUE)["comm_total_s"], rel=0.5)
-    assert max(abs(r["ratio"] - 1) for r in rep["runs"]) < 0.06
+    # +-3% noise; one fitted rate per term shared by all strategies (no per-strategy step cost)
+    assert max(abs(r["ratio"] - 1) for r in rep["runs"]) < 0.08
     again = load_hardware(str(tmp_path / "fit.yaml"))     # reusable as --hardware PATH
-    assert again.name == "fit" and again.calibration["runs"] == 30
+    assert again.name == "fit" and again.calibration["runs"] == 32
     assert again.compute_efficiency == pytest.approx(hw.compute_efficiency)
 
 
@@ -146,6 +155,14 @@ def test_validate_within_15_percent_after_calibration(sweep, tmp_path):
     assert rep["max_model_states_error"] < 1e-6
     assert {r["strategy"] for r in rep["runs"]} >= {"ddp", "zero3", "tp", "pipeline", "zero2_offload"}
     assert validate(sweep, PRIOR)["max_step_error"] > 0.15      # uncalibrated prior is off
+    # Without the runs' host-speed probes the drift of the host (0.7x-1.2x) is unexplained.
+    blind = tmp_path / "blind"
+    for p in sweep.rglob("run.json"):
+        rec = json.loads(p.read_text())
+        rec.pop("host_speed", None)
+        (blind / p.parent.name).mkdir(parents=True)
+        (blind / p.parent.name / "run.json").write_text(json.dumps(rec))
+    assert validate(blind, hw)["max_step_error"] > 0.15
 
 
 def main(argv):

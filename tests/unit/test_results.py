@@ -59,3 +59,14 @@ def test_compare_missing_path_is_one_line():
     proc = subprocess.run([sys.executable, "-m", "scalelab.cli", "compare", "/no/such/sweep"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "/no/such/sweep" in proc.stderr
+
+
+def test_summarize_records_the_host_speed_probe():
+    from scalelab.scaling.metrics import host_speed, summarize
+    rank = {"step_times": [0.1] * 6, "losses": [1.0] * 6, "global_steps": list(range(1, 7)),
+            "peak_rss_bytes": 1, "params": 1, "grads": 1, "optimizer": 1}
+    rec = summarize([dict(rank, host_flops=[4e10, 6e10]), dict(rank, host_flops=[5e10, 5e10])], 8, 64, 2)
+    assert rec["host_speed"]["matmul_flops_per_rank"] == [5e10, 5e10]
+    assert rec["host_speed"]["flops"] == 5e10 and "torch.mm" in rec["host_speed"]["method"]
+    assert "host_speed" not in summarize([dict(rank, host_flops=[])], 8, 64, 2)   # GPU: no probe
+    assert 1e8 < host_speed(0.02) < 1e13          # a real measurement, in FLOP/s

@@ -92,11 +92,11 @@ def activation_traffic_bytes(model: ModelSpec, layout: Layout, precision: str,
         if checkpointing == "full":
             per_layer *= 2
         elif checkpointing == "selective":
-            per_layer += a_scores(s, b, model.heads, t, e)
+            per_layer += _score_bytes(s, b, model.heads, t, e)
         per_micro = per_layer * layers + (4 * s * b * h + 4 * s * b * model.vocab) / t
     return per_micro * layout.micro_batches
 
 
-def a_scores(s: int, b: int, a: int, t: int, e: int) -> float:
+def _score_bytes(s: int, b: int, a: int, t: int, e: int) -> float:
     """Attention scores' bytes (softmax and dropout outputs + mask) of one layer, micro-batch."""
     return a * s * s * b * (2 * e + 1) / t

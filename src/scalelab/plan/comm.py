@@ -173,7 +173,8 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
                                   model.vocab * model.hidden / layout.tp * g, 1, False, pp_x))
     if strategy.family == "deepspeed":
         # ZeRO's collectives are DeepSpeed's own code (partitioned reduces for stage 1/2,
-        # coalesced gathers for stage 3), so they get their own measured figures.
+        # coalesced gathers for stage 3): a profile may give them their own figures
+        # ("reduce_scatter@deepspeed"); --calibrate fits one per op (separate ones fitted noise).
         out = [replace(c, impl="deepspeed") if c.group == "dp" else c for c in out]
     return out
 

@@ -24,6 +24,9 @@ A profile describes one device and its links. Keys (all plain YAML, SI units):
                                       algorithm (gloo has no native reduce-scatter), so nccl-tests
                                       reports a busbw per collective too
   host {link_bandwidth_bytes_per_s, memory_bandwidth_bytes_per_s}   PCIe and host RAM (offload)
+  bubble_scale                        pipeline idle time as a fraction of the textbook bubble
+                                      (p-1)/m x compute (1 by default; fitted on CPU, where a stage
+                                      waiting frees its core for the others)
   comm_overlap                        fraction of bucketed gradient/prefetch comm hidden behind compute
   step_overhead_s, strategy_overhead_s {name: s}   per-step framework cost (fitted by --calibrate)
   strategy_layer_overhead_s {name: s} a strategy's extra cost per layer x micro-batch (DTensor
@@ -66,6 +69,7 @@ class Hardware:
     compute_efficiency_by: dict = field(default_factory=dict)   # "fp32@2" -> dtype at N threads/device
     activation_bandwidth_bytes_per_s: float = 0.0  # 0: memory_bandwidth_bytes_per_s / 4
     busy_slowdown: dict = field(default_factory=dict)  # "N busy devices per node" -> factor
+    bubble_scale: float = 1.0       # pipeline idle time / the textbook (p-1)/m x compute (fitted)
     comm_overlap: float = 0.0
     step_overhead_s: float = 0.0
     micro_batch_overhead_s: float = 0.0      # per forward/backward of a micro-batch
@@ -151,6 +155,7 @@ def parse_hardware(d: dict, source: str = "") -> Hardware:
     kw = {k: v for k, v in d.items() if k in known}
     kw["peak_flops"] = {k: float(v) for k, v in d["peak_flops"].items()}
     for k in ("memory_bytes", "memory_bandwidth_bytes_per_s", "activation_bandwidth_bytes_per_s",
+              "bubble_scale",
               "compute_efficiency", "comm_overlap",
               "step_overhead_s", "micro_batch_overhead_s", "layer_overhead_s", "runtime_memory_bytes",
               "cost_per_device_hour", "power_watts"):

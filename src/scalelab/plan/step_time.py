@@ -10,8 +10,9 @@ Step time on one device (every term is per optimizer step):
   Williams et al. 2009), which is what makes narrow models slower than their FLOPs say
 - slowdown = busy_slowdown[devices of the node at work]: CPU ranks share caches and memory
   bandwidth (measured 1.2-1.4x for 2 ranks on this 2-core VM); 1 on GPUs
-- bubble = (p - 1) / m x compute for a pipeline of p stages and m micro-batches (GPipe, Huang et al.
-  2019; 1F1B has the same bubble, Narayanan et al. 2021 Sec. 2.2)
+- bubble = (p - 1) / m x compute x bubble_scale for a pipeline of p stages and m micro-batches
+  (GPipe, Huang et al. 2019; 1F1B has the same bubble, Narayanan et al. 2021 Sec. 2.2); bubble_scale
+  is 1 in the textbook, fitted on CPU
 - optimizer = bytes the update streams (read + write params, grads, states) / memory bandwidth; it is
   memory-bound. An offloaded optimizer streams host memory instead.
 - communication = sum of the collectives' ring cost (comm.py); the overlappable part (bucketed DP
@@ -139,8 +140,10 @@ def linear_features(terms: Terms, hw: Hardware, split: bool = False) -> dict[str
     x = {"overhead": 1.0, f"strategy:{name}": 1.0, "micro_overhead": float(m),
          "layer_overhead": float(m * _local_layers(terms)),
          f"strategy_layer:{name}": float(m * _local_layers(terms)),
-         ck: terms.hw_flops_per_device * (1 + terms.bubble_fraction) / _peak(hw, terms),
-         "act_memory": terms.act_traffic_bytes * (1 + terms.bubble_fraction),
+         ck: terms.hw_flops_per_device / _peak(hw, terms), "act_memory": terms.act_traffic_bytes,
+         # linear in bubble_scale given the profile's compute rates (calibrate refits once with
+         # the fitted rates so the two agree)
+         "bubble": terms.bubble_fraction * _compute_s(terms, hw),
          "memory": terms.opt_device_bytes, "host_memory": terms.opt_host_bytes,
          "intra_bw": 0.0, "intra_lat": 0.0, "inter_bw": 0.0, "inter_lat": 0.0, "host_link": 0.0}
     for c in terms.colls:
@@ -151,7 +154,7 @@ def linear_features(terms: Terms, hw: Hardware, split: bool = False) -> dict[str
         if c.crosses_nodes:
             bw, lat = "inter_bw", "inter_lat"
         elif split or hw.collective_key(c.kind):
-            key = c.kind if split else hw.collective_key(c.kind)
+            key = c.op if split else hw.collective_key(c.kind)
             bw, lat = f"intra_bw:{key}", f"intra_lat:{key}"
         else:
             bw, lat = "intra_bw", "intra_lat"
@@ -165,6 +168,7 @@ def theta_of(hw: Hardware) -> dict[str, float]:
     th = {"overhead": hw.step_overhead_s, "micro_overhead": hw.micro_batch_overhead_s,
           "layer_overhead": hw.layer_overhead_s, "compute": 1 / hw.compute_efficiency,
           "memory": 1 / hw.memory_bandwidth_bytes_per_s, "act_memory": 1 / hw.activation_bandwidth,
+          "bubble": hw.bubble_scale,
           "host_memory": 1 / float(hw.host["memory_bandwidth_bytes_per_s"]),
           "intra_bw": 1 / hw.intra_node.bandwidth_bytes_per_s, "intra_lat": hw.intra_node.latency_s,
           "inter_bw": 1 / hw.inter_node.bandwidth_bytes_per_s, "inter_lat": hw.inter_node.latency_s,
@@ -182,11 +186,15 @@ def theta_of(hw: Hardware) -> dict[str, float]:
     return th
 
 
-def step_time(terms: Terms, hw: Hardware) -> dict[str, float]:
+def _compute_s(terms: Terms, hw: Hardware) -> float:
     eff = hw.efficiency(compute_dtype(terms.precision), terms.threads)
-    compute = terms.hw_flops_per_device / (_peak(hw, terms) * eff)
-    compute += terms.act_traffic_bytes / hw.activation_bandwidth     # memory-bound elementwise ops
-    bubble = terms.bubble_fraction * compute
+    return (terms.hw_flops_per_device / (_peak(hw, terms) * eff)
+            + terms.act_traffic_bytes / hw.activation_bandwidth)     # memory-bound elementwise ops
+
+
+def step_time(terms: Terms, hw: Hardware) -> dict[str, float]:
+    compute = _compute_s(terms, hw)
+    bubble = terms.bubble_fraction * compute * hw.bubble_scale
     optim = (terms.opt_device_bytes / hw.memory_bandwidth_bytes_per_s
              + terms.opt_host_bytes / float(hw.host["memory_bandwidth_bytes_per_s"]))
     total = overlappable = 0.0
