@@ -164,9 +164,11 @@ def parse_hardware(d: dict, source: str = "") -> Hardware:
     kw["strategy_overhead_s"] = {k: float(v) for k, v in (d.get("strategy_overhead_s") or {}).items()}
     kw["strategy_layer_overhead_s"] = {k: float(v) for k, v in
                                        (d.get("strategy_layer_overhead_s") or {}).items()}
-    kw["collectives"] = {str(op): {"bandwidth_bytes_per_s": float(_link(v, f"collectives.{op}", source).bandwidth_bytes_per_s),
-                                   "latency_s": float(v.get("latency_s", 0.0))}
-                         for op, v in (d.get("collectives") or {}).items()}
+    kw["collectives"] = {}
+    for op, v in (d.get("collectives") or {}).items():
+        link = _link(v, f"collectives.{op}", source)
+        kw["collectives"][str(op)] = {"bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
+                                      "latency_s": link.latency_s}
     kw["compute_efficiency_by"] = {str(k): float(v) for k, v in (d.get("compute_efficiency_by") or {}).items()}
     kw["busy_slowdown"] = {str(k): float(v) for k, v in (d.get("busy_slowdown") or {}).items()}
     return Hardware(intra_node=intra, inter_node=inter, source=source, **kw)
