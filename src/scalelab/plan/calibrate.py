@@ -291,13 +291,12 @@ def _rows(runs, hw: Hardware) -> tuple[list[dict[str, float]], dict[str, float]]
     return rows, prior
 
 
-def _fit_runs(runs, times, hw: Hardware):
-    """(theta, prior, sum of squared relative errors) of the least-squares fit under `hw`."""
+def _fit_error(runs, times, hw: Hardware) -> float:
+    """Sum of squared relative errors of the least-squares fit under `hw`."""
     rows, prior = _rows(runs, hw)
     theta = fit(rows, times, prior)
-    err = sum((sum(theta.get(k, 0.0) * v for k, v in x.items()) / t - 1) ** 2
-              for x, t in zip(rows, times))
-    return theta, prior, err
+    return sum((sum(theta.get(k, 0.0) * v for k, v in x.items()) / t - 1) ** 2
+               for x, t in zip(rows, times))
 
 
 def calibrate(sweep_dir, base: Hardware, out_path=None) -> tuple[Hardware, dict]:
@@ -315,8 +314,8 @@ def calibrate(sweep_dir, base: Hardware, out_path=None) -> tuple[Hardware, dict]
     slowdown = dict(base.busy_slowdown)
     if 1 in busy:
         for n in sorted(busy - {1}):
-            best = min(SLOWDOWN_GRID, key=lambda f: _fit_runs(
-                runs, times, replace(base, busy_slowdown={**slowdown, str(n): float(f)}))[2])
+            best = min(SLOWDOWN_GRID, key=lambda f: _fit_error(
+                runs, times, replace(base, busy_slowdown={**slowdown, str(n): float(f)})))
             slowdown[str(n)] = round(float(best), 3)
     base = replace(base, busy_slowdown=slowdown)
     rows, prior = _rows(runs, base)

@@ -25,8 +25,8 @@ A profile describes one device and its links. Keys (all plain YAML, SI units):
                                       reports a busbw per collective too
   host {link_bandwidth_bytes_per_s, memory_bandwidth_bytes_per_s}   PCIe and host RAM (offload)
   bubble_scale                        pipeline idle time as a fraction of the textbook bubble
-                                      (p-1)/m x compute (1 by default; fitted on CPU, where a stage
-                                      waiting frees its core for the others)
+                                      (p-1)/m x compute (1 by default; fitted on CPU: 0 on this
+                                      VM, where per-micro-batch costs explain the idle time)
   comm_overlap                        fraction of bucketed gradient/prefetch comm hidden behind compute
   step_overhead_s, strategy_overhead_s {name: s}   per-step framework cost (fitted by --calibrate)
   strategy_layer_overhead_s {name: s} a strategy's extra cost per layer x micro-batch (DTensor

@@ -9,7 +9,8 @@ Step time on one device (every term is per optimizer step):
   + activation bytes written / activation bandwidth: elementwise ops are memory-bound (roofline,
   Williams et al. 2009), which is what makes narrow models slower than their FLOPs say
 - slowdown = busy_slowdown[devices of the node at work]: CPU ranks share caches and memory
-  bandwidth (measured 1.2-1.4x for 2 ranks on this 2-core VM); 1 on GPUs
+  bandwidth (fitted 1.10 for 2 ranks on this 2-core VM once each run's host-speed probe is
+  applied, the probe itself running with both ranks busy); 1 on GPUs
 - bubble = (p - 1) / m x compute x bubble_scale for a pipeline of p stages and m micro-batches
   (GPipe, Huang et al. 2019; 1F1B has the same bubble, Narayanan et al. 2021 Sec. 2.2); bubble_scale
   is 1 in the textbook, fitted on CPU
