@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 
+from .flops import slowest_stage
 from .spec import Layout, ModelSpec
 
 
@@ -88,12 +89,12 @@ def activation_traffic_bytes(model: ModelSpec, layout: Layout, precision: str,
         sp = layout.sequence_parallel and t > 1
         per_layer = layer_activation_bytes(s, b, h, model.heads, t, e=e, ffn=model.ffn,
                                            sequence_parallel=sp)
-        layers = math.ceil(model.n_layers / layout.pp)
+        layers, has_head = slowest_stage(model, layout.pp)     # the stage that paces a pipeline
         if checkpointing == "full":
             per_layer *= 2
         elif checkpointing == "selective":
             per_layer += _score_bytes(s, b, model.heads, t, e)
-        per_micro = per_layer * layers + (4 * s * b * h + 4 * s * b * model.vocab) / t
+        per_micro = per_layer * layers + (4 * s * b * h + 4 * s * b * model.vocab) / t * has_head
     return per_micro * layout.micro_batches
 
 

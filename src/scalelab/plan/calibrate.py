@@ -41,6 +41,7 @@ BASE_STRATEGIES = ("single",)
 PRIOR_WEIGHT = 1e-4          # pull of a rate towards its prior, relative to one run's squared error
 FIT_STRATEGY_STEP_OVERHEAD = False
 SLOWDOWN_GRID = np.arange(1.0, 2.5001, 0.025)   # busy_slowdown candidates
+SPEED_WINDOW = 5             # host speed = median probe of the jobs within 5 of a run (smooth_host_speeds)
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,18 +132,44 @@ def measured(run: dict) -> dict:
 
 
 def speed_factor(run: dict, terms: Terms, hw: Hardware) -> float:
-    """How fast the host ran during this run relative to the profile's reference: the run's own
-    matmul probe (run.json `host_speed`, measured by every rank at the start and end of training)
-    over the profile's fp32 peak for its threads. Step times are predicted at the reference speed
-    and divided by this. 1 for runs without a probe (GPU runs; records from before the probe)."""
-    flops = (run.get("host_speed") or {}).get("flops")
+    """How fast the host ran during this run relative to the profile's reference: the matmul
+    probe (run.json `host_speed`, measured by every rank at the start and end of training), as
+    smoothed by `smooth_host_speeds`, over the profile's fp32 peak for its threads. Step times
+    are predicted at the reference speed and divided by this. 1 for runs without a probe (GPU
+    runs; records from before the probe)."""
+    flops = run.get("_host_flops_smoothed") or (run.get("host_speed") or {}).get("flops")
     if not flops:
         return 1.0
     threads = terms.threads or hw.threads_per_device
     return float(flops) / (hw.peak("fp32") * threads / hw.threads_per_device)
 
 
-def usable_runs(sweep_dir) -> tuple[list[tuple[Path, dict, Terms]], list[tuple[Path, str]]]:
+def smooth_host_speeds(runs: list[tuple[Path, dict, Terms]], window: int = SPEED_WINDOW) -> None:
+    """Give each run the median probe of the runs of its sweep within `window` jobs of it (job
+    numbers are launch order), in run["_host_flops_smoothed"]; window 0 keeps each run's own.
+
+    Why: one probe is 0.2 s of matmuls per rank, a run's step time a median over ~20 steps; on
+    this VM the probe is the noisier of the two (measured in outputs/plan_validation: ddp gpt_mini
+    took 0.115 / 0.130 / 0.121 s in three seeds while their probes read 0.75 / 0.99 / 0.72 of
+    reference). The host's drift it is there to catch is slow (tens of % over an hour), so the
+    median over neighbouring jobs keeps the drift and drops the probe's own noise."""
+    if window <= 0:
+        return
+    by_sweep: dict[str, list[tuple[int, dict]]] = {}
+    for path, run, _ in runs:
+        job = run.get("job") or {}
+        flops = (run.get("host_speed") or {}).get("flops")
+        if flops and job.get("num") is not None:
+            key = str(job.get("sweep_dir") or path.parent.parent)
+            by_sweep.setdefault(key, []).append((int(job["num"]), run))
+    for members in by_sweep.values():
+        for num, run in members:
+            near = [r["host_speed"]["flops"] for n, r in members if abs(n - num) <= window]
+            run["_host_flops_smoothed"] = float(np.median(near))
+
+
+def usable_runs(sweep_dir, speed_window: int = SPEED_WINDOW
+                ) -> tuple[list[tuple[Path, dict, Terms]], list[tuple[Path, str]]]:
     ok, skipped = [], []
     for path, run in find_runs(sweep_dir):
         if run.get("status") != "completed":
@@ -155,6 +182,7 @@ def usable_runs(sweep_dir) -> tuple[list[tuple[Path, dict, Terms]], list[tuple[P
             ok.append((path, run, terms_from_run(run)))
         except (PlanError, KeyError, TypeError, ValueError) as exc:
             skipped.append((path, str(exc)))
+    smooth_host_speeds(ok, speed_window)
     return ok, skipped
 
 
@@ -299,9 +327,10 @@ def _fit_error(runs, times, hw: Hardware) -> float:
                for x, t in zip(rows, times))
 
 
-def calibrate(sweep_dir, base: Hardware, out_path=None) -> tuple[Hardware, dict]:
+def calibrate(sweep_dir, base: Hardware, out_path=None,
+              speed_window: int = SPEED_WINDOW) -> tuple[Hardware, dict]:
     """Fit `base` to the runs under `sweep_dir`; write the profile to out_path (if given)."""
-    runs, skipped = usable_runs(sweep_dir)
+    runs, skipped = usable_runs(sweep_dir, speed_window)
     if not runs:
         raise PlanError(f"no completed run with a step time under {', '.join(map(str, _dirs(sweep_dir)))} "
                         f"({len(skipped)} skipped)")

@@ -136,11 +136,17 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
             out.append(Collective("dp_grad_all_reduce", "all_reduce", "dp", n, psi * g / calls,
                                   calls, True, dp_x))
         elif strategy.shard_params:                   # fsdp, fsdp_grad_op, fsdp_tp, zero3(_offload)
-            out.append(Collective("param_all_gather_fwd", "all_gather", "dp", n, psi * p / units,
-                                  units * m, True, dp_x))
-            if strategy.reshard_after_forward:
-                out.append(Collective("param_all_gather_bwd", "all_gather", "dp", n, psi * p / units,
-                                      units * m, True, dp_x))
+            # ZeRO-3 never gathers the tensors it keeps whole (persistence threshold; all of them
+            # on tiny models); their gradients are still reduce-scattered into the partition.
+            gathered = psi
+            if strategy.param_persistence_elements:
+                gathered -= model.small_params(strategy.param_persistence_elements) * psi / model.n_params
+            if gathered > 0:
+                out.append(Collective("param_all_gather_fwd", "all_gather", "dp", n,
+                                      gathered * p / units, units * m, True, dp_x))
+            if gathered > 0 and strategy.reshard_after_forward:
+                out.append(Collective("param_all_gather_bwd", "all_gather", "dp", n,
+                                      gathered * p / units, units * m, True, dp_x))
             out.append(Collective("grad_reduce_scatter", "reduce_scatter", "dp", n, psi * g / units,
                                   units * m, True, dp_x))
         else:                                          # zero1, zero2(_offload)

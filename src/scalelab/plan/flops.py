@@ -54,3 +54,24 @@ def hardware_flops(model: ModelSpec, samples: float, checkpointing: str = "none"
     if checkpointing == "full":
         return f + model.n_layers * layer_forward_flops(model, tokens)   # one more forward of the blocks
     return f + model.n_layers * 4 * tokens * model.seq_len * model.hidden  # selective: attention core
+
+
+def stage_layers(n_layers: int, pp: int) -> list[int]:
+    """Layers per pipeline stage, contiguous and balanced: the first n_layers % pp stages get one
+    more (scalelab.strategies.pipeline.split_layers; torch.distributed.pipelining splits alike).
+    Stage 0 also holds the embeddings (cheap lookups), the last stage the LM head."""
+    base, extra = divmod(n_layers, pp)
+    return [base + (1 if s < extra else 0) for s in range(pp)]
+
+
+def slowest_stage(model: ModelSpec, pp: int) -> tuple[int, bool]:
+    """(layers, holds the LM head) of the stage with the most forward FLOPs, which paces a
+    pipeline. With 3 layers on 2 stages that is stage 0's two layers, not 2 layers + the head."""
+    if pp <= 1:
+        return model.n_layers, True
+    layer = layer_forward_flops(model, model.seq_len)
+    head = 2 * model.seq_len * model.hidden * model.vocab if model.kind == "gpt" else 0.0
+    loads = [(n * layer + (head if s == pp - 1 else 0.0), n, s == pp - 1)
+             for s, n in enumerate(stage_layers(model.n_layers, pp))]
+    _, n, last = max(loads)
+    return n, last

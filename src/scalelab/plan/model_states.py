@@ -14,8 +14,18 @@ How each strategy family stores the states (bytes per parameter: params, grads, 
   keeps fp32 shards and gathers 16-bit copies (Lightning's FSDPPrecision param_dtype).
 - deepspeed (zero*): mixed precision "as DeepSpeed does it" -> 2, 2, K with K = 12 (Adam) or 8
   (SGD: master + momentum). In fp32, ZeRO-1/2 still clone the fp32 partition for the optimizer
-  (stage_1_and_2.py, `single_partition_of_fp32_groups`), so K = 12 there too; ZeRO-3 reuses it
-  (stage3.py `_create_fp32_partitions`), K = 8.
+  (stage_1_and_2.py, `single_partition_of_fp32_groups`), so K = 12 there too, and so does ZeRO-3
+  (its reuse branch never fires in 0.19.8: see bytes_per_param).
+Where DeepSpeed 0.19.8 departs from the paper (each measured by StepMetrics on CPU runs, see
+strategies/deepspeed.py `state_bytes`, and checked in tests/unit/test_plan_model_states_ds.py):
+- ZeRO-1 with overlap_comm/contiguous_gradients (Lightning's defaults) reduces gradients in
+  backward hooks like ZeRO-2 and keeps only the partition when every micro-batch is an
+  accumulation boundary (no accumulation): grads Psi / N then, full grads otherwise.
+- ZeRO-3 keeps every parameter tensor below stage3_param_persistence_threshold (1e5 elements)
+  whole on every rank, besides its partition: LayerNorms and biases on big models, every tensor
+  on our tiny CPU models.
+- ZeRO-3 with an offloaded optimizer reduces gradients into a host partition buffer in the
+  gradient accumulation dtype (fp32) and steps on a second fp32 copy: 8 Psi / N on the host.
 """
 from __future__ import annotations
 
@@ -94,18 +104,27 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
     p_b, g_b, o_b = bytes_per_param(strategy, precision, optimizer)
     n = layout.dp
     params = psi * p_b / (n if strategy.shard_params else 1)
-    grads = psi * g_b / (n if strategy.shard_grads else 1)
+    # DeepSpeed ZeRO-1 keeps the gradient partition only without accumulation (module docstring)
+    ds_zero1_partitioned = strategy.zero_stage == 1 and layout.micro_batches == 1
+    grads = psi * g_b / (n if strategy.shard_grads or ds_zero1_partitioned else 1)
     opt = psi * o_b / (n if strategy.shard_optimizer else 1)
     updated = psi / (n if strategy.shard_optimizer else 1)
+    # ZeRO-3 persistence: small tensors stay whole on every rank on top of their partition.
+    persistent = 0.0
+    if strategy.shard_params and strategy.param_persistence_elements and n > 1:
+        persistent = model.small_params(strategy.param_persistence_elements) * psi / model.n_params * p_b
     offloaded = 0.0
     if strategy.offload_optimizer:
         # ZeRO-Offload (Ren et al. 2021): fp32 master + moments and the fp32 gradient partition
         # live on the host; the device keeps the 16-bit params (stage 2 estimate: 2 Psi).
         offloaded += opt + psi * 4 / n
+        if strategy.zero_stage == 3:      # + the host gradient partition buffer (fp32)
+            offloaded += psi * 4 / n
         opt, grads = 0.0, 0.0
     if strategy.offload_params:
         offloaded += params
         params = 0.0
+    params += persistent
 
     gathered_b = 2 if precision != "32" else 4        # dtype of gathered copies / comm
     largest = model.largest_layer_params / layout.tp

@@ -48,6 +48,9 @@ class Strategy:
     powersgd_rank: int = 0              # DDP PowerSGD hook (Vogels et al. 2019), 0 = off
     local_sgd_period: int = 0           # post-local SGD: params averaged every N steps, 0 = off
     default_tp: int = 0                 # tensor_parallel_size from the strategy config (0: auto)
+    # ZeRO-3 keeps parameter tensors of fewer elements than this whole on every rank
+    # (stage3_param_persistence_threshold; DeepSpeed's and Lightning's default 1e5)
+    param_persistence_elements: int = 0
     note: str = ""
 
 
@@ -59,11 +62,11 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
              note="SHARD_GRAD_OP: ZeRO-2-like, params stay gathered from forward to backward"),
     Strategy("zero1", "deepspeed", shard_optimizer=True, zero_stage=1),
     Strategy("zero2", "deepspeed", shard_grads=True, shard_optimizer=True, zero_stage=2),
-    Strategy("zero3", "deepspeed", True, True, True, zero_stage=3),
+    Strategy("zero3", "deepspeed", True, True, True, zero_stage=3, param_persistence_elements=100_000),
     Strategy("zero2_offload", "deepspeed", shard_grads=True, shard_optimizer=True, zero_stage=2,
              offload_optimizer=True),
     Strategy("zero3_offload", "deepspeed", True, True, True, zero_stage=3,
-             offload_optimizer=True, offload_params=True),
+             offload_optimizer=True, offload_params=True, param_persistence_elements=100_000),
     Strategy("tp", "torch", tensor_parallel=True, note="Megatron tensor parallel (+ DDP over dp)"),
     Strategy("fsdp_tp", "fsdp", True, True, True, tensor_parallel=True,
              note="2D: tensor parallel inside, FSDP over the data-parallel dimension"),
@@ -131,6 +134,10 @@ def _apply_options(st: Strategy, cfg: dict) -> Strategy:
     if st.family == "deepspeed" and cfg.get("stage") in (1, 2, 3):
         stage = int(cfg["stage"])
         kw.update(zero_stage=stage, shard_optimizer=True, shard_grads=stage >= 2, shard_params=stage == 3)
+        if stage == 3 and not st.param_persistence_elements:
+            kw["param_persistence_elements"] = 100_000
+    if st.family == "deepspeed" and cfg.get("stage3_param_persistence_threshold") is not None:
+        kw["param_persistence_elements"] = int(cfg["stage3_param_persistence_threshold"])
     if st.family == "deepspeed" and "offload_optimizer" in cfg:
         kw["offload_optimizer"] = cfg["offload_optimizer"] not in (None, "none", False)
     if st.family == "deepspeed" and "offload_params" in cfg:
@@ -235,6 +242,29 @@ class ModelSpec:
         if self.kind == "mlp":
             return max(0, self.n_params - self.n_layers * self.layer_params)
         return self.vocab * self.hidden + self.seq_len * self.hidden
+
+    def weight_matrices(self) -> list[tuple[int, int]]:
+        """(elements, count) of the model's weight matrices: q, k, v, out (h^2 each, unfused as in
+        scalelab's GPT and HF Llama; Megatron fuses qkv), the two MLP matrices, token and position
+        embeddings, and an untied output head when n_params has room for one. The rest of
+        n_params (LayerNorms, biases) are vectors. For ZeRO-3's persistence threshold."""
+        if self.kind == "mlp":
+            return [(self.hidden * self.hidden, self.n_layers)]
+        h, f, V, L = self.hidden, self.ffn, self.vocab, self.n_layers
+        mats = [(h * h, 4 * L), (h * f, 2 * L), (V * h, 1), (self.seq_len * h, 1)]
+        if self.n_params - sum(e * c for e, c in mats) >= V * h:
+            mats.append((V * h, 1))
+        return mats
+
+    def small_params(self, threshold: int) -> int:
+        """Parameters in tensors of fewer than `threshold` elements: vectors (LayerNorms, biases:
+        at most L (9h + f) + 2h, layer_params' count) and small matrices."""
+        mats = self.weight_matrices()
+        vectors = max(0, self.n_params - sum(e * c for e, c in mats))
+        if self.kind == "gpt":
+            vectors = min(vectors, self.n_layers * (9 * self.hidden + self.ffn) + 2 * self.hidden)
+        small = vectors if self.hidden < threshold else 0
+        return min(self.n_params, small + sum(e * c for e, c in mats if e < threshold))
 
     @property
     def largest_layer_params(self) -> int:

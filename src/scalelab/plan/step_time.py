@@ -62,14 +62,15 @@ class Terms:
 
 
 def _stage_share(model: ModelSpec, layout: Layout) -> float:
-    """Fraction of one replica's FLOPs done by the slowest pipeline stage (output layer on the last)."""
+    """Fraction of one replica's FLOPs done by the slowest pipeline stage (flops.slowest_stage)."""
     if layout.pp == 1 or model.kind != "gpt":
         return 1.0 / layout.pp
     tok = model.seq_len
     layer = flops_mod.layer_forward_flops(model, tok)
     head = 2 * tok * model.hidden * model.vocab
     total = model.n_layers * layer + head
-    return (math.ceil(model.n_layers / layout.pp) * layer + head) / total
+    layers, has_head = flops_mod.slowest_stage(model, layout.pp)
+    return (layers * layer + (head if has_head else 0.0)) / total
 
 
 def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1, nodes: int = 1,
@@ -114,7 +115,9 @@ def _link_params(hw: Hardware, c: Collective) -> tuple[float, float]:
 
 
 def _local_layers(terms: Terms) -> int:
-    return math.ceil(terms.model.n_layers / terms.layout.pp)
+    if terms.layout.pp == 1:
+        return terms.model.n_layers
+    return flops_mod.slowest_stage(terms.model, terms.layout.pp)[0]
 
 
 def busy_per_node(terms: Terms) -> int:

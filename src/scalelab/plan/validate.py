@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 
-from .calibrate import measured, speed_factor, usable_runs
+from .calibrate import SPEED_WINDOW, measured, speed_factor, usable_runs
 from .hardware import Hardware
 from .step_time import step_time
 
@@ -30,10 +30,10 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
-def validate(sweep_dir, hw: Hardware) -> dict:
+def validate(sweep_dir, hw: Hardware, speed_window: int = SPEED_WINDOW) -> dict:
     """Predicted vs measured step time and model-state memory for every completed run, and for
     every config (median over its repeats)."""
-    runs, skipped = usable_runs(sweep_dir)
+    runs, skipped = usable_runs(sweep_dir, speed_window)
     rows = []
     for path, run, terms in runs:
         meas = measured(run)
