@@ -210,3 +210,24 @@ def test_validate_judges_repeated_configs_by_their_median(tmp_path, capsys):
     assert main(["--validate", str(tmp_path / "s"), "--hardware", str(prof), "--tolerance", "0.15"]) == 0
     out = capsys.readouterr().out
     assert "median over its repeats" in out and "worst single run" in out
+
+
+def test_host_speed_is_the_median_probe_of_neighbouring_jobs(tmp_path):
+    """One run's probe reads 0.6x while the host ran at 1x (probe noise): the median over the
+    jobs within SPEED_WINDOW of it in launch order restores 1x; window 0 trusts the probe."""
+    from scalelab.plan.calibrate import smooth_host_speeds, speed_factor, usable_runs
+
+    for i in range(7):
+        rec = run_record("gpt_nano", "ddp", 2, 8)
+        rec["host_speed"]["flops"] = TRUE.peak("fp32") * (0.6 if i == 3 else 1.0)
+        rec["job"] = {"num": i, "sweep_dir": str(tmp_path / "s")}
+        (tmp_path / "s" / str(i)).mkdir(parents=True)
+        (tmp_path / "s" / str(i) / "run.json").write_text(json.dumps(rec))
+    runs, _ = usable_runs(tmp_path / "s", speed_window=5)
+    noisy = next(r for p, r, t in runs if p.parent.name == "3")
+    t = terms_from_run(noisy)
+    assert speed_factor(noisy, t, TRUE) == pytest.approx(1.0)
+    runs, _ = usable_runs(tmp_path / "s", speed_window=0)
+    noisy = next(r for p, r, t in runs if p.parent.name == "3")
+    assert speed_factor(noisy, t, TRUE) == pytest.approx(0.6)
+    smooth_host_speeds([(tmp_path, {"host_speed": {}}, t)], 5)      # no probe, no job: left alone
