@@ -13,7 +13,7 @@ import pytest
 
 from scalelab.plan import Hardware, Link, ModelSpec, calibrate, load_hardware, save_hardware, validate
 from scalelab.plan import cli
-from scalelab.plan.calibrate import nnls, terms_from_run
+from scalelab.plan.calibrate import nnls, speed_factor, terms_from_run
 from scalelab.plan.step_time import step_time
 
 import numpy as np
@@ -213,21 +213,34 @@ def test_validate_judges_repeated_configs_by_their_median(tmp_path, capsys):
 
 
 def test_host_speed_is_the_median_probe_of_neighbouring_jobs(tmp_path):
-    """One run's probe reads 0.6x while the host ran at 1x (probe noise): the median over the
-    jobs within SPEED_WINDOW of it in launch order restores 1x; window 0 trusts the probe."""
-    from scalelab.plan.calibrate import smooth_host_speeds, speed_factor, usable_runs
+    """The host slows from 1x to 0.5x over a 20-job sweep and job 10's probe misreads 0.3x: the
+    median over the jobs within SPEED_WINDOW of each run drops the misreading and keeps the drift
+    (a whole-sweep median would not); another sweep's jobs and plain runs are not mixed in;
+    window 0 trusts each probe."""
+    from scalelab.plan.calibrate import usable_runs
 
-    for i in range(7):
+    def write(sweep, num, speed, multirun=True):
         rec = run_record("gpt_nano", "ddp", 2, 8)
-        rec["host_speed"]["flops"] = TRUE.peak("fp32") * (0.6 if i == 3 else 1.0)
-        rec["job"] = {"num": i, "sweep_dir": str(tmp_path / "s")}
-        (tmp_path / "s" / str(i)).mkdir(parents=True)
-        (tmp_path / "s" / str(i) / "run.json").write_text(json.dumps(rec))
-    runs, _ = usable_runs(tmp_path / "s", speed_window=5)
-    noisy = next(r for p, r, t in runs if p.parent.name == "3")
-    t = terms_from_run(noisy)
-    assert speed_factor(noisy, t, TRUE) == pytest.approx(1.0)
-    runs, _ = usable_runs(tmp_path / "s", speed_window=0)
-    noisy = next(r for p, r, t in runs if p.parent.name == "3")
-    assert speed_factor(noisy, t, TRUE) == pytest.approx(0.6)
-    smooth_host_speeds([(tmp_path, {"host_speed": {}}, t)], 5)      # no probe, no job: left alone
+        rec["host_speed"]["flops"] = TRUE.peak("fp32") * speed
+        rec["job"] = {"num": num, "sweep_dir": str(tmp_path / sweep) if multirun else None}
+        d = tmp_path / sweep / str(num)
+        d.mkdir(parents=True)
+        (d / "run.json").write_text(json.dumps(rec))
+
+    true = [1 - 0.5 * i / 19 for i in range(20)]
+    for i in range(20):
+        write("a", i, 0.3 if i == 10 else true[i])
+    for i in range(3):
+        write("b", i, 2.0)                      # another sweep, at another time
+    write("plain", 0, 0.4, multirun=False)      # a single run: no sweep, its num means nothing
+
+    def speeds(window):
+        runs, _ = usable_runs([tmp_path / "a", tmp_path / "b", tmp_path / "plain"], speed_window=window)
+        return {f"{p.parent.parent.name}/{p.parent.name}": speed_factor(r, t, TRUE) for p, r, t in runs}
+
+    s = speeds(5)
+    assert s["a/10"] == pytest.approx(true[10], rel=0.05)      # the misreading is gone
+    assert s["a/0"] > 0.9 and s["a/19"] < 0.65                 # the drift is kept
+    assert s["b/0"] == s["b/2"] == pytest.approx(2.0)           # sweeps are not mixed
+    assert s["plain/0"] == pytest.approx(0.4)                   # its own probe
+    assert speeds(0)["a/10"] == pytest.approx(0.3)

@@ -26,9 +26,7 @@ projection inputs (4 s b h) and the fp32 logits for the cross entropy (4 s b V),
 """
 from __future__ import annotations
 
-import math
-
-from .flops import slowest_stage
+from .flops import slowest_stage, stage_layers
 from .spec import Layout, ModelSpec
 
 
@@ -61,13 +59,13 @@ def activation_bytes_per_device(model: ModelSpec, layout: Layout, precision: str
     sp = layout.sequence_parallel and t > 1
     per_layer = layer_activation_bytes(s, b, h, model.heads, t, e=e, ffn=model.ffn,
                                        sequence_parallel=sp, checkpointing=checkpointing)
-    layers_per_stage = math.ceil(model.n_layers / p)
+    per_stage = stage_layers(model.n_layers, p)         # first stage gets any extra layer
     in_flight = min(p, layout.micro_batches)            # 1F1B warm-up depth on the first stage
-    first = per_layer * layers_per_stage * in_flight + s * b * h * in_flight  # + embedding mask
+    first = per_layer * per_stage[0] * in_flight + s * b * h * in_flight  # + embedding mask
     output = 4 * s * b * h / t + 4 * s * b * model.vocab / t
     if p == 1:
         return first + output
-    last = per_layer * layers_per_stage + output
+    last = per_layer * per_stage[-1] + output
     return max(first, last)
 
 

@@ -155,12 +155,14 @@ def smooth_host_speeds(runs: list[tuple[Path, dict, Terms]], window: int = SPEED
     median over neighbouring jobs keeps the drift and drops the probe's own noise."""
     if window <= 0:
         return
-    by_sweep: dict[str, list[tuple[int, dict]]] = {}
-    for path, run, _ in runs:
+    by_sweep: dict[tuple, list[tuple[int, dict]]] = {}
+    for path, run, terms in runs:
         job = run.get("job") or {}
         flops = (run.get("host_speed") or {}).get("flops")
-        if flops and job.get("num") is not None:
-            key = str(job.get("sweep_dir") or path.parent.parent)
+        # Multirun jobs only (a plain run has no sweep_dir, and its num says nothing of time);
+        # probes of different thread counts measure different things.
+        if flops and job.get("sweep_dir") and job.get("num") is not None:
+            key = (str(job["sweep_dir"]), terms.threads)
             by_sweep.setdefault(key, []).append((int(job["num"]), run))
     for members in by_sweep.values():
         for num, run in members:
@@ -386,7 +388,8 @@ def calibrate(sweep_dir, base: Hardware, out_path=None,
     hw.note = (f"Calibrated from {len(runs)} runs in {hw.calibration['sweep_dir']} on "
                f"{hw.calibration['date']} (base: {base.name}) || " + base_note)
     if out_path is not None:
-        save_hardware(hw, out_path, header=f"# Fitted by `scalelab plan --calibrate {sweep_dir}`; "
+        dirs = " ".join(str(d) for d in _dirs(sweep_dir))
+        save_hardware(hw, out_path, header=f"# Fitted by `scalelab plan --calibrate {dirs}`; "
                                            f"use with --hardware {out_path}")
     return hw, {"profile": hw.to_dict(), "theta": theta, "runs": report,
                 "skipped": [{"run": str(p), "reason": r} for p, r in skipped]}

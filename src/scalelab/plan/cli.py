@@ -178,9 +178,10 @@ def _validate(a) -> int:
     else:
         print(f"predicted ({hw.name}) vs measured, {len(rep['runs'])} runs")
         _print_table(
-            ["run", "strategy", "N", "prec", "host speed", "step pred s", "step meas s", "ratio",
-             "states pred", "states meas", "ratio", "RSS pred/meas"],
-            [[_short(r["run"]), r["strategy"], r["world_size"], r["precision"],
+            ["run", "strategy", "model", "N", "seed", "prec", "host speed", "step pred s", "step meas s",
+             "ratio", "states pred", "states meas", "ratio", "RSS pred/meas"],
+            [[_short(r["run"]), r["strategy"], r["model"] or "-", r["world_size"], _opt_str(r["seed"]),
+              r["precision"],
               f"{r['host_speed_factor']:.2f}", f"{r['predicted_step_s']:.4f}", f"{r['measured_step_s']:.4f}", f"{r['step_ratio']:.3f}",
               fmt_bytes(r["predicted_model_states_bytes"]), fmt_bytes(r["measured_model_states_bytes"]),
               _opt(r["model_states_ratio"]), _opt(r["rss_ratio"])] for r in rep["runs"]])
@@ -208,7 +209,7 @@ def _validate(a) -> int:
                   + (f"; max |model-state ratio - 1| = {rep['max_model_states_error']:.3f}"
                      if rep["max_model_states_error"] is not None else ""))
     if a.tolerance is not None and (rep["max_step_error"] or 0) > a.tolerance:
-        print(f"error: step-time prediction off by {rep['max_step_error']:.1%} > "
+        print(f"error: step-time prediction off by {rep['max_step_error']:.1%} (config median) > "
               f"tolerance {a.tolerance:.1%}", file=sys.stderr)
         return 1
     return 0
@@ -238,6 +239,10 @@ def _si(x: float) -> str:
         if abs(x) >= div:
             return f"{x / div:.3g}{unit}"
     return f"{x:.3g}"
+
+
+def _opt_str(x) -> str:
+    return "-" if x is None else str(x)
 
 
 def _opt(x) -> str:

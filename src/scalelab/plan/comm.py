@@ -19,10 +19,13 @@ parameter element):
   bf16/fp16 comm hook halves g; PowerSGD (Vogels et al. 2019) sends r (n + m) per n x m matrix;
   post-local SGD (Lin et al. 2020) sends no gradients, only Psi x 4 every `period` steps.
 - ZeRO-1/2 (Rajbhandari et al. 2020, Sec. 7): reduce-scatter Psi g + all-gather Psi p = 2 Psi, same
-  as DP. Stage 1 reduces at the accumulation boundary, stage 2 in every backward (overlap_comm).
+  as DP. Stage 1 reduces at the accumulation boundary, stage 2 in every backward (overlap_comm);
+  without accumulation every backward is a boundary and DeepSpeed's stage 1 reduces bucket-wise in
+  backward hooks too (overlappable, like stage 2).
 - ZeRO-3 / FSDP FULL_SHARD: all-gather forward + all-gather backward + reduce-scatter = 3 Psi, per
   layer unit and per micro-batch, prefetched (overlappable). FSDP SHARD_GRAD_OP skips the second
-  all-gather (2 Psi).
+  all-gather (2 Psi). ZeRO-3 does not gather the tensors it keeps whole (below
+  stage3_param_persistence_threshold): small ones, or all of a tiny model's.
 - Tensor parallel (Shoeybi et al. 2019, Megatron-LM Sec. 3): per layer and micro-batch 2 all-reduces
   of b s h activations in forward and 2 in backward (+ 1 for the vocab-parallel embedding forward,
   + 1 for the output layer's input gradient); with sequence parallelism (Korthikanti et al. 2022)
@@ -152,8 +155,9 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
         else:                                          # zero1, zero2(_offload)
             per_step = 1 if strategy.zero_stage == 1 else m
             b = _buckets(psi, DS_REDUCE_BUCKET_ELEMENTS)
+            overlapped = strategy.zero_stage == 2 or m == 1     # stage 1: hooks at every boundary
             out.append(Collective("grad_reduce_scatter", "reduce_scatter", "dp", n, psi * g / b,
-                                  b * per_step, strategy.zero_stage == 2, dp_x))
+                                  b * per_step, overlapped, dp_x))
             out.append(Collective("param_all_gather", "all_gather", "dp", n, psi * p / b, b, False, dp_x))
 
     if strategy.offload_optimizer:

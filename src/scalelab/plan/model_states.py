@@ -18,9 +18,10 @@ How each strategy family stores the states (bytes per parameter: params, grads, 
   (its reuse branch never fires in 0.19.8: see bytes_per_param).
 Where DeepSpeed 0.19.8 departs from the paper (each measured by StepMetrics on CPU runs, see
 strategies/deepspeed.py `state_bytes`, and checked in tests/unit/test_plan_model_states_ds.py):
-- ZeRO-1 with overlap_comm/contiguous_gradients (Lightning's defaults) reduces gradients in
-  backward hooks like ZeRO-2 and keeps only the partition when every micro-batch is an
-  accumulation boundary (no accumulation): grads Psi / N then, full grads otherwise.
+- ZeRO-1 with overlap_comm/contiguous_gradients (Lightning's and conf/strategy/zero1.yaml's
+  defaults, assumed here) reduces gradients in backward hooks like ZeRO-2 and keeps only the
+  partition when every micro-batch is an accumulation boundary (no accumulation): grads Psi / N
+  then, full grads otherwise.
 - ZeRO-3 keeps every parameter tensor below stage3_param_persistence_threshold (1e5 elements)
   whole on every rank, besides its partition: LayerNorms and biases on big models, every tensor
   on our tiny CPU models.
@@ -110,9 +111,10 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
     opt = psi * o_b / (n if strategy.shard_optimizer else 1)
     updated = psi / (n if strategy.shard_optimizer else 1)
     # ZeRO-3 persistence: small tensors stay whole on every rank on top of their partition.
-    persistent = 0.0
+    persistent = persistent_elems = 0.0
     if strategy.shard_params and strategy.param_persistence_elements and n > 1:
-        persistent = model.small_params(strategy.param_persistence_elements) * psi / model.n_params * p_b
+        persistent_elems = model.small_params(strategy.param_persistence_elements) * psi / model.n_params
+        persistent = persistent_elems * p_b
     offloaded = 0.0
     if strategy.offload_optimizer:
         # ZeRO-Offload (Ren et al. 2021): fp32 master + moments and the fp32 gradient partition
@@ -127,7 +129,8 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
     params += persistent
 
     gathered_b = 2 if precision != "32" else 4        # dtype of gathered copies / comm
-    largest = model.largest_layer_params / layout.tp
+    # (ZeRO-3 gathers only what does not persist: nothing at all on a tiny model)
+    largest = min(model.largest_layer_params / layout.tp, psi - persistent_elems)
     buffers = 0.0
     if strategy.shard_params and n > 1:
         if strategy.reshard_after_forward:

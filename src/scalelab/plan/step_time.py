@@ -28,7 +28,6 @@ a least-squares fit (see `linear_features`) inside a 1-D search over the slowdow
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from . import activations as act_mod

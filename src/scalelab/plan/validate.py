@@ -14,15 +14,22 @@ from .hardware import Hardware
 from .step_time import step_time
 
 
-def config_key(run: dict, terms) -> str:
-    """What makes two runs the same experiment for the planner: everything it reads except seed
-    and where the run was written."""
+def config_label(run: dict, terms) -> str:
+    """How a config is shown: strategy, model, degrees, batch split, precision, threads."""
     model = run.get("model") or {}
     lay = terms.layout
     return (f"{terms.strategy.name} {model.get('name') or model.get('n_params')} N={lay.world}"
-            f" (tp{lay.tp} pp{lay.pp}) nodes={lay.nodes} batch={run.get('global_batch_size')}"
+            f" (tp{lay.tp} pp{lay.pp}) nodes={lay.nodes} batch={lay.global_batch}"
             f" micro={lay.micro_batch}x{lay.micro_batches} {terms.precision}"
             f" threads={terms.threads}")
+
+
+def config_key(terms) -> tuple:
+    """What makes two runs the same experiment for the planner: everything it reads (model shape,
+    strategy and its options, degrees and batch split, precision, optimizer, recomputation,
+    threads), i.e. everything but the seed and where the run was written."""
+    return (repr(terms.model), repr(terms.strategy), repr(terms.layout), terms.precision,
+            terms.optimizer, terms.checkpointing, terms.threads)
 
 
 def _median(xs):
@@ -43,7 +50,7 @@ def validate(sweep_dir, hw: Hardware, speed_window: int = SPEED_WINDOW) -> dict:
         pred_states = st.total_bytes + st.offloaded_bytes   # on CPU, host and device are one RAM
         pred_rss = pred_states + terms.activations_bytes + st.buffers_bytes + hw.runtime_memory_bytes
         rows.append({
-            "run": str(path.parent), "config": config_key(run, terms), "strategy": terms.strategy.name,
+            "run": str(path.parent), "config": config_label(run, terms), "strategy": terms.strategy.name,
             "world_size": terms.layout.world, "precision": terms.precision,
             "model": (run.get("model") or {}).get("name"), "seed": run.get("seed"),
             "predicted_step_s": t["step_s"], "measured_step_s": meas["step_s"],
@@ -56,14 +63,14 @@ def validate(sweep_dir, hw: Hardware, speed_window: int = SPEED_WINDOW) -> dict:
             "rss_ratio": pred_rss / meas["peak_rss_bytes"] if meas["peak_rss_bytes"] else None,
             "breakdown": t,
         })
-    groups: dict[str, list[dict]] = {}
-    for r in rows:
-        groups.setdefault(r["config"], []).append(r)
+    groups: dict[tuple, list[dict]] = {}
+    for r, (_, _, terms) in zip(rows, runs):
+        groups.setdefault(config_key(terms), []).append(r)
     configs = []
-    for key, rs in groups.items():
+    for rs in groups.values():
         ratios = [r["step_ratio"] for r in rs]
         configs.append({
-            "config": key, "strategy": rs[0]["strategy"], "model": rs[0]["model"],
+            "config": rs[0]["config"], "strategy": rs[0]["strategy"], "model": rs[0]["model"],
             "world_size": rs[0]["world_size"], "precision": rs[0]["precision"], "repeats": len(rs),
             "step_ratio": _median(ratios), "step_ratio_min": min(ratios), "step_ratio_max": max(ratios),
             "predicted_step_s": _median([r["predicted_step_s"] for r in rs]),
