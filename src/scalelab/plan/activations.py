@@ -92,7 +92,8 @@ def activation_traffic_bytes(model: ModelSpec, layout: Layout, precision: str,
             per_layer *= 2
         elif checkpointing == "selective":
             per_layer += _score_bytes(s, b, model.heads, t, e)
-        per_micro = per_layer * layers + (4 * s * b * h + 4 * s * b * model.vocab) / t * has_head
+        head = (4 * s * b * h + 4 * s * b * model.vocab) / t if has_head else 0.0
+        per_micro = per_layer * layers + head
     return per_micro * layout.micro_batches
 
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, asdict, replace
 
-from .model_states import DS_REDUCE_BUCKET_ELEMENTS, local_params
+from .model_states import DS_REDUCE_BUCKET_ELEMENTS, local_params, persistent_params
 from .spec import Layout, ModelSpec, Strategy
 
 MiB = 2 ** 20
@@ -141,9 +141,7 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
         elif strategy.shard_params:                   # fsdp, fsdp_grad_op, fsdp_tp, zero3(_offload)
             # ZeRO-3 never gathers the tensors it keeps whole (persistence threshold; all of them
             # on tiny models); their gradients are still reduce-scattered into the partition.
-            gathered = psi
-            if strategy.param_persistence_elements:
-                gathered -= model.small_params(strategy.param_persistence_elements) * psi / model.n_params
+            gathered = psi - persistent_params(model, strategy, psi)
             if gathered > 0:
                 out.append(Collective("param_all_gather_fwd", "all_gather", "dp", n,
                                       gathered * p / units, units * m, True, dp_x))

@@ -99,6 +99,14 @@ def local_params(model: ModelSpec, layout: Layout) -> float:
     return model.n_params * share / layout.tp
 
 
+def persistent_params(model: ModelSpec, strategy: Strategy, psi: float) -> float:
+    """Of a device's psi parameters, those ZeRO-3 keeps whole on every rank and never gathers:
+    the tensors below stage3_param_persistence_threshold (module docstring)."""
+    if not (strategy.shard_params and strategy.param_persistence_elements):
+        return 0.0
+    return model.small_params(strategy.param_persistence_elements) * psi / model.n_params
+
+
 def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision: str,
                  optimizer: str) -> ModelStates:
     psi = local_params(model, layout)
@@ -111,10 +119,8 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
     opt = psi * o_b / (n if strategy.shard_optimizer else 1)
     updated = psi / (n if strategy.shard_optimizer else 1)
     # ZeRO-3 persistence: small tensors stay whole on every rank on top of their partition.
-    persistent = persistent_elems = 0.0
-    if strategy.shard_params and strategy.param_persistence_elements and n > 1:
-        persistent_elems = model.small_params(strategy.param_persistence_elements) * psi / model.n_params
-        persistent = persistent_elems * p_b
+    persistent_elems = persistent_params(model, strategy, psi) if n > 1 else 0.0
+    persistent = persistent_elems * p_b
     offloaded = 0.0
     if strategy.offload_optimizer:
         # ZeRO-Offload (Ren et al. 2021): fp32 master + moments and the fp32 gradient partition

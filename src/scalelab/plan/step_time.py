@@ -114,8 +114,6 @@ def _link_params(hw: Hardware, c: Collective) -> tuple[float, float]:
 
 
 def _local_layers(terms: Terms) -> int:
-    if terms.layout.pp == 1:
-        return terms.model.n_layers
     return flops_mod.slowest_stage(terms.model, terms.layout.pp)[0]
 
 
