@@ -90,6 +90,17 @@ def zero3_resumed(tmp_path_factory, zero3_saved) -> dict:
     return _resumed(tmp_path_factory, "zero3", zero3_saved, Z3)
 
 
+def _assert_planner_predicts_states(rec: dict) -> None:
+    """The planner, reading this run's record (its resolved strategy config included), predicts
+    its model-state bytes, device + host (scalelab.plan.model_states: ZeRO paper + DeepSpeed
+    0.19.8's departures) within 1 %."""
+    from scalelab.plan import terms_from_run
+
+    st = terms_from_run(rec).states
+    assert st.total_bytes + st.offloaded_bytes == pytest.approx(
+        max(rec["memory"]["model_state_bytes_per_rank"]), rel=0.01)
+
+
 def _ten_steps(request, strategy: str) -> Path:
     if strategy == "zero1":
         return request.getfixturevalue("zero1_run")
@@ -149,13 +160,7 @@ def test_states_are_partitioned_vs_ddp(strategy, request, ref):
     # model_state_bytes_per_rank is the sum of the breakdown (what the table shows)
     assert rec["memory"]["model_state_bytes_per_rank"] == [
         sum(b.values()) for b in rec["memory"]["model_state_breakdown_per_rank"]]
-    # The planner, reading this run's record (its resolved strategy config included), predicts
-    # these bytes (scalelab.plan.model_states: ZeRO paper + DeepSpeed 0.19.8's departures).
-    from scalelab.plan import terms_from_run
-
-    st = terms_from_run(rec).states
-    assert st.total_bytes + st.offloaded_bytes == pytest.approx(
-        max(rec["memory"]["model_state_bytes_per_rank"]), rel=0.01)
+    _assert_planner_predicts_states(rec)
 
 
 # -- checkpoint round trip --------------------------------------------------------------------
@@ -354,13 +359,8 @@ def test_offload_variants_learn_and_reuse_the_cpu_adam_build(tmp_path_factory, r
     z3 = _rec(z3o)["memory"]["model_state_breakdown_per_rank"][0]
     assert z3["params"] == pytest.approx(ddp["params"] / 2, rel=0.1)  # partition (in host memory)
     assert z3["optimizer"] == pytest.approx((ddp["optimizer"] + ddp["params"]) / 2, rel=0.1)
-    from scalelab.plan import terms_from_run
-
-    for job in (z2o, z3o):   # the planner's model states (device + host) for these runs
-        rec = _rec(job)
-        st = terms_from_run(rec).states
-        assert st.total_bytes + st.offloaded_bytes == pytest.approx(
-            max(rec["memory"]["model_state_bytes_per_rank"]), rel=0.01)
+    for job in (z2o, z3o):
+        _assert_planner_predicts_states(_rec(job))
 
 
 @pytest.mark.slow
