@@ -33,7 +33,10 @@ if [ ! -f "$here/conf/experiment/$experiment.yaml" ]; then
     exit 2
 fi
 train=${SCALELAB_TRAIN:-$here/.venv/bin/scalelab-train}
-[ -x "$train" ] || train=scalelab-train
+[ -x "$train" ] || train=$(command -v scalelab-train) || {
+    echo "scalelab-train not found (no $here/.venv): run \`make setup\` or set SCALELAB_TRAIN" >&2
+    exit 2
+}
 
 run() {
     if [ -n "${DRY_RUN:-}" ]; then echo "$*"; else "$@"; fi
