@@ -46,9 +46,10 @@ failed=0
 for seed in ${seeds//,/ }; do
     run "$train" -m "experiment=$experiment" "hydra.sweeper.params.seed=$seed" \
         "hydra.sweep.dir=$out/seed$seed/all" "$@" || failed=1
+    # The baseline's own overrides last: a user's strategy or devices override cannot undo them.
     run "$train" -m "experiment=$experiment" "hydra.sweeper.params.seed=$seed" \
-        hydra.sweeper.params.strategy=single trainer.devices=1 \
-        "hydra.sweep.dir=$out/seed$seed/alone" "$@" || failed=1
+        "hydra.sweep.dir=$out/seed$seed/alone" "$@" \
+        hydra.sweeper.params.strategy=single trainer.devices=1 || failed=1
 done
 # A failed job is recorded in its sweep (status: failed) and the passes go on; say so at the end.
 [ $failed = 0 ] || echo "$0: some jobs failed; see sweep.json in $out/seed*/" >&2
