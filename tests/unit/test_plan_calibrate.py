@@ -13,7 +13,8 @@ import pytest
 
 from scalelab.plan import Hardware, Link, ModelSpec, calibrate, load_hardware, save_hardware, validate
 from scalelab.plan import cli
-from scalelab.plan.calibrate import nnls, speed_factor, terms_from_run
+from scalelab.plan.calibrate import (model_bytes_in_ram, nnls, runtime_bytes_from_rss, speed_factor,
+                                     terms_from_run)
 from scalelab.plan.step_time import step_time
 
 import numpy as np
@@ -34,7 +35,7 @@ PRIOR = replace(TRUE, name="prior_cpu", compute_efficiency=0.3, compute_efficien
                 memory_bandwidth_bytes_per_s=2e10,
                 intra_node=Link(3e9, 1e-5), step_overhead_s=0.001, strategy_overhead_s={},
                 strategy_layer_overhead_s={}, collectives={}, activation_bandwidth_bytes_per_s=0.0,
-                busy_slowdown={},
+                busy_slowdown={}, runtime_memory_bytes=1e8,
                 host={"link_bandwidth_bytes_per_s": 2e10, "memory_bandwidth_bytes_per_s": 2e10})
 
 SPEEDS, SPEEDS_USED = [1.0, 0.7, 1.2, 0.85, 1.05], []
@@ -70,7 +71,8 @@ def run_record(model, strategy, world, micro, threads=1, precision="32-true", ac
     rec["step_time_s"] = {"median": t, "p90": t * 1.1, "mean": t * 1.02}
     rec["throughput"] = {"samples_per_s": rec["global_batch_size"] / t,
                          "tokens_per_s": rec["global_batch_size"] * s / t}
-    rec["memory"] = {"peak_rss_bytes_per_rank": [int(6e8)] * world,
+    # A rank's RAM: the runtime (interpreter, torch, ...) plus what the planner says the model takes.
+    rec["memory"] = {"peak_rss_bytes_per_rank": [int(TRUE.runtime_memory_bytes + model_bytes_in_ram(terms))] * world,
                      "model_state_bytes_per_rank": [int(states)] * world,
                      "model_state_breakdown_per_rank": [{"params": 0, "grads": 0, "optimizer": 0}] * world}
     return rec
@@ -133,6 +135,8 @@ def test_calibrate_recovers_the_machine(sweep, tmp_path):
     assert hw.activation_bandwidth == pytest.approx(1.5e9, rel=0.2)
     assert hw.slowdown(2) == pytest.approx(1.3, abs=0.05) and hw.slowdown(1) == 1.0
     assert set(hw.collectives) >= {"all_reduce", "all_gather", "reduce_scatter", "p2p"}
+    assert hw.runtime_memory_bytes == pytest.approx(TRUE.runtime_memory_bytes, rel=0.01)  # prior 1e8
+    assert "32 CPU runs" in hw.calibration["runtime_memory"]
     # Runs the sweep does not hold (other batch sizes) are predicted too.
     for strategy, kw in [("fsdp", {}), ("zero3", {}), ("tp", {"tp": 2})]:
         t = terms_from_run(run_record("gpt_small", strategy, 2, 12, **kw))   # at reference speed
@@ -153,6 +157,7 @@ def test_validate_within_15_percent_after_calibration(sweep, tmp_path):
     rep = validate(sweep, hw)
     assert rep["max_step_error"] < 0.15
     assert rep["max_model_states_error"] < 1e-6
+    assert all(r["rss_ratio"] == pytest.approx(1.0, rel=0.01) for r in rep["runs"])
     assert {r["strategy"] for r in rep["runs"]} >= {"ddp", "zero3", "tp", "pipeline", "zero2_offload"}
     assert validate(sweep, PRIOR)["max_step_error"] > 0.15      # uncalibrated prior is off
     # Without the runs' host-speed probes the drift of the host (0.7x-1.2x) is unexplained.
@@ -244,3 +249,13 @@ def test_host_speed_is_the_median_probe_of_neighbouring_jobs(tmp_path):
     assert s["b/0"] == s["b/2"] == pytest.approx(2.0)           # sweeps are not mixed
     assert s["plain/0"] == pytest.approx(0.4)                   # its own probe
     assert speeds(0)["a/10"] == pytest.approx(0.3)
+
+
+def test_runtime_memory_is_fitted_from_cpu_runs_only():
+    """A GPU run's RSS is host memory, not the device memory runtime_memory_bytes stands for."""
+    cpu = run_record("gpt_nano", "ddp", 2, 8)
+    gpu = dict(cpu, hardware={"accelerator": "gpu", "threads_per_rank": 1})
+    terms = terms_from_run(cpu)
+    assert runtime_bytes_from_rss([(None, gpu, terms)]) is None
+    fit, n = runtime_bytes_from_rss([(None, cpu, terms), (None, gpu, terms)])
+    assert n == 1 and fit == pytest.approx(TRUE.runtime_memory_bytes, rel=1e-6)

@@ -22,6 +22,8 @@ plain Lightning, has the base terms only), so each such term is over-determined;
 the report also gives leave-one-out ratios (each run predicted by a fit that did not see it).
 Compute gets one rate per (dtype, threads per rank) seen: on CPU, 2 threads are not twice 1, and
 bf16 may have no fast kernel (see this_cpu.yaml's probe).
+Memory: on CPU runs the profile's runtime_memory_bytes becomes the median of peak RSS minus what
+the planner puts in RAM for the model (runtime_bytes_from_rss); model states need no fit.
 """
 from __future__ import annotations
 
@@ -129,6 +131,22 @@ def measured(run: dict) -> dict:
     return {"step_s": float((run.get("step_time_s") or {}).get("median") or 0.0),
             "model_states_bytes": max(ms) if ms else None,
             "peak_rss_bytes": max(rss) if rss else None}
+
+
+def model_bytes_in_ram(terms: Terms) -> float:
+    """What the planner puts in a CPU rank's RAM besides the runtime: model states (offloaded ones
+    too: on CPU, host and device are one RAM), activations and communication buffers."""
+    st = terms.states
+    return st.total_bytes + st.offloaded_bytes + terms.activations_bytes + st.buffers_bytes
+
+
+def runtime_bytes_from_rss(runs) -> tuple[float, int] | None:
+    """A CPU rank's runtime memory (interpreter, torch, Lightning, DeepSpeed): median over the CPU
+    runs of peak RSS minus model_bytes_in_ram, and how many runs that is. None without CPU runs:
+    a GPU run's RSS is host memory, not the device memory runtime_memory_bytes stands for."""
+    extra = [measured(run)["peak_rss_bytes"] - model_bytes_in_ram(terms) for _, run, terms in runs
+             if measured(run)["peak_rss_bytes"] and (run.get("hardware") or {}).get("accelerator") == "cpu"]
+    return (float(np.median(extra)), len(extra)) if extra else None
 
 
 def speed_factor(run: dict, terms: Terms, hw: Hardware) -> float:
@@ -358,6 +376,11 @@ def calibrate(sweep_dir, base: Hardware, out_path=None,
         rows = _rows(runs, hw)[0]
         theta = fit(rows, times, prior)
         hw = apply_theta(base, theta, name)
+    # Memory: the profile's runtime allowance (a prior: 350 MB on this_cpu) was below a Lightning
+    # rank's real baseline (predicted / measured peak RSS 0.54-0.65 in outputs/plan_validation_b20).
+    runtime = runtime_bytes_from_rss(runs)
+    if runtime:
+        hw = replace(hw, runtime_memory_bytes=round(runtime[0], -6))
     report = []
     for i, ((path, run, terms), t) in enumerate(zip(runs, times)):
         pred = step_time(terms, hw)["step_s"]     # both at reference speed: same ratio as measured
@@ -380,6 +403,8 @@ def calibrate(sweep_dir, base: Hardware, out_path=None,
         "max_relative_error": float(np.max(np.abs(rel))),
         "leave_one_out_max_relative_error": float(np.max(np.abs(loo_rel))) if loo_rel else None,
         "busy_slowdown": dict(hw.busy_slowdown),
+        "runtime_memory": (f"median peak RSS minus predicted model bytes over {runtime[1]} CPU runs"
+                           if runtime else "not fitted (no CPU run with a peak RSS): the base profile's"),
         "strategies_with_own_overhead": sorted(k.split(":", 1)[1] for k in theta if k.startswith("strategy:")),
         "strategies_with_own_layer_overhead": sorted(k.split(":", 1)[1] for k in theta
                                                      if k.startswith("strategy_layer:")),

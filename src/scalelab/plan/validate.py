@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 
-from .calibrate import SPEED_WINDOW, measured, speed_factor, usable_runs
+from .calibrate import SPEED_WINDOW, measured, model_bytes_in_ram, speed_factor, usable_runs
 from .hardware import Hardware
 from .step_time import step_time
 
@@ -48,7 +48,7 @@ def validate(sweep_dir, hw: Hardware, speed_window: int = SPEED_WINDOW) -> dict:
         t = {k: v / speed for k, v in step_time(terms, hw).items()}   # at the run's host speed
         st = terms.states
         pred_states = st.total_bytes + st.offloaded_bytes   # on CPU, host and device are one RAM
-        pred_rss = pred_states + terms.activations_bytes + st.buffers_bytes + hw.runtime_memory_bytes
+        pred_rss = model_bytes_in_ram(terms) + hw.runtime_memory_bytes
         rows.append({
             "run": str(path.parent), "config": config_label(run, terms), "strategy": terms.strategy.name,
             "world_size": terms.layout.world, "precision": terms.precision,
