@@ -144,8 +144,11 @@ def runtime_bytes_from_rss(runs) -> tuple[float, int] | None:
     """A CPU rank's runtime memory (interpreter, torch, Lightning, DeepSpeed): median over the CPU
     runs of peak RSS minus model_bytes_in_ram, and how many runs that is. None without CPU runs:
     a GPU run's RSS is host memory, not the device memory runtime_memory_bytes stands for."""
-    extra = [measured(run)["peak_rss_bytes"] - model_bytes_in_ram(terms) for _, run, terms in runs
-             if measured(run)["peak_rss_bytes"] and (run.get("hardware") or {}).get("accelerator") == "cpu"]
+    extra = []
+    for _, run, terms in runs:
+        rss = measured(run)["peak_rss_bytes"]
+        if rss and (run.get("hardware") or {}).get("accelerator") == "cpu":
+            extra.append(rss - model_bytes_in_ram(terms))
     return (float(np.median(extra)), len(extra)) if extra else None
 
 
