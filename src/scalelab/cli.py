@@ -62,14 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     sl = sub.add_parser("slurm", help="render or submit an sbatch script for a run (multi-node via srun)")
     slurm.add_arguments(sl)
     sl.set_defaults(func=slurm.run)
-    try:
-        from scalelab.plan import cli as plan_cli
+    from scalelab.plan import cli as plan_cli  # part of the package: a failed import is a bug, not optional
 
-        plan = sub.add_parser("plan", help="predict memory, communication, step time and cost")
-        plan_cli.add_arguments(plan)
-        plan.set_defaults(func=plan_cli.run)
-    except ImportError:
-        pass
+    plan = sub.add_parser("plan", help="predict memory, communication, step time and cost")
+    plan_cli.add_arguments(plan)
+    plan.set_defaults(func=plan_cli.run)
     return parser
 
 

@@ -94,6 +94,10 @@ def validate(cfg: DictConfig) -> JobSpec:
     devices = _int(cfg, "trainer.devices", 1)
     nodes = _int(cfg, "trainer.num_nodes", 1)
     max_steps = _int(cfg, "trainer.max_steps", 1)
+    threads = OmegaConf.select(cfg, "trainer.threads_per_rank")
+    if threads not in (None, "auto") and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise ConfigError(f"trainer.threads_per_rank={threads!r} must be null (1 on CPU, cores / ranks on GPU), "
+                          "auto (cores / ranks) or an integer >= 1")
     warm = _int(cfg, "trainer.warmup_steps", 0)
     if warm >= max_steps:
         raise ConfigError(f"trainer.warmup_steps={warm} must be < trainer.max_steps={max_steps} "

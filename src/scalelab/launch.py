@@ -22,9 +22,14 @@ _LAUNCH_VARS = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_R
                 "OMP_NUM_THREADS")
 
 
-def threads_per_rank(requested, ranks_per_node: int) -> int:
+def threads_per_rank(requested, ranks_per_node: int, accelerator: str = "cpu") -> int:
+    """CPU threads (torch intra-op, OMP) per rank. `null` (the default): 1 on CPU, where a
+    "device" is a rank of one thread, and cores / ranks on GPU, where the host threads feed the
+    device (data, optimizer on host, model init) and 1 thread starves them. `auto`: cores / ranks."""
     if requested not in (None, "auto"):
         return max(1, int(requested))
+    if requested is None and accelerator == "cpu":
+        return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cores // ranks_per_node)
 

@@ -19,6 +19,7 @@ from scalelab.paths import conf_dir
 from scalelab.preflight import preflight
 from scalelab.results.record import RUN_FILE, base_record, scrub, write_json
 from scalelab.results.table import render
+from scalelab.scaling.mfu import HOST_CPU, host_cpu_profile, profile_name
 
 _FAILED: list[str] = []  # jobs of this command that failed; the command exits 1 if any did
 
@@ -30,8 +31,10 @@ def run_job(cfg: DictConfig) -> dict:
     spec = validate(cfg)  # cheap; preflight already checked, this guards programmatic use
     from scalelab.data.prepare import prepare
 
-    threads = launch.threads_per_rank(cfg.trainer.threads_per_rank, spec.run.devices_per_node)
+    threads = launch.threads_per_rank(cfg.trainer.threads_per_rank, spec.run.devices_per_node, spec.run.accelerator)
     cache = Path(cfg.cache_dir)
+    if profile_name(cfg.get("hardware_profile", "auto"), spec.run.accelerator) == HOST_CPU:
+        host_cpu_profile(cache)  # MFU's peak: probe this host once (cached), while no rank runs
     group = Path(hc.sweep.dir).name if multirun else job_dir.name
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["job"] = {

@@ -25,7 +25,7 @@ from scalelab.models.gpt import num_params
 from scalelab.models.lit import LitModule
 from scalelab.results.record import RUN_FILE, base_record, scrub, write_json
 from scalelab.scaling.breakdown import ProfileWindow, combine
-from scalelab.scaling.mfu import compute_mfu
+from scalelab.scaling.mfu import compute_mfu, load_profile
 from scalelab.scaling.metrics import StepMetrics, gather_all, summarize
 
 
@@ -42,6 +42,10 @@ def _quiet_library_noise() -> None:
 
 def _global_rank() -> int:
     return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
+
+
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", 0)))
 
 
 def build_logger(cfg, job_dir: Path):
@@ -85,9 +89,10 @@ def run(job_dir: Path) -> int:
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # same initial weights on every rank
     rank, world = _global_rank(), spec.run.world_size
     plan = spec.plan
-    module = LitModule(spec.run.model_arch, cfg.model.task, hydra.utils.instantiate(cfg.optim.optimizer),
-                       spec.lr, cfg.trainer.max_steps, cfg.lr_scaling.warmup_steps, cfg.lr_scaling.decay,
-                       cfg.lr_scaling.min_lr_ratio, plan)
+    with plan.init_device(spec.run, _local_rank()):  # on the GPU itself where it can
+        module = LitModule(spec.run.model_arch, cfg.model.task, hydra.utils.instantiate(cfg.optim.optimizer),
+                           spec.lr, cfg.trainer.max_steps, cfg.lr_scaling.warmup_steps, cfg.lr_scaling.decay,
+                           cfg.lr_scaling.min_lr_ratio, plan)
     n_params = num_params(module.net)
     data = ByteCorpusDataModule(cfg.job.data_prepared, spec.batch.global_batch_size,
                                 spec.batch.per_device_batch_size, plan.dp_rank(rank, world),
@@ -124,8 +129,8 @@ def run(job_dir: Path) -> int:
         state = plan.consolidated_state_dict(trainer, module)  # collective: all ranks call it
         if rank == 0:
             torch.save(state, job_dir / "model_consolidated.pt")
-    device = module.device
-    summary = metrics.rank_summary(device)
+    # The rank's own device: after fit Lightning has moved the module back to the CPU.
+    summary = metrics.rank_summary(trainer.strategy.root_device)
     summary["strategy_metrics"] = plan.rank_metrics()  # e.g. a pipeline's per-stage step/compute times
     summary["breakdown"] = window.result if window is not None else None
     per_rank = gather_all(summary)
@@ -140,7 +145,9 @@ def run(job_dir: Path) -> int:
         record.update(plan.record_fields([r["strategy_metrics"] for r in per_rank], cfg.trainer.warmup_steps,
                                          profiled))
         record["breakdown"] = combine([r["breakdown"] for r in per_rank])
-        record["mfu"] = compute_mfu(record, module.net, cfg.get("hardware_profile", "auto"))
+        record["mfu"] = compute_mfu(record, spec.run.model_arch,
+                                    load_profile(cfg.get("hardware_profile", "auto"), spec.run.accelerator,
+                                                 cfg.get("cache_dir")))
         record["resumed_from"] = str(resume) if resume else None
         record["status"] = "completed"
         record["timing"] = {"fit_s": fit_s}

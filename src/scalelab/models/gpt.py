@@ -110,11 +110,23 @@ class GPT(nn.Module):
         return x
 
     def flops_per_token(self) -> int:
-        """Training FLOPs per token, 6N + 12*L*T*d (Kaplan et al. 2020 / PaLM appendix B):
-        6 per parameter (fwd 2 + bwd 4) for the matmuls, plus attention scores and values."""
-        n = sum(p.numel() for n_, p in self.named_parameters() if "emb" not in n_)
-        c = self.cfg
-        return 6 * n + 12 * c.n_layers * c.seq_len * c.d_model
+        return flops_per_token(self.cfg)
+
+
+def non_embedding_params(cfg: GPTConfig) -> int:
+    """Parameters outside the token and position embeddings, from the config alone: per block
+    q, k, v, out (4 d^2, no bias) + MLP up/down (2 r d^2) + two LayerNorms (4 d); then the final
+    LayerNorm (2 d) and the untied LM head (V d). Counted from the config, never from live
+    tensors: ZeRO-3 partitions them, a pipeline stage holds a few layers, TP a shard."""
+    d, r = cfg.d_model, cfg.mlp_ratio
+    return cfg.n_layers * (4 * d * d + 2 * r * d * d + 4 * d) + 2 * d + cfg.vocab_size * d
+
+
+def flops_per_token(cfg: GPTConfig) -> int:
+    """Training FLOPs per token, 6N + 12*L*T*d (Kaplan et al. 2020 / PaLM appendix B):
+    6 per non-embedding parameter (fwd 2 + bwd 4) for the matmuls, plus attention scores and
+    values. The same for every strategy of one model: a model property, not a rank's."""
+    return 6 * non_embedding_params(cfg) + 12 * cfg.n_layers * cfg.seq_len * cfg.d_model
 
 
 def num_params(model: nn.Module) -> int:

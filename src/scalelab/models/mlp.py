@@ -14,6 +14,12 @@ class MLPConfig:
     num_classes: int = 10
 
 
+def mlp_params(cfg: MLPConfig) -> int:
+    """Weights and biases of every Linear, from the config (not from live, possibly sharded tensors)."""
+    dims = [cfg.in_features, *cfg.hidden, cfg.num_classes]
+    return sum(a * b + b for a, b in zip(dims, dims[1:]))
+
+
 class MLPClassifier(nn.Module):
     def __init__(self, cfg: MLPConfig):
         super().__init__()

@@ -41,7 +41,10 @@ def efficiency(thr: float, world: int, base_thr: float, base_world: int) -> floa
 def aggregate(sweep_dir: Path | str, write: bool = True) -> dict:
     sweep_dir = Path(sweep_dir)
     records = read_records([sweep_dir])
-    ok = [r for r in records if r.get("status") == "completed" and r.get("throughput", {}).get("samples_per_s")]
+    completed = [r for r in records if r.get("status") == "completed"]
+    # Efficiency needs a throughput: a completed run without one (no steady step) is counted
+    # completed and listed as unmeasured, never silently dropped.
+    ok = [r for r in completed if (r.get("throughput") or {}).get("samples_per_s")]
     groups = []
     for kind, extra in (("strong", lambda r: r["global_batch_size"]), ("weak", _per_rank_batch)):
         buckets: dict[tuple, list[dict]] = defaultdict(list)
@@ -65,8 +68,10 @@ def aggregate(sweep_dir: Path | str, write: bool = True) -> dict:
             })
     failed = [{"job": r["job"].get("name"), "strategy": r.get("strategy"), "world_size": r.get("world_size"),
                "error": r.get("error")} for r in records if r.get("status") != "completed"]
-    summary = {"sweep_dir": str(sweep_dir), "num_runs": len(records), "num_completed": len(ok),
-               "num_failed": len(failed), "failed": failed, "groups": groups}
+    unmeasured = [r["job"].get("name") for r in completed if r not in ok]
+    summary = {"sweep_dir": str(sweep_dir), "num_runs": len(records), "num_completed": len(completed),
+               "num_failed": len(failed), "failed": failed, "num_unmeasured": len(unmeasured),
+               "unmeasured": unmeasured, "groups": groups}
     if write:
         write_json(sweep_dir / SWEEP_FILE, summary)
     return summary

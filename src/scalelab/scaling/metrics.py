@@ -5,6 +5,7 @@ Nothing here communicates during training; everything is gathered once, after fi
 """
 from __future__ import annotations
 
+import math
 import resource
 import statistics
 import time
@@ -79,15 +80,46 @@ class StepMetrics(L.Callback):
         if len(self.step_times) == 1:  # optimizer state exists after the first step
             self.state = self.plan.state_bytes(trainer, pl_module)
 
-    def rank_summary(self, device: torch.device) -> dict:
+    def rank_summary(self, device: torch.device, read_device_memory=None) -> dict:
+        """This rank's measurements. `device` is the rank's own device (the strategy's
+        root_device: Lightning moves the module back to CPU after fit, so module.device would
+        say cpu). Device memory is read from that device (`read_device_memory(device)` ->
+        {"peak_allocated": int, "peak_reserved": int}; default: the CUDA caching allocator)."""
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
         out = {"step_times": self.step_times, "losses": self.losses, "global_steps": self.global_steps,
                "peak_rss_bytes": peak_rss,
                "params": self.state.get("params", 0), "grads": self.grad_bytes,
                "optimizer": self.state.get("optimizer", 0), "host_flops": self.host_flops}
         if device.type == "cuda":
-            out["peak_device_bytes"] = torch.cuda.max_memory_allocated(device)
+            mem = (read_device_memory or cuda_memory)(device)
+            out["peak_device_bytes"] = int(mem["peak_allocated"])
+            out["peak_device_reserved_bytes"] = int(mem["peak_reserved"])
         return out
+
+
+def cuda_memory(device: torch.device) -> dict[str, int]:
+    """Peak bytes the CUDA caching allocator handed out (max_memory_allocated) and held from the
+    driver (max_memory_reserved) on `device` since the process started: model build, fit and
+    everything in between, whatever module holds them."""
+    return {"peak_allocated": torch.cuda.max_memory_allocated(device),
+            "peak_reserved": torch.cuda.max_memory_reserved(device)}
+
+
+def p90(sorted_values: list[float]) -> float | None:
+    """90th percentile by the nearest-rank method: the smallest value with at least 90 % of the
+    values at or below it (index ceil(0.9 n) - 1: the 9th of 10, not the maximum)."""
+    if not sorted_values:
+        return None
+    return sorted_values[max(0, math.ceil(0.9 * len(sorted_values)) - 1)]
+
+
+def steady_slice(n_steps: int, warmup_steps: int, profiled_steps: int) -> tuple[int, int]:
+    """[start, end) of the steady-state steps: without the warm-up steps at the start and the
+    profiled steps at the end (profiler overhead). A run too short for its warm-up still drops
+    its first step (it includes start-up work), unless that would leave nothing."""
+    end = max(0, n_steps - profiled_steps)
+    start = warmup_steps if end > warmup_steps else (1 if end > 1 else 0)
+    return start, end
 
 
 def gather_all(obj: Any) -> list[Any]:
@@ -108,9 +140,8 @@ def summarize(per_rank: list[dict], global_batch: int, tokens_per_sample: int | 
     last stage alone does: loss_ranks)."""
     n_steps = min(len(r["step_times"]) for r in per_rank)
     step = [max(r["step_times"][i] for r in per_rank) for i in range(n_steps)]
-    # Steady state: without the warm-up steps, and without the profiled steps (profiler overhead).
-    timed = step[: n_steps - profiled_steps]
-    steady = timed[warmup_steps:] if len(timed) > warmup_steps else timed[1:] or timed
+    start, end = steady_slice(n_steps, warmup_steps, profiled_steps)
+    steady = step[start:end]
     src = [per_rank[i] for i in (loss_ranks or range(len(per_rank)))]
     curve = [[per_rank[0]["global_steps"][i], statistics.fmean(r["losses"][i] for r in src)]
              for i in range(n_steps)]
@@ -120,19 +151,22 @@ def summarize(per_rank: list[dict], global_batch: int, tokens_per_sample: int | 
         "steps": n_steps,
         "throughput": {"samples_per_s": samples_per_s,
                        "tokens_per_s": samples_per_s * tokens_per_sample if tokens_per_sample else None},
-        "step_time_s": {"median": statistics.median(q) if q else None,
-                        "p90": q[min(len(q) - 1, int(0.9 * len(q)))] if q else None,
+        "step_time_s": {"median": statistics.median(q) if q else None, "p90": p90(q),
                         "mean": statistics.fmean(q) if q else None,
-                        "measured_steps": len(q), "warmup_steps_excluded": min(warmup_steps, n_steps),
-                        "profiled_steps_excluded": profiled_steps},
-        "step_time_per_rank_s": [statistics.median(r["step_times"][warmup_steps:] or r["step_times"])
+                        "measured_steps": len(q), "warmup_steps_excluded": start,
+                        "profiled_steps_excluded": n_steps - end},
+        # Each rank's own steady steps (the same slice as the figures above).
+        "step_time_per_rank_s": [statistics.median(r["step_times"][start:end] or r["step_times"])
                                  for r in per_rank],
         "memory": {
             "peak_rss_bytes_per_rank": [r["peak_rss_bytes"] for r in per_rank],
             "model_state_bytes_per_rank": [r["params"] + r["grads"] + r["optimizer"] for r in per_rank],
             "model_state_breakdown_per_rank": [{k: r[k] for k in ("params", "grads", "optimizer")}
                                                for r in per_rank],
-            **({"peak_device_bytes_per_rank": [r["peak_device_bytes"] for r in per_rank]}
+            **({"peak_device_bytes_per_rank": [r["peak_device_bytes"] for r in per_rank],
+                "peak_device_reserved_bytes_per_rank": [r["peak_device_reserved_bytes"] for r in per_rank],
+                "device_memory_method": "torch.cuda.max_memory_allocated / max_memory_reserved of each "
+                                        "rank's own device, since process start"}
                if "peak_device_bytes" in per_rank[0] else {}),
         },
         "loss": {"first": curve[0][1] if curve else None, "final": curve[-1][1] if curve else None,

@@ -3,13 +3,25 @@
 Model FLOPs per token (training, fwd + bwd), for the GPT (Kaplan et al. 2020; PaLM appendix B):
     6 * N + 12 * L * T * d      N = non-embedding parameters, L layers, T context, d width
 (6 per parameter per token for the matmuls, plus attention scores and values). For the MLP
-classifier: 6 * N per sample. Recomputation (activation checkpointing) is not model FLOPs.
-Peak FLOP/s per device comes from a hardware profile (conf/hardware/). On CPU it is this
-machine's own measured profile (`this_cpu`, from `scalelab plan --probe`), scaled by the threads
-each rank uses; a GPU profile is never applied to a CPU run.
+classifier: 6 * N per sample. Both are counted from the model's config (models/gpt.py
+`flops_per_token`, models/mlp.py `mlp_params`), never from live parameter tensors, which ZeRO-3
+partitions, a pipeline stage holds only in part and TP shards: one model and batch give the
+same FLOPs under every strategy. Recomputation (activation checkpointing) is not model FLOPs.
+
+Peak FLOP/s per device comes from a hardware profile (conf/hardware/). On CPU it is this host's
+own probe (`host_cpu_profile`: a matmul probe run once per host, CPU model, core count and torch
+version, cached under the cache dir), never a committed figure from another machine, scaled by
+the threads each rank uses. CPU runs in bf16/fp16 are measured against the larger of the
+host's fp32 and 16-bit peaks (the record says which): CPU 16-bit matmuls may have no fast kernel
+(one host probed bf16 50x below fp32, another 2x above it), and the slower peak would put MFU
+above what the host allows. A GPU profile is never applied to a CPU run.
 """
 from __future__ import annotations
 
+import hashlib
+import os
+import platform
+from pathlib import Path
 from typing import Any
 
 from scalelab.errors import ConfigError
@@ -17,6 +29,7 @@ from scalelab.errors import ConfigError
 FORMULA_GPT = "6*N + 12*L*T*d per token (N non-embedding params; Kaplan et al. 2020, PaLM app. B)"
 FORMULA_MLP = "6*N per sample (N params)"
 _GPU_BY_NAME = (("H200", "h200"), ("H100", "h100_sxm"), ("A100", "a100_80g_nvlink"))
+HOST_CPU = "this_cpu"  # on CPU, "auto" and "this_cpu" mean this host's own probe
 
 
 def profile_name(requested: str, accelerator: str) -> str | None:
@@ -27,7 +40,7 @@ def profile_name(requested: str, accelerator: str) -> str | None:
                               "use auto or this_cpu (a GPU peak would understate CPU MFU)")
         return str(requested)
     if accelerator == "cpu":
-        return "this_cpu"
+        return HOST_CPU
     import torch
 
     name = torch.cuda.get_device_name(0)
@@ -38,25 +51,81 @@ def _dtype(precision: str) -> str:
     return "bf16" if "bf16" in precision else "fp16" if precision.startswith("16") else "fp32"
 
 
-def compute_mfu(record: dict, net: Any, requested: str) -> dict | None:
+def model_flops_per_sample(arch: Any) -> tuple[int, str]:
+    """Training model FLOPs per sample and the formula, from the model's config dataclass."""
+    from scalelab.models.gpt import GPTConfig, flops_per_token
+    from scalelab.models.mlp import MLPConfig, mlp_params
+
+    if isinstance(arch, GPTConfig):
+        return flops_per_token(arch) * arch.seq_len, FORMULA_GPT
+    if isinstance(arch, MLPConfig):
+        return 6 * mlp_params(arch), FORMULA_MLP
+    raise TypeError(f"no FLOPs formula for model config {type(arch).__name__}")
+
+
+def _host_key() -> str:
+    from importlib.metadata import version
+
+    from scalelab.plan.hardware import _cpu_name
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    ident = f"{_cpu_name()}|{cores}|{platform.machine()}|torch {version('torch')}"
+    return hashlib.sha1(ident.encode()).hexdigest()[:12]
+
+
+def host_cpu_profile_path(cache_dir: str | Path) -> Path:
+    return Path(cache_dir) / "hardware" / f"{HOST_CPU}-{_host_key()}.yaml"
+
+
+def host_cpu_profile(cache_dir: str | Path) -> Path:
+    """This host's probed CPU profile, probing it first if this host (CPU model, cores, torch
+    version) has none yet (~4 s, once). Written whole (temp file + rename): concurrent jobs
+    may both probe, but never read half a file."""
+    path = host_cpu_profile_path(cache_dir)
+    if not path.is_file():
+        from scalelab.plan.hardware import probe_cpu
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        probe_cpu(tmp)
+        os.replace(tmp, path)
+    return path
+
+
+def load_profile(requested: str, accelerator: str, cache_dir: str | Path | None):
+    """The Hardware profile for a run's MFU (None for an unknown GPU)."""
     from scalelab.plan.hardware import load_hardware
 
-    thr = record["throughput"]
-    if not thr.get("samples_per_s"):
-        return None
-    if hasattr(net, "flops_per_token"):
-        per_sample, formula = net.flops_per_token() * net.cfg.seq_len, FORMULA_GPT
-    else:
-        per_sample, formula = 6 * sum(p.numel() for p in net.parameters()), FORMULA_MLP
-    name = profile_name(requested, record["hardware"]["accelerator"])
+    name = profile_name(requested, accelerator)
     if name is None:
         return None
-    hw = load_hardware(name)
-    dtype = _dtype(record["precision"])
+    if accelerator == "cpu" and name == HOST_CPU and cache_dir is not None:
+        return load_hardware(str(host_cpu_profile(cache_dir)))
+    return load_hardware(name)
+
+
+def compute_mfu(record: dict, arch: Any, hw: Any) -> dict | None:
+    """MFU of a finished run from its record (throughput, precision, world size, threads), the
+    model config and the hardware profile `hw` (plan.hardware.Hardware; None: no MFU)."""
+    thr = record["throughput"]
+    if not thr.get("samples_per_s") or hw is None:
+        return None
+    per_sample, formula = model_flops_per_sample(arch)
+    run_dtype = _dtype(record["precision"])
+    cpu = record["hardware"]["accelerator"] == "cpu"
+    dtype = run_dtype
+    if cpu and run_dtype != "fp32" and hw.peak("fp32") >= hw.peak(run_dtype):
+        dtype = "fp32"  # no faster 16-bit kernel here: the host's best for these matmuls is fp32
     peak = hw.peak(dtype)
-    if record["hardware"]["accelerator"] == "cpu":  # a CPU "device" in the profile is a rank of N threads
+    if cpu:  # a CPU "device" in the profile is a rank of threads_per_device threads
         peak *= record["hardware"]["threads_per_rank"] / max(1, getattr(hw, "threads_per_device", 1) or 1)
     achieved = thr["samples_per_s"] * per_sample
-    return {"value": achieved / (peak * record["world_size"]), "model_flops_per_sample": per_sample,
-            "model_flops_per_s": achieved, "peak_flops_per_device": peak, "dtype": dtype,
-            "hardware_profile": name, "formula": formula}
+    out = {"value": achieved / (peak * record["world_size"]), "model_flops_per_sample": per_sample,
+           "model_flops_per_s": achieved, "peak_flops_per_device": peak, "dtype": dtype,
+           "hardware_profile": hw.name, "formula": formula}
+    if cpu:
+        out["peak_source"] = (hw.note or "")[:200]
+        if run_dtype != "fp32":
+            out["note"] = (f"{run_dtype} run on CPU: MFU against the larger of the host's fp32 and "
+                           f"{run_dtype} peaks ({dtype}; CPU 16-bit matmuls may lack fast kernels)")
+    return out

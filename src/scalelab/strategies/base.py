@@ -44,6 +44,10 @@ class StrategyPlan:
     name: str = "base"
     #: 1 when the strategy only runs on one device (validated before spawn)
     max_world_size: int | None = None
+    #: every rank holds the whole model on its device (single, DDP, ZeRO-1/2): on a GPU the model
+    #: is then built there directly, with no fp32 copy of it in host memory per rank. Sharding
+    #: strategies (FSDP, TP, pipeline, ZeRO-3) cut the model first, so they build it on the host.
+    replicates_model: bool = False
 
     def __init__(self, name: str | None = None, **options: Any):
         if name:
@@ -64,6 +68,12 @@ class StrategyPlan:
     # -- inside a rank -----------------------------------------------------------------------
     def dp_rank(self, global_rank: int, world_size: int) -> int:
         return global_rank
+
+    def init_device(self, run: RunSpec, local_rank: int) -> torch.device:
+        """Where this rank builds the plain model (see replicates_model)."""
+        if run.accelerator == "gpu" and self.replicates_model:
+            return torch.device("cuda", local_rank)
+        return torch.device("cpu")
 
     def lightning_strategy(self, run: RunSpec) -> Any:
         """A Lightning Strategy instance (or registry name) for Trainer(strategy=...)."""

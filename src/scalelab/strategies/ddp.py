@@ -86,6 +86,7 @@ class CommHookDDPStrategy(DDPStrategy):
 
 class DDP(StrategyPlan):
     name = "ddp"
+    replicates_model = True
 
     def __init__(self, name: str = "ddp", bucket_cap_mb: float = 25.0, find_unused_parameters: bool = False,
                  gradient_as_bucket_view: bool = True, static_graph: bool = False, comm_hook: str = "none",

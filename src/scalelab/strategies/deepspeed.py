@@ -163,6 +163,7 @@ class ZeRO(StrategyPlan):
                  sub_group_size: int | None = None, **options: Any):
         super().__init__(name, **options)
         self.stage = stage
+        self.replicates_model = stage in (1, 2)  # ZeRO-3 partitions parameters: built on the host
         self.offload_optimizer, self.offload_params = offload_optimizer, offload_params
         self.pin_memory, self.nvme_path, self.cpu_adam = pin_memory, nvme_path, cpu_adam
         self.zero_options = dict(

@@ -22,6 +22,7 @@ class IndependentReplicasStrategy(DDPStrategy):
 
 class Single(StrategyPlan):
     name = "single"
+    replicates_model = True
 
     def lightning_strategy(self, run: RunSpec):
         if run.world_size == 1:
