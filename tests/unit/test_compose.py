@@ -37,7 +37,9 @@ def test_every_config_file_composes(hydra_ctx, group, name):
         overrides.append("trainer.devices=2")
     cfg = compose("train", overrides=overrides, return_hydra_config=True)
     if group == "experiment":  # a `# @package _global_` overlay: no key of its own
-        assert cfg.hydra.sweeper.params or cfg.strategy
+        # it sweeps something (Hydra's default sweeper has no params) and changes the run config
+        assert cfg.hydra.sweeper.params, f"experiment={name} sets no hydra.sweeper.params"
+        assert compose("train", overrides=overrides) != compose("train"), f"experiment={name} changes nothing"
     else:
         assert cfg[group] is not None
     if group in ("strategy", "model", "optim", "lr_scaling", "trainer", "logger", "experiment"):

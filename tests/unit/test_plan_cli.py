@@ -44,13 +44,31 @@ def test_table_and_params_only(capsys):
 
 
 def test_model_config(capsys):
-    pytest.importorskip("yaml")
-    if not (cli.conf_dir() / "model" / "gpt_nano.yaml").is_file():
-        pytest.skip("conf/model/gpt_nano.yaml not present")
+    # gpt_nano.yaml is part of the repository (and PyYAML a dependency of omegaconf): a missing
+    # one is a broken checkout or a wrong conf_dir(), which must fail here, not skip
+    assert (cli.conf_dir() / "model" / "gpt_nano.yaml").is_file(), cli.conf_dir()
     assert main(["--model", "gpt_nano", "--strategy", "ddp", "--devices", "2",
                  "--hardware", "this_cpu", "--precision", "32", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["inputs"]["model"]["n_layers"] == 2 and doc["inputs"]["model"]["hidden"] == 64
+    assert doc["inputs"]["model"]["dropout"] == 0.0           # arch.dropout of the config
+
+
+def test_attention_and_dropout_change_activation_memory_only(capsys):
+    base = ["--layers", "12", "--hidden", "768", "--heads", "12", "--vocab", "256", "--seq-len", "1024",
+            "--strategy", "single", "--micro-batch", "16", "--hardware", "h200", "--json"]
+    docs = {}
+    for extra in ([], ["--attention", "math"], ["--attention", "MATH", "--dropout", "0.1"]):
+        assert main(base + extra) == 0
+        docs[" ".join(extra)] = json.loads(capsys.readouterr().out)
+    flash, math, paper = docs.values()
+    assert flash["inputs"]["model"]["attention"] == "flash" and flash["inputs"]["model"]["dropout"] == 0.0
+    assert paper["inputs"]["model"]["attention"] == "math" and paper["inputs"]["model"]["dropout"] == 0.1
+    acts = [d["memory"]["activations_bytes_per_device"] for d in (flash, math, paper)]
+    assert acts[0] < acts[1] < acts[2]
+    assert flash["time"] == math["time"] == paper["time"]      # step time: not the memory model's
+    assert main(base[:-1]) == 0
+    assert "flash attention" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -67,6 +85,9 @@ def test_model_config(capsys):
     (["--params", "1B", "--strategy", "ddp", "--activation-checkpointing", "some"], "unknown activation checkpointing"),
     (["--params", "1B", "--strategy", "zero2", "--devices", "8", "--tp", "2"], "--tp 2 needs a tensor-parallel strategy"),
     (["--strategy", "ddp"], "no model"),
+    (["--params", "1B", "--strategy", "ddp", "--attention", "xla"], "unknown attention kernel 'xla'; valid: flash, math"),
+    (["--params", "1B", "--strategy", "ddp", "--dropout", "1.5"], "dropout must be a probability in [0, 1), got '1.5'"),
+    (["--params", "1B", "--strategy", "ddp", "--dropout", "lots"], "dropout must be a probability in [0, 1), got 'lots'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
     assert main(argv) == 2

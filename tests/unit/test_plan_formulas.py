@@ -1,5 +1,6 @@
 """The planner's formulas against numbers derived by hand from the papers they cite."""
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -129,15 +130,30 @@ def test_fp32_activations_double_the_16_bit_tensors_not_the_masks():
 
 
 def test_activations_per_device_adds_embedding_and_logits():
-    L = layout("ddp", NANO, 2, micro_batch=8)
+    # The paper's setting: math attention (s x s scores stored) with dropout.
+    paper = replace(NANO, attention="math", dropout=0.1)
+    L = layout("ddp", paper, 2, micro_batch=8)
     s, b, h, V = 64, 8, 64, 256
     per_layer = s * b * h * 34 + 5 * 4 * s * s * b
     expected = 2 * per_layer + s * b * h + 4 * s * b * h + 4 * s * b * V
+    assert activation_bytes_per_device(paper, L, "bf16-mixed") == expected
+
+
+def test_flash_attention_without_dropout_drops_the_scores_and_masks():
+    # scalelab's GPT under autocast (activations.py, formula 2): s b (40 h + 16 + 4 a) per layer;
+    # embedding ids 8 s b; final LayerNorm in/stats/out, fp32 log-softmax, int64 targets.
+    L = layout("ddp", NANO, 2, micro_batch=8)
+    s, b, h, a, V = 64, 8, 64, 4, 256
+    per_layer = s * b * (40 * h + 16 + 4 * a)
+    expected = 2 * per_layer + 8 * s * b + s * b * (6 * h + 8) + 4 * s * b * V + 8 * s * b
     assert activation_bytes_per_device(NANO, L, "bf16-mixed") == expected
+    with_scores = replace(NANO, attention="math")     # no dropout: the softmax output only
+    assert (activation_bytes_per_device(with_scores, L, "bf16-mixed") - expected
+            == 2 * (2 * a * s * s * b - 4 * a * s * b))
 
 
 def test_pipeline_first_stage_holds_p_micro_batches():
-    m = ModelSpec.from_shape(8, 64, 4, 256, 64)
+    m = ModelSpec.from_shape(8, 64, 4, 256, 64, attention="math", dropout=0.1)
     one = activation_bytes_per_device(m, layout("ddp", m, 1), "bf16-mixed")
     L = layout("pipeline", m, 4, micro_batches=8)
     per_layer = 64 * 64 * 34 + 5 * 4 * 64 * 64

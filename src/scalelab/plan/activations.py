@@ -1,8 +1,11 @@
-"""Activation memory per device.
+"""Activation memory per device: the bytes autograd keeps from forward to backward.
 
-Source: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
-(arXiv:2205.05198), Sec. 4 and Table 2. Per transformer layer, sequence length s, micro-batch b,
-hidden h, heads a, tensor-parallel degree t, 16-bit activations, with dropout:
+Two formulas, chosen by the model's attention kernel and dropout (ModelSpec.attention / .dropout):
+
+1. attention="math" with dropout > 0: Korthikanti et al. 2022, "Reducing Activation Recomputation
+in Large Transformer Models" (arXiv:2205.05198), Sec. 4 and Table 2, unchanged (`layer_activation_bytes`).
+Per layer, sequence length s, micro-batch b, hidden h, heads a, tensor-parallel degree t, 16-bit
+activations, Megatron's GPT (dropout after attention, MLP and embedding; s x s scores stored):
 
     no parallelism                      s b h (34 + 5 a s / h)
     tensor parallel                     s b h (10 + 24 / t + 5 a s / (h t))
@@ -10,30 +13,59 @@ hidden h, heads a, tensor-parallel degree t, 16-bit activations, with dropout:
     + selective recompute (attention)   drops the 5 a s / h term
     full recompute                      2 s b h (only the layer input; / t with sequence parallel)
 
-Where the numbers come from (bytes): 10 s b h is replicated across TP ranks without sequence
-parallelism: four 16-bit tensors (two LayerNorm inputs, the QKV input, the MLP input) and two
-1-byte dropout masks; 24 s b h is split: Q, K, V, the projection input (4 x 2 bytes) and the MLP's
-two 4h-wide tensors (2 x 8 bytes); 5 a s^2 b is softmax output + dropout output (2 x 2 bytes) and
-the dropout mask (1 byte). We keep that decomposition so fp32 training (4-byte activations; masks
-stay 1 byte) and an MLP width other than 4h are counted correctly. FlashAttention (Dao et al. 2022)
-never stores the s x s scores either: plan such a model with --activation-checkpointing selective.
+10 s b h is replicated across TP ranks without sequence parallelism: four 16-bit tensors (two
+LayerNorm inputs, the QKV input, the MLP input) and two 1-byte dropout masks; 24 s b h is split:
+Q, K, V, the projection input (4 x 2 bytes) and the MLP's two 4h-wide tensors (2 x 8 bytes);
+5 a s^2 b is softmax output + dropout output (2 x 2 bytes) and the dropout mask (1 byte). fp32
+doubles the tensors, not the masks; an MLP width f other than 4h scales the 4h-wide pair.
+
+2. Otherwise (the default: flash attention, no dropout), what scalelab's GPT (models/gpt.py: F.scaled_
+dot_product_attention, is_causal, dropout only inside it) saves under torch autocast, counted with
+saved_tensors_hooks in tests/unit/test_plan_saved_tensors.py. e = 2 bytes (16-bit autocast) or 4
+(fp32); the residual stream stays fp32 under autocast (embeddings, residual adds and LayerNorm run
+in fp32), so r = 4 either way. Per layer:
+
+    LayerNorm inputs (ln1, ln2)           2 r s b h       replicated (/ t with sequence parallel)
+    LayerNorm mean + rstd (fp32)          16 s b          replicated
+    LayerNorm outputs                     (c + 1) e s b h replicated; c = 3 under autocast: q, k and
+                                                          v each cast ln1's fp32 output themselves
+                                                          (c = 1 in fp32: one shared tensor)
+    q, k, v; attention output             4 e s b h       split (/ t); out_proj's input is a view
+                                                          of the kernel's output, counted once
+    MLP up output, GELU output            2 e f s b       split
+    attention core, flash                 4 a s b         fp32 logsumexp per head and position
+    attention core, math                  e a s^2 b       the softmax output (s x s per head)
+
+i.e. with f = 4h: s b (40 h + 16 + 4 a) under autocast, s b (64 h + 16 + 4 a) in fp32. Flash and
+memory-efficient kernels (Dao et al. 2022) recompute the scores in backward and regenerate a
+dropout mask from the RNG state, so flash + dropout stores no mask. (On CPU, torch runs dropout > 0
+with the math kernel; plan such a run with attention="math".) Selective recompute drops the
+attention core's own tensors (scores or logsumexp); its inputs q, k, v and its output stay.
+Full recompute (torch.utils.checkpoint per block, use_reentrant=False) keeps each block's input:
+r s b h, 4 bytes even under autocast; backward recomputes one block at a time on top of that.
+Per micro-batch: the token ids (int64, 8 s b) for the embedding's backward on the first stage; on
+the last stage the final LayerNorm's input (r s b h), stats (8 s b) and output (e s b h, the
+lm_head input), the fp32 log-softmax of the logits (4 s b V: LitModule's cross entropy runs on
+logits.float()) and the int64 targets (8 s b). Not activations, so not here: autocast's 16-bit
+copies of the weights, which autograd also keeps until backward (2 bytes per parameter).
 
 Pipeline (Narayanan et al. 2021, 1F1B schedule): the first stage holds activations of min(p, m)
-in-flight micro-batches of its L/p layers, i.e. about L layers' worth in total.
-Embedding and output layer (Korthikanti Sec. 4.3): the embedding dropout mask (s b h bytes) per
-in-flight micro-batch on the first stage; the last stage keeps the final LayerNorm and output
-projection inputs (4 s b h) and the fp32 logits for the cross entropy (4 s b V), both / t.
+in-flight micro-batches of its L/p layers, i.e. about L layers' worth in total; the last stage
+holds the output layer's. Both formulas divide the logits by t (vocabulary-parallel loss, Sec. 4.3).
 """
 from __future__ import annotations
 
 from .flops import slowest_stage, stage_layers
 from .spec import Layout, ModelSpec
 
+RESIDUAL_BYTES = 4      # torch autocast keeps the residual stream and LayerNorm in fp32
+
 
 def layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, *, e: int = 2,
                            ffn: int | None = None, sequence_parallel: bool = False,
                            checkpointing: str = "none") -> float:
-    """Bytes one transformer layer keeps for backward, per micro-batch, on one TP rank."""
+    """Korthikanti et al.'s bytes of one transformer layer (math attention with dropout), per
+    micro-batch, on one TP rank."""
     f = ffn or 4 * h
     if checkpointing == "full":
         # Only the layer input is kept (e bytes per element); split t-ways with sequence parallel.
@@ -48,6 +80,30 @@ def layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, *, e: int
     return replicated + split / t + scores / t
 
 
+def gpt_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, *, e: int = 2,
+                               ffn: int | None = None, sequence_parallel: bool = False,
+                               checkpointing: str = "none", attention: str = "flash") -> float:
+    """Bytes one block of scalelab's GPT saves for backward (no dropout, or flash attention),
+    per micro-batch, on one TP rank. Formula 2 of the module docstring."""
+    f, r = ffn or 4 * h, RESIDUAL_BYTES
+    if checkpointing == "full":
+        return r * s * b * h / (t if sequence_parallel else 1)
+    ln_out_copies = 3 if e < 4 else 1
+    replicated = s * b * h * (2 * r + (ln_out_copies + 1) * e) + 16 * s * b
+    split = s * b * h * 4 * e + 2 * e * f * s * b
+    core = 4 * a * s * b if attention == "flash" else e * a * s * s * b
+    if checkpointing == "selective":
+        core = 0.0                                       # recomputed in backward
+    if sequence_parallel:
+        return (replicated + split + core) / t
+    return replicated + (split + core) / t
+
+
+def uses_paper_formula(model: ModelSpec) -> bool:
+    """Korthikanti's setting: s x s scores in memory and dropout masks to keep."""
+    return model.attention == "math" and model.dropout > 0
+
+
 def activation_bytes_per_device(model: ModelSpec, layout: Layout, precision: str,
                                 checkpointing: str = "none") -> float:
     e = 4 if precision == "32" else 2
@@ -55,14 +111,23 @@ def activation_bytes_per_device(model: ModelSpec, layout: Layout, precision: str
     if model.kind == "mlp":
         # Per linear layer: its input, the pre-activation and the activation output.
         return 3 * e * b * model.hidden * model.n_layers
-    s, h = model.seq_len, model.hidden
+    s, h, V = model.seq_len, model.hidden, model.vocab
     sp = layout.sequence_parallel and t > 1
-    per_layer = layer_activation_bytes(s, b, h, model.heads, t, e=e, ffn=model.ffn,
-                                       sequence_parallel=sp, checkpointing=checkpointing)
+    if uses_paper_formula(model):
+        per_layer = layer_activation_bytes(s, b, h, model.heads, t, e=e, ffn=model.ffn,
+                                           sequence_parallel=sp, checkpointing=checkpointing)
+        embedding = s * b * h                           # the embedding's dropout mask
+        output = 4 * s * b * h / t + 4 * s * b * V / t
+    else:
+        per_layer = gpt_layer_activation_bytes(s, b, h, model.heads, t, e=e, ffn=model.ffn,
+                                               sequence_parallel=sp, checkpointing=checkpointing,
+                                               attention=model.attention)
+        embedding = 8 * s * b                           # int64 token ids
+        final_ln = s * b * h * (RESIDUAL_BYTES + e) + 8 * s * b
+        output = final_ln / (t if sp else 1) + 4 * s * b * V / t + 8 * s * b
     per_stage = stage_layers(model.n_layers, p)         # first stage gets any extra layer
     in_flight = min(p, layout.micro_batches)            # 1F1B warm-up depth on the first stage
-    first = per_layer * per_stage[0] * in_flight + s * b * h * in_flight  # + embedding mask
-    output = 4 * s * b * h / t + 4 * s * b * model.vocab / t
+    first = (per_layer * per_stage[0] + embedding) * in_flight
     if p == 1:
         return first + output
     last = per_layer * per_stage[-1] + output
@@ -77,7 +142,9 @@ def activation_traffic_bytes(model: ModelSpec, layout: Layout, precision: str,
     Elementwise work (LayerNorm, GELU, softmax, residual adds, their gradients) is memory-bound:
     its time is this traffic over memory bandwidth, not FLOPs over peak (the roofline model,
     Williams et al. 2009, CACM 52(4)). It is what makes small-width models slower than their
-    FLOPs say. Recomputation writes the recomputed layers' activations a second time."""
+    FLOPs say. Recomputation writes the recomputed layers' activations a second time.
+    Deliberately Korthikanti's formula whatever model.attention and model.dropout say: the
+    profiles' activation_bandwidth was fitted against these bytes, so step times stay put."""
     e = 4 if precision == "32" else 2
     b, t = layout.micro_batch, layout.tp
     if model.kind == "mlp":

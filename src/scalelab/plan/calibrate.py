@@ -92,8 +92,16 @@ def model_from_run(run: dict) -> ModelSpec:
         raise PlanError(f"run.json model lacks n_params/n_layers/d_model: {m}") from exc
     if kind == "mlp":
         return ModelSpec(n, layers, hidden, 1, int(m.get("vocab_size") or 1), 1, kind="mlp")
+    cfg = run.get("config") if isinstance(run.get("config"), dict) else {}
+    arch = (cfg.get("model") or {}).get("arch") or {}            # the run's resolved model config
+    dropout = float(arch.get("dropout") or m.get("dropout") or 0.0)
+    # scalelab's GPT calls SDPA: flash / memory-efficient kernels, except that torch runs
+    # dropout > 0 on CPU with the math kernel (s x s scores and mask stored).
+    cpu = (run.get("hardware") or {}).get("accelerator") == "cpu"
+    attention = m.get("attention") or ("math" if cpu and dropout > 0 else "flash")
     return ModelSpec(n, layers, hidden, int(m.get("n_heads") or 1), int(m.get("vocab_size") or 1),
-                     int(m.get("seq_len") or 1), int(m.get("ffn_hidden") or 0), kind="gpt")
+                     int(m.get("seq_len") or 1), int(m.get("ffn_hidden") or 0), kind="gpt",
+                     attention=attention, dropout=dropout)
 
 
 def terms_from_run(run: dict) -> Terms:

@@ -3,7 +3,8 @@
     scalelab plan (--params N | --layers L --hidden H --heads A [--vocab V] [--seq-len S] | --model NAME)
                   --strategy S --devices N [--nodes N] [--tp T] [--pp P] [--micro-batch B]
                   [--global-batch G] [--precision P] [--optimizer adam|sgd]
-                  [--activation-checkpointing none|selective|full] [--hardware H] [--tokens T] [--json]
+                  [--activation-checkpointing none|selective|full] [--attention flash|math]
+                  [--dropout P] [--hardware H] [--tokens T] [--json]
     scalelab plan --probe [--out PATH]                       measure this CPU -> conf/hardware/this_cpu.yaml
     scalelab plan --calibrate SWEEP_DIR [SWEEP_DIR ...] [--hardware H] [--out PATH]
     scalelab plan --validate SWEEP_DIR [SWEEP_DIR ...] [--hardware H] [--tolerance 0.15] [--json]
@@ -13,11 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
-from .spec import CHECKPOINTING, STRATEGIES, ModelSpec, PlanError, conf_dir, get_strategy, strategy_names
+from .spec import ATTENTION, CHECKPOINTING, STRATEGIES, ModelSpec, PlanError, conf_dir, get_strategy, strategy_names
 
 DEFAULT_HARDWARE = "h100_sxm"
 DEFAULT_VOCAB, DEFAULT_SEQ = 50257, 2048
@@ -44,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--seq-len", type=int, help=f"sequence length (default {DEFAULT_SEQ})")
     m.add_argument("--ffn-hidden", type=int, help="MLP width (default 4 x hidden)")
     m.add_argument("--model", help="a model config in conf/model/ (e.g. gpt_small)")
+    # Strings, checked by ModelSpec: a bad value is one PlanError line, not an argparse usage dump.
+    m.add_argument("--attention", default="flash",
+                   help=f"{' | '.join(ATTENTION)}: flash/memory-efficient kernels keep O(s) per head "
+                        "(scalelab's SDPA), math stores the s x s scores (default flash)")
+    m.add_argument("--dropout", help="dropout probability (default: --model's arch.dropout, else 0)")
     j = parser.add_argument_group("job")
     j.add_argument("--strategy", help=f"one of: {', '.join(STRATEGIES)} (or any conf/strategy/ config)")
     j.add_argument("--devices", type=int, default=1, help="devices per node (default 1)")
@@ -89,6 +96,14 @@ def run(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------------------------
 def _model_from_args(a) -> ModelSpec:
+    model = _model_shape_from_args(a)
+    kw = {"attention": getattr(a, "attention", None) or "flash"}
+    if getattr(a, "dropout", None) is not None:      # else: the model config's, or 0
+        kw["dropout"] = a.dropout
+    return replace(model, **kw)
+
+
+def _model_shape_from_args(a) -> ModelSpec:
     shape = [a.layers, a.hidden, a.heads]
     if a.model:
         return _model_from_conf(a.model)
@@ -115,7 +130,8 @@ def _model_from_conf(name: str) -> ModelSpec:
         f = int(arch.get("mlp_ratio", 4) * h)
         # scalelab.models.gpt: bias-free linears, 2 LayerNorms per block, learned positions, untied head.
         n = L * (4 * h * h + 2 * h * f + 4 * h) + 2 * V * h + s * h + 2 * h
-        return ModelSpec.from_shape(L, h, int(arch["n_heads"]), V, s, f, n_params=n)
+        return ModelSpec.from_shape(L, h, int(arch["n_heads"]), V, s, f, n_params=n,
+                                    dropout=arch.get("dropout") or 0.0)
     if "hidden" in arch:                                  # MLP classifier
         widths = [int(arch["in_features"]), *map(int, arch["hidden"]), int(arch["num_classes"])]
         n = sum(i * o + o for i, o in zip(widths, widths[1:]))
@@ -270,7 +286,9 @@ def render(doc: dict) -> str:
            + (" +sequence-parallel" if p["sequence_parallel"] else ""),
            f"model: {_si(md['n_params'])} params ({md['n_layers']} layers, hidden {md['hidden']}, "
            f"{md['heads']} heads, vocab {md['vocab']}, seq {md['seq_len']}"
-           + (", shape guessed from --params" if md["shape_inferred"] else "") + f"), "
+           + (", shape guessed from --params" if md["shape_inferred"] else "")
+           + f", {md.get('attention', 'flash')} attention"
+           + (f", dropout {md['dropout']:g}" if md.get("dropout") else "") + f"), "
            f"{i['precision']}, {i['optimizer']}, activation checkpointing {i['activation_checkpointing']}",
            f"batch: micro {p['micro_batch']} x dp {p['dp']} x {p['micro_batches_per_step']} micro-batches"
            f" = global {p['global_batch']} ({p['global_batch'] * md['seq_len']:,} tokens/step)", ""]

@@ -204,6 +204,9 @@ def normalize_checkpointing(c) -> str:
     return key
 
 
+ATTENTION = ("flash", "math")
+
+
 # --------------------------------------------------------------------------------------------
 # Model
 # --------------------------------------------------------------------------------------------
@@ -213,6 +216,8 @@ class ModelSpec:
 
     n_params is what the model-state formulas use; the shape drives FLOPs, activations and
     per-layer communication. `shape_inferred` marks a shape guessed from --params alone.
+    `attention` (flash: O(s) per head, as scalelab's SDPA; math: s x s scores stored) and
+    `dropout` only change the activation memory (activations.py).
     """
     n_params: int
     n_layers: int
@@ -223,6 +228,21 @@ class ModelSpec:
     ffn_hidden: int = 0          # 0 -> 4 * hidden
     kind: str = "gpt"
     shape_inferred: bool = False
+    attention: str = "flash"
+    dropout: float = 0.0
+
+    def __post_init__(self):   # frozen: normalise through object.__setattr__
+        att = str(self.attention).strip().lower()
+        if att not in ATTENTION:
+            raise PlanError(f"unknown attention kernel {self.attention!r}; valid: {', '.join(ATTENTION)}")
+        try:
+            p = float(self.dropout)
+        except (TypeError, ValueError):
+            p = -1.0
+        if not 0.0 <= p < 1.0:     # NaN fails too
+            raise PlanError(f"dropout must be a probability in [0, 1), got {self.dropout!r}")
+        object.__setattr__(self, "attention", att)
+        object.__setattr__(self, "dropout", p)
 
     @property
     def ffn(self) -> int:
@@ -276,7 +296,8 @@ class ModelSpec:
         return n_layers * m.layer_params + m.embedding_params + 2 * hidden  # + final LayerNorm
 
     @classmethod
-    def from_shape(cls, n_layers, hidden, heads, vocab, seq_len, ffn_hidden=0, n_params=None):
+    def from_shape(cls, n_layers, hidden, heads, vocab, seq_len, ffn_hidden=0, n_params=None,
+                   attention="flash", dropout=0.0):
         for flag, v in (("--layers", n_layers), ("--hidden", hidden), ("--heads", heads),
                         ("--vocab", vocab), ("--seq-len", seq_len)):
             if v is None or int(v) < 1:
@@ -286,7 +307,7 @@ class ModelSpec:
                             f"{', '.join(str(d) for d in _divisors(hidden) if d <= 256)}")
         n = n_params or cls.gpt_params(n_layers, hidden, vocab, seq_len, ffn_hidden)
         return cls(int(n), int(n_layers), int(hidden), int(heads), int(vocab), int(seq_len),
-                   int(ffn_hidden or 0))
+                   int(ffn_hidden or 0), attention=attention, dropout=dropout)
 
     @classmethod
     def from_params(cls, n_params: float, seq_len: int = 2048, vocab: int = 50257):

@@ -266,7 +266,9 @@ def plan(model: ModelSpec, strategy: str, hardware: Hardware | str, *, devices: 
             "model": {"n_params": model.n_params, "n_layers": model.n_layers, "hidden": model.hidden,
                       "heads": model.heads, "vocab": model.vocab, "seq_len": model.seq_len,
                       "ffn_hidden": model.ffn, "kind": model.kind,
-                      "shape_inferred": model.shape_inferred},
+                      "shape_inferred": model.shape_inferred,
+                      # what the activation memory assumed (activations.py)
+                      "attention": model.attention, "dropout": model.dropout},
             "strategy": terms.strategy.name, "hardware": hw.name, "precision": terms.precision,
             "optimizer": terms.optimizer, "activation_checkpointing": terms.checkpointing,
             "parallel": {"world_size": L.world, "nodes": L.nodes, "devices_per_node": L.devices_per_node,

@@ -1,0 +1,103 @@
+"""The planner's activation memory against what autograd really saves for scalelab's GPT.
+
+Each case builds models.gpt.GPT, runs forward + the LitModule's loss (cross entropy on
+logits.float()) under saved_tensors_hooks and sums the bytes of the saved tensors, each storage
+once. Excluded: parameters, views of them and tensors computed from a parameter alone (autocast's
+16-bit weight copies): weights, not activations. The expected bytes come from this measurement,
+never from the planner. With activation checkpointing the count is what forward saves (each
+block's input); backward's recomputation of one block at a time is not counted.
+"""
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from scalelab.models.gpt import GPT, GPTConfig
+from scalelab.plan import ModelSpec, activation_bytes_per_device, get_strategy, resolve_layout
+
+TOLERANCE = 0.10
+# (layers, d_model, heads, seq_len, batch): seq_len 128-256 so the s x s scores would matter.
+SHAPES = [(2, 64, 4, 128, 2), (1, 96, 2, 256, 1), (3, 32, 4, 160, 2), (2, 128, 8, 128, 1)]
+PRECISIONS = {"32": contextlib.nullcontext, "bf16-mixed": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}
+
+
+def _from_parameter(t: torch.Tensor) -> bool:
+    """A function of one parameter alone (a cast, transpose or view of it): follow single-input
+    autograd nodes up to a leaf."""
+    fn = t.grad_fn
+    while fn is not None:
+        nxt = [f for f, _ in fn.next_functions if f is not None]
+        if type(fn).__name__ == "AccumulateGrad":
+            return True
+        if len(nxt) != 1:
+            return False
+        fn = nxt[0]
+    return False
+
+
+def measure_saved_bytes(cfg: GPTConfig, batch: int, precision: str) -> int:
+    torch.manual_seed(0)
+    model = GPT(cfg).train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        key = t.untyped_storage().data_ptr()
+        if key not in params and key not in storages and not _from_parameter(t):
+            storages[key] = t.untyped_storage().nbytes()
+        return t
+
+    tokens = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len + 1))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), PRECISIONS[precision]():
+        logits = model(tokens[:, :-1])                       # as LitModule.loss
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+    loss.backward()                                          # the graph was complete and usable
+    return sum(storages.values())
+
+
+def predict(cfg: GPTConfig, batch: int, precision: str, **model_kw) -> float:
+    spec = ModelSpec.from_shape(cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.vocab_size, cfg.seq_len,
+                                cfg.mlp_ratio * cfg.d_model, **model_kw)
+    layout = resolve_layout(get_strategy("single"), spec, 1, micro_batch=batch)
+    ckpt = "full" if cfg.activation_checkpointing else "none"
+    return activation_bytes_per_device(spec, layout, precision, ckpt)
+
+
+def config(shape, ckpt: bool) -> tuple[GPTConfig, int]:
+    L, h, a, s, b = shape
+    return GPTConfig(n_layers=L, d_model=h, n_heads=a, seq_len=s, vocab_size=256, mlp_ratio=4,
+                     dropout=0.0, activation_checkpointing=ckpt), b
+
+
+_MEASURED: dict = {}
+
+
+def measured(shape, precision, ckpt) -> int:
+    key = (shape, precision, ckpt)
+    if key not in _MEASURED:
+        cfg, b = config(shape, ckpt)
+        _MEASURED[key] = measure_saved_bytes(cfg, b, precision)
+    return _MEASURED[key]
+
+
+@pytest.mark.parametrize("ckpt", [False, True], ids=["no-ckpt", "full-ckpt"])
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "L{}-h{}-a{}-s{}-b{}".format(*s))
+def test_planner_matches_saved_tensors(shape, precision, ckpt):
+    cfg, b = config(shape, ckpt)
+    ratio = predict(cfg, b, precision) / measured(shape, precision, ckpt)
+    print(f"{shape} {precision} ckpt={ckpt}: predicted / measured = {ratio:.3f}")
+    assert abs(ratio - 1) <= TOLERANCE, ratio
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+@pytest.mark.parametrize("wrong", [dict(attention="math"), dict(attention="math", dropout=0.1)],
+                         ids=["math-scores", "korthikanti"])
+def test_a_wrong_attention_model_falls_outside_the_tolerance(wrong, precision):
+    """The check can fail: assuming stored s x s scores (the softmax output; or Korthikanti's
+    scores, dropout outputs and masks) over-predicts this GPT beyond 10 % for every shape."""
+    for shape in SHAPES:
+        cfg, b = config(shape, False)
+        ratio = predict(cfg, b, precision, **wrong) / measured(shape, precision, False)
+        assert ratio > 1 + TOLERANCE, (shape, ratio)
