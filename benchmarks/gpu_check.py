@@ -1,0 +1,176 @@
+"""GPU truth check: every strategy at world size 1 against a hand-written loop and the planner.
+
+Runs, on one device (under 6 minutes on one H200 for the default 86M GPT):
+  1. the anchor: benchmarks/handwritten_gpt.py (same GPT, fused AdamW, autocast), no platform;
+  2. one `scalelab-train -m` sweep of single, ddp, fsdp, zero2, zero3, tp at world size 1;
+  3. `scalelab plan --json` for each of those configs (profile: the one the run's MFU used);
+and prints one table: measured vs predicted step time and device memory, MFU, tokens/s, and the
+ratios to the hand-written loop and to `single`, then the issue's goals as PASS/FAIL lines
+(planner step time and device memory within 15 %, every strategy >= 0.90 of single, single >=
+0.98 of the hand-written loop). Writes OUT/gpu_check.{md,json} and the sweep under OUT/sweep.
+
+    bash benchmarks/gpu_check.sh [--out DIR]       # on a GPU host (see shared/notes/gpu-device.md)
+    python benchmarks/gpu_check.py --smoke          # CPU: tiny model, checks the script end to end
+Exit 0 when every goal passes (or --smoke), 1 when one fails, 2 when a step could not run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STRATEGIES = ["single", "ddp", "fsdp", "zero2", "zero3", "tp"]
+FULL = dict(layers=12, width=768, heads=12, seq_len=1024, vocab=256, batch=16, precision="bf16-mixed",
+            steps=40, warmup=10)
+SMOKE = dict(layers=2, width=64, heads=4, seq_len=64, vocab=256, batch=8, precision="32-true", steps=10, warmup=3)
+GIB = 2 ** 30
+
+
+def _run(cmd: list[str], log: Path, timeout: float) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    log.write_text(f"$ {' '.join(cmd)}\n# {time.time() - t0:.1f} s, exit {proc.returncode}\n"
+                   f"{proc.stdout}\n--- stderr\n{proc.stderr}")
+    return proc
+
+
+def hand_loop(s: dict, out: Path) -> dict:
+    cmd = [sys.executable, str(REPO / "benchmarks" / "handwritten_gpt.py"), "--layers", str(s["layers"]),
+           "--width", str(s["width"]), "--heads", str(s["heads"]), "--seq-len", str(s["seq_len"]),
+           "--vocab", str(s["vocab"]), "--batch", str(s["batch"]), "--precision", s["precision"],
+           "--steps", str(s["steps"]), "--warmup", str(s["warmup"])]
+    proc = _run(cmd, out / "handwritten.log", 300)
+    if proc.returncode:
+        raise SystemExit(f"error: the hand-written loop failed (exit {proc.returncode}); see {out / 'handwritten.log'}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def sweep(s: dict, strategies: list[str], out: Path) -> list[dict]:
+    sweep_dir = out / "sweep"
+    cmd = [sys.executable, "-m", "scalelab.train", "-m", f"strategy={','.join(strategies)}", "trainer.devices=1",
+           "model=gpt_nano", f"model.arch.n_layers={s['layers']}", f"model.arch.d_model={s['width']}",
+           f"model.arch.n_heads={s['heads']}", f"model.arch.seq_len={s['seq_len']}",
+           f"model.arch.vocab_size={s['vocab']}", f"data.global_batch_size={s['batch']}",
+           f"trainer.precision={s['precision']}", f"trainer.max_steps={s['steps']}",
+           f"trainer.warmup_steps={s['warmup']}", "logger=csv", "trainer.enable_progress_bar=false",
+           f"hydra.sweep.dir={sweep_dir}"]
+    proc = _run(cmd, out / "sweep.log", 600)
+    recs = {}
+    for p in sorted(sweep_dir.rglob("run.json")):
+        r = json.loads(p.read_text())
+        recs[r.get("strategy")] = r
+    if not recs:
+        raise SystemExit(f"error: the sweep wrote no run.json (exit {proc.returncode}); see {out / 'sweep.log'}")
+    return [recs[name] for name in strategies if name in recs]
+
+
+def plan(rec: dict, s: dict, out: Path) -> dict | None:
+    profile = (rec.get("mfu") or {}).get("hardware_profile")
+    if rec["hardware"]["accelerator"] == "cpu":
+        from scalelab.scaling.mfu import host_cpu_profile_path
+
+        profile = str(host_cpu_profile_path(rec["config"]["cache_dir"]))
+    if not profile:
+        return None
+    cmd = [sys.executable, "-m", "scalelab.cli", "plan", "--layers", str(s["layers"]), "--hidden", str(s["width"]),
+           "--heads", str(s["heads"]), "--vocab", str(s["vocab"]), "--seq-len", str(s["seq_len"]),
+           "--strategy", rec["strategy"], "--devices", "1", "--micro-batch", str(rec["per_device_batch_size"]),
+           "--global-batch", str(rec["global_batch_size"]), "--precision", s["precision"],
+           "--optimizer", "adam", "--hardware", profile, "--json"]
+    proc = _run(cmd, out / f"plan-{rec['strategy']}.log", 120)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def _fmt(x, spec=".1f", scale=1.0):
+    return "-" if x is None else format(x * scale, spec)
+
+
+def table(hand: dict, recs: list[dict], plans: dict) -> tuple[str, list[dict]]:
+    single = next((r for r in recs if r["strategy"] == "single"), None)
+    rows, lines = [], []
+    head = ("| run | status | step ms | plan ms | plan/meas | device GiB | plan GiB | plan/meas | MFU % "
+            "| tokens/s | / hand loop | / single |")
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    lines.append(f"| hand-written loop | completed | {_fmt(hand['step_s_median'], '.1f', 1e3)} | | | "
+                 f"{_fmt(hand.get('peak_allocated_bytes'), '.2f', 1 / GIB)} | | | {_fmt(hand.get('mfu'), '.1f', 100)} "
+                 f"| {hand['tokens_per_s']:.0f} | 1.00 | |")
+    for r in recs:
+        ok = r.get("status") == "completed"
+        p = plans.get(r["strategy"]) or {}
+        step = r["step_time_s"]["median"] if ok else None
+        dev = max(r["memory"].get("peak_device_bytes_per_rank") or [0]) or None if ok else None
+        p_step = (p.get("time") or {}).get("step_s")
+        p_mem = (p.get("memory") or {}).get("total_bytes_per_device")
+        tok = (r["throughput"].get("tokens_per_s") if ok else None)
+        row = {"strategy": r["strategy"], "status": r.get("status"), "step_s": step, "plan_step_s": p_step,
+               "step_ratio": p_step / step if p_step and step else None, "device_bytes": dev,
+               "plan_bytes": p_mem, "mem_ratio": p_mem / dev if p_mem and dev else None,
+               "mfu": (r.get("mfu") or {}).get("value"), "tokens_per_s": tok,
+               "vs_hand": tok / hand["tokens_per_s"] if tok else None,
+               "vs_single": tok / single["throughput"]["tokens_per_s"] if tok and single and
+               single.get("status") == "completed" else None, "error": r.get("error")}
+        rows.append(row)
+        lines.append(f"| {r['strategy']} | {r.get('status')} | {_fmt(step, '.1f', 1e3)} | {_fmt(p_step, '.1f', 1e3)} "
+                     f"| {_fmt(row['step_ratio'], '.2f')} | {_fmt(dev, '.2f', 1 / GIB)} | {_fmt(p_mem, '.2f', 1 / GIB)} "
+                     f"| {_fmt(row['mem_ratio'], '.2f')} | {_fmt(row['mfu'], '.1f', 100)} | {_fmt(tok, '.0f')} "
+                     f"| {_fmt(row['vs_hand'], '.2f')} | {_fmt(row['vs_single'], '.2f')} |")
+    return "\n".join(lines), rows
+
+
+def goals(rows: list[dict]) -> list[tuple[str, bool]]:
+    out = []
+    for r in rows:
+        s = r["strategy"]
+        out.append((f"{s}: completed", r["status"] == "completed"))
+        out.append((f"{s}: planner step time within 15 % (plan/meas {_fmt(r['step_ratio'], '.3f')})",
+                    r["step_ratio"] is not None and abs(r["step_ratio"] - 1) <= 0.15))
+        out.append((f"{s}: planner device memory within 15 % (plan/meas {_fmt(r['mem_ratio'], '.3f')})",
+                    r["mem_ratio"] is not None and abs(r["mem_ratio"] - 1) <= 0.15))
+        if s != "single":
+            out.append((f"{s}: at least 0.90 of single's tokens/s ({_fmt(r['vs_single'], '.3f')})",
+                        r["vs_single"] is not None and r["vs_single"] >= 0.90))
+        else:
+            out.append((f"single: at least 0.98 of the hand-written loop ({_fmt(r['vs_hand'], '.3f')})",
+                        r["vs_hand"] is not None and r["vs_hand"] >= 0.98))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(REPO / "outputs" / "gpu_check"), help="folder for results")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, fp32, few steps (checks the script on CPU)")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    a = ap.parse_args()
+    s = SMOKE if a.smoke else FULL
+    out = Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    hand = hand_loop(s, out)
+    print(f"[gpu_check] hand-written loop: {hand['step_s_median'] * 1e3:.1f} ms/step on {hand['device_name']} "
+          f"({time.time() - t0:.0f} s)", flush=True)
+    recs = sweep(s, a.strategies.split(","), out)
+    print(f"[gpu_check] sweep: {len(recs)} runs ({time.time() - t0:.0f} s)", flush=True)
+    plans = {r["strategy"]: plan(r, s, out) for r in recs}
+    md, rows = table(hand, recs, plans)
+    checks = [] if a.smoke else goals(rows)
+    report = (f"# gpu_check ({'smoke, CPU' if a.smoke else 'GPU'}): {hand['device_name']}, model {s}, "
+              f"{time.time() - t0:.0f} s\n\n{md}\n\n" + "\n".join(f"- {'PASS' if ok else 'FAIL'} {what}"
+                                                                  for what, ok in checks))
+    (out / "gpu_check.md").write_text(report + "\n")
+    (out / "gpu_check.json").write_text(json.dumps({"hand": hand, "rows": rows, "shape": s,
+                                                    "goals": [{"goal": w, "pass": ok} for w, ok in checks]}, indent=2))
+    print(report)
+    for r in rows:
+        if r["error"]:
+            print(f"[gpu_check] {r['strategy']} failed: {r['error']}")
+    return 0 if all(ok for _, ok in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
