@@ -23,6 +23,7 @@ from scalelab.config import validate
 from scalelab.data.datamodule import ByteCorpusDataModule
 from scalelab.models.gpt import num_params
 from scalelab.models.lit import LitModule
+from scalelab.strategies.base import without_teardown_copies
 from scalelab.results.record import RUN_FILE, base_record, scrub, write_json
 from scalelab.scaling.breakdown import ProfileWindow, combine
 from scalelab.scaling.mfu import compute_mfu, load_profile
@@ -112,7 +113,7 @@ def run(job_dir: Path) -> int:
     logger = build_logger(cfg, job_dir)
     trainer = L.Trainer(
         accelerator=spec.run.accelerator, devices=spec.run.devices_per_node, num_nodes=spec.run.num_nodes,
-        strategy=plan.lightning_strategy(spec.run), precision=cfg.trainer.precision,
+        strategy=without_teardown_copies(plan.lightning_strategy(spec.run)), precision=cfg.trainer.precision,
         max_steps=cfg.trainer.max_steps, max_epochs=-1, accumulate_grad_batches=spec.batch.accumulate_grad_batches,
         gradient_clip_val=cfg.trainer.gradient_clip_val, logger=logger, callbacks=callbacks,
         log_every_n_steps=cfg.trainer.log_every_n_steps, enable_checkpointing=False,
@@ -129,8 +130,7 @@ def run(job_dir: Path) -> int:
         state = plan.consolidated_state_dict(trainer, module)  # collective: all ranks call it
         if rank == 0:
             torch.save(state, job_dir / "model_consolidated.pt")
-    # The rank's own device: after fit Lightning has moved the module back to the CPU.
-    summary = metrics.rank_summary(trainer.strategy.root_device)
+    summary = metrics.rank_summary()
     summary["strategy_metrics"] = plan.rank_metrics()  # e.g. a pipeline's per-stage step/compute times
     summary["breakdown"] = window.result if window is not None else None
     per_rank = gather_all(summary)

@@ -14,7 +14,7 @@ from scalelab.models.gpt import GPT, GPTConfig, flops_per_token, non_embedding_p
 from scalelab.models.mlp import MLPClassifier, MLPConfig, mlp_params
 from scalelab.scaling import mfu as mfu_mod
 from scalelab.scaling.breakdown import combine, gpu_comm
-from scalelab.scaling.metrics import StepMetrics, p90, summarize
+from scalelab.scaling.metrics import StepMetrics, p90, read_peaks, summarize
 
 NANO = GPTConfig(n_layers=2, n_heads=4, d_model=64, seq_len=64, vocab_size=256)
 # gpt_nano by hand: per block q,k,v,out 4 x 64^2 = 16,384, MLP 2 x 64 x 256 = 32,768, two
@@ -184,14 +184,54 @@ def test_device_memory_is_read_from_the_ranks_own_device():
 
     m = StepMetrics(1, plan=None)
     m.step_times, m.losses, m.global_steps = [1.0], [2.0], [1]
-    rank = m.rank_summary(torch.device("cuda", 3), read_device_memory=fake_reader)
+    m.peaks = read_peaks(torch.device("cuda", 3), read_device_memory=fake_reader)
     assert seen == [torch.device("cuda", 3)]
+    rank = m.rank_summary()
     assert rank["peak_device_bytes"] == 7 * 2 ** 30 and rank["peak_device_reserved_bytes"] == 8 * 2 ** 30
+    assert rank["peak_rss_bytes"] > 0
     out = summarize([rank, {**rank, "peak_device_bytes": 5}], 1, None, 0)
     assert out["memory"]["peak_device_bytes_per_rank"] == [7 * 2 ** 30, 5]
     assert out["memory"]["peak_device_reserved_bytes_per_rank"] == [8 * 2 ** 30] * 2
-    cpu = m.rank_summary(torch.device("cpu"), read_device_memory=fake_reader)
-    assert "peak_device_bytes" not in cpu and len(seen) == 1
+    assert "peak_device_bytes" not in read_peaks(torch.device("cpu"), read_device_memory=fake_reader)
+    assert len(seen) == 1
+
+
+def test_peaks_are_read_at_the_end_of_training_from_the_strategys_device():
+    """Before Lightning's teardown and before any checkpoint/export after fit; from the
+    strategy's root device, whatever device the module sits on then."""
+    m = StepMetrics(1, plan=None)
+    trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    m.on_train_end(trainer, SimpleNamespace(device=torch.device("meta")))
+    assert set(m.peaks) == {"peak_rss_bytes"} and m.rank_summary()["peak_rss_bytes"] == m.peaks["peak_rss_bytes"]
+
+
+@pytest.mark.parametrize("wrapped", [True, False])
+def test_teardown_leaves_model_and_optimizer_state_where_they_are(monkeypatch, wrapped):
+    """Lightning's Strategy.teardown copies both to host memory (12 bytes/param with Adam); the
+    unwrapped strategy shows the copies this test would catch."""
+    from lightning.fabric.utilities.device_dtype_mixin import _DeviceDtypeModuleMixin
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    from scalelab.models.lit import LitModule
+    from scalelab.strategies.base import without_teardown_copies
+
+    module_moves, optimizer_moves = [], []
+    monkeypatch.setattr(_DeviceDtypeModuleMixin, "cpu", lambda self: module_moves.append(self) or self)
+    monkeypatch.setattr("lightning.pytorch.strategies.strategy._optimizers_to_device",
+                        lambda opts, dev: optimizer_moves.extend(opts))
+    lit = LitModule(NANO, "lm", torch.optim.SGD, 0.1, 10, 0, "constant", 0.1)
+    opt = torch.optim.SGD(lit.parameters(), lr=0.1)
+    strategy = SingleDeviceStrategy(device=torch.device("cpu"))
+    if wrapped:
+        strategy = without_teardown_copies(strategy)
+    strategy._lightning_module, strategy.optimizers = lit, [opt]
+    strategy.accelerator = SimpleNamespace(teardown=lambda: None)
+    strategy.teardown()
+    if wrapped:
+        assert module_moves == [] and optimizer_moves == []
+        assert strategy.optimizers == [opt] and lit.keep_on_device is False   # restored for later use
+    else:
+        assert module_moves == [lit] and optimizer_moves == [opt]
 
 
 def test_breakdown_combine_by_hand():

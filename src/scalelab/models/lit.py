@@ -34,6 +34,10 @@ class LitModule(L.LightningModule):
         self.schedule = dict(max_steps=max_steps, warmup=warmup, decay=decay, min_lr_ratio=min_lr_ratio)
         self.net = build_net(arch)
         self._parallelized = False
+        self.keep_on_device = False  # set during strategy teardown (strategies.base.without_teardown_copies)
+
+    def cpu(self):
+        return self if self.keep_on_device else super().cpu()
 
     def configure_model(self) -> None:
         if self.plan is not None and not self._parallelized:

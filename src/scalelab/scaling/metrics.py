@@ -50,6 +50,7 @@ class StepMetrics(L.Callback):
         self.grad_bytes = 0
         self.state: dict[str, int] = {}
         self.host_flops: list[float] = []    # host_speed() at the start and end of training
+        self.peaks: dict | None = None       # read_peaks() at the end of training
 
     def on_train_start(self, trainer, pl_module) -> None:
         if pl_module.device.type == "cpu":
@@ -60,6 +61,9 @@ class StepMetrics(L.Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         if pl_module.device.type == "cpu":
             self.host_flops.append(host_speed())
+        # Peaks of training itself: read now, before Lightning's teardown and before any
+        # checkpoint or consolidated export the job does after fit.
+        self.peaks = read_peaks(trainer.strategy.root_device)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if not self.grad_bytes:  # gradients exist only between backward and the optimizer step
@@ -80,21 +84,25 @@ class StepMetrics(L.Callback):
         if len(self.step_times) == 1:  # optimizer state exists after the first step
             self.state = self.plan.state_bytes(trainer, pl_module)
 
-    def rank_summary(self, device: torch.device, read_device_memory=None) -> dict:
-        """This rank's measurements. `device` is the rank's own device (the strategy's
-        root_device: Lightning moves the module back to CPU after fit, so module.device would
-        say cpu). Device memory is read from that device (`read_device_memory(device)` ->
-        {"peak_allocated": int, "peak_reserved": int}; default: the CUDA caching allocator)."""
-        peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-        out = {"step_times": self.step_times, "losses": self.losses, "global_steps": self.global_steps,
-               "peak_rss_bytes": peak_rss,
-               "params": self.state.get("params", 0), "grads": self.grad_bytes,
-               "optimizer": self.state.get("optimizer", 0), "host_flops": self.host_flops}
-        if device.type == "cuda":
-            mem = (read_device_memory or cuda_memory)(device)
-            out["peak_device_bytes"] = int(mem["peak_allocated"])
-            out["peak_device_reserved_bytes"] = int(mem["peak_reserved"])
-        return out
+    def rank_summary(self) -> dict:
+        """This rank's measurements, gathered to rank 0 after fit."""
+        return {"step_times": self.step_times, "losses": self.losses, "global_steps": self.global_steps,
+                "params": self.state.get("params", 0), "grads": self.grad_bytes,
+                "optimizer": self.state.get("optimizer", 0), "host_flops": self.host_flops,
+                **(self.peaks or read_peaks(torch.device("cpu")))}
+
+
+def read_peaks(device: torch.device, read_device_memory=None) -> dict:
+    """Peak host RSS of this process and, on a GPU, peak device memory of `device`: the rank's
+    own device (the strategy's root_device; a module may already sit elsewhere). Device memory
+    comes from `read_device_memory(device)` -> {"peak_allocated", "peak_reserved"} (default:
+    the CUDA caching allocator's counters)."""
+    out = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # Linux: KiB
+    if device.type == "cuda":
+        mem = (read_device_memory or cuda_memory)(device)
+        out["peak_device_bytes"] = int(mem["peak_allocated"])
+        out["peak_device_reserved_bytes"] = int(mem["peak_reserved"])
+    return out
 
 
 def cuda_memory(device: torch.device) -> dict[str, int]:

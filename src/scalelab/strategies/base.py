@@ -38,6 +38,33 @@ def local_bytes(t: torch.Tensor | None) -> int:
     return t.numel() * t.element_size()
 
 
+def without_teardown_copies(strategy: Any) -> Any:
+    """Fixes: a 1.2B GPT trained by `single` on one GPU peaked at 20.2 GB of host RSS (FSDP: 6.2 GB).
+    Lightning's Strategy.teardown (single, DDP, DeepSpeed; ModelParallelStrategy skips it) copies
+    the optimizer state and the model to host memory at the end of fit: 12 bytes per parameter
+    with Adam in fp32, per rank, for a process that is about to exit; checkpoints and exports after
+    fit run where the states are. Teardown here releases everything else as before, without
+    those two copies (LitModule.cpu() honours `keep_on_device`)."""
+    if isinstance(strategy, str) or not hasattr(strategy, "teardown"):
+        return strategy
+    inner = strategy.teardown
+
+    def teardown() -> None:
+        module, optimizers = strategy.lightning_module, strategy.optimizers
+        strategy.optimizers = []               # nothing for _optimizers_to_device to move
+        if module is not None:
+            module.keep_on_device = True
+        try:
+            inner()
+        finally:
+            strategy.optimizers = optimizers
+            if module is not None:
+                module.keep_on_device = False
+
+    strategy.teardown = teardown
+    return strategy
+
+
 class StrategyPlan:
     """Base class. Subclasses are built by Hydra from conf/strategy/<name>.yaml."""
 
