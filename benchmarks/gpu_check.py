@@ -31,8 +31,10 @@ SMOKE = dict(layers=2, width=64, heads=4, seq_len=64, vocab=256, batch=8, precis
 GIB = 2 ** 30
 
 
-def _run(cmd: list[str], log: Path, timeout: float) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], log: Path, timeout: float, cache: str | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
+    if cache:
+        env["SCALELAB_CACHE"] = cache
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     log.write_text(f"$ {' '.join(cmd)}\n# {time.time() - t0:.1f} s, exit {proc.returncode}\n"
@@ -71,11 +73,7 @@ def sweep(s: dict, strategies: list[str], out: Path) -> list[dict]:
 
 
 def plan(rec: dict, s: dict, out: Path) -> dict | None:
-    profile = (rec.get("mfu") or {}).get("hardware_profile")
-    if rec["hardware"]["accelerator"] == "cpu":
-        from scalelab.scaling.mfu import host_cpu_profile_path
-
-        profile = str(host_cpu_profile_path(rec["config"]["cache_dir"]))
+    profile = (rec.get("mfu") or {}).get("hardware_profile")   # this_cpu on CPU: the host's cached probe
     if not profile:
         return None
     cmd = [sys.executable, "-m", "scalelab.cli", "plan", "--layers", str(s["layers"]), "--hidden", str(s["width"]),
@@ -83,7 +81,7 @@ def plan(rec: dict, s: dict, out: Path) -> dict | None:
            "--strategy", rec["strategy"], "--devices", "1", "--micro-batch", str(rec["per_device_batch_size"]),
            "--global-batch", str(rec["global_batch_size"]), "--precision", s["precision"],
            "--optimizer", "adam", "--hardware", profile, "--json"]
-    proc = _run(cmd, out / f"plan-{rec['strategy']}.log", 120)
+    proc = _run(cmd, out / f"plan-{rec['strategy']}.log", 120, rec["config"].get("cache_dir"))
     return json.loads(proc.stdout) if proc.returncode == 0 else None
 
 

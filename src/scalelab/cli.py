@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -31,6 +32,17 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from scalelab.plan import cli as plan_cli
+
+    def job_terms(overrides):
+        from scalelab.plan_job import terms_for_job  # the training config code, only when asked
+
+        return terms_for_job(overrides)
+
+    return plan_cli.run(args, job_terms)
+
+
 def _aggregate(args: argparse.Namespace) -> int:
     from scalelab.results.callbacks import summarize_sweep
 
@@ -44,7 +56,10 @@ def _aggregate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from scalelab import __version__
+
     parser = argparse.ArgumentParser(prog="scalelab", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"scalelab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     cmp = sub.add_parser("compare", help="table / dashboard of run records")
     cmp.add_argument("paths", nargs="+", help="run.json files, job dirs or sweep dirs")
@@ -66,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = sub.add_parser("plan", help="predict memory, communication, step time and cost")
     plan_cli.add_arguments(plan)
-    plan.set_defaults(func=plan_cli.run)
+    plan.set_defaults(func=_plan)
     return parser
 
 
@@ -77,7 +92,15 @@ def main(argv: list[str] | None = None) -> None:
         args.overrides += extra  # overrides given after the options
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    sys.exit(args.func(args))
+    try:
+        code = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader left (`scalelab plan ... | head`): not an error. Point stdout at /dev/null so
+        # the interpreter's final flush does not raise again (Python docs, "Note on SIGPIPE").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    sys.exit(code)
 
 
 if __name__ == "__main__":

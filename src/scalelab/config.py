@@ -82,8 +82,30 @@ def build_plan(cfg: DictConfig) -> StrategyPlan:
         raise ConfigError(f"strategy={cfg.strategy.get('name')}: {str(cause).splitlines()[0]}") from e
 
 
-def validate(cfg: DictConfig) -> JobSpec:
-    """All checks that can run without starting a rank."""
+def _validation(cfg: DictConfig) -> int | None:
+    """data.val_fraction, trainer.val_every_n_steps / val_batches and a hub dataset's name;
+    returns val_every_n_steps (None: no validation)."""
+    frac = OmegaConf.select(cfg, "data.val_fraction", default=0.02)
+    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 <= frac < 1:
+        raise ConfigError(f"data.val_fraction={frac!r} must be a number in [0, 1): the share of the corpus's "
+                          "token blocks held out for validation (default 0.02; 0: no val split)")
+    every = OmegaConf.select(cfg, "trainer.val_every_n_steps", default=None)
+    if every is not None:
+        every = _int(cfg, "trainer.val_every_n_steps", 1)
+        _int(cfg, "trainer.val_batches", 1)
+        if frac == 0:
+            raise ConfigError(f"trainer.val_every_n_steps={every} needs a val split: data.val_fraction is 0")
+    if cfg.data.source == "hub":
+        from scalelab.data.corpus import hub_kind
+
+        hub_kind(str(cfg.data.hub_name))
+    return every
+
+
+def validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
+    """All checks that can run without starting a rank. `target` ("cpu" | "gpu"): validate a job
+    for that kind of device elsewhere (`scalelab plan`), without asking this machine for devices
+    or a SLURM allocation."""
     try:
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as e:
@@ -105,14 +127,14 @@ def validate(cfg: DictConfig) -> JobSpec:
     _one_of(str(cfg.trainer.precision), "trainer.precision", PRECISIONS)
     _one_of(cfg.logger.name, "logger.name", LOGGERS)
     _one_of(cfg.launcher.name, "launcher.name", LAUNCHERS)
-    if nodes > 1 and cfg.launcher.name == "local":
+    if nodes > 1 and cfg.launcher.name == "local" and target is None:
         raise ConfigError(f"trainer.num_nodes={nodes} needs launcher=srun (inside a SLURM allocation; "
                           "see `scalelab slurm render`): the local launcher starts ranks on this machine only")
-    accelerator = resolve_accelerator(cfg.trainer.accelerator)
+    accelerator = target or resolve_accelerator(cfg.trainer.accelerator)
     from scalelab.scaling.mfu import profile_name
 
     profile_name(cfg.get("hardware_profile", "auto"), accelerator)
-    if accelerator == "gpu":
+    if accelerator == "gpu" and target is None:
         import torch
 
         if cfg.launcher.name == "local" and devices > torch.cuda.device_count():
@@ -121,9 +143,15 @@ def validate(cfg: DictConfig) -> JobSpec:
         for f in cfg.data.files or []:
             if not Path(str(f)).expanduser().exists():
                 raise ConfigError(f"data.files: {f!r} does not exist (give existing text files or folders)")
+    val_every = _validation(cfg)
     arch = model_arch(cfg)
     seq_len = getattr(arch, "seq_len", None) or getattr(arch, "in_features")
     plan = build_plan(cfg)
+    if val_every and hasattr(plan, "training_step"):
+        raise ConfigError(f"trainer.val_every_n_steps={val_every} does not work with strategy={cfg.strategy.name}: its "
+                          "schedule runs forward and backward itself in training_step and each rank holds one stage, "
+                          "so Lightning's validation loop would run a stage as the whole model; set "
+                          "trainer.val_every_n_steps=null")
     world = devices * nodes
     degrees = plan.parallel_degrees(world)
     micro = cfg.data.get("micro_batch_size")

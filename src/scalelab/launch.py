@@ -34,8 +34,10 @@ def threads_per_rank(requested, ranks_per_node: int, accelerator: str = "cpu") -
     return max(1, cores // ranks_per_node)
 
 
-def rank_env(cache_dir: Path, threads: int, job_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
+def rank_env(cache_dir: Path, threads: int, job_dir: Path, verbose: bool = False) -> dict[str, str]:
+    from scalelab.console import quiet_env
+
+    env = {**{k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}, **quiet_env(verbose)}
     env.update(OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
                # DeepSpeed/torch JIT-built ops: one known folder, built once per machine.
                TORCH_EXTENSIONS_DIR=env.get("TORCH_EXTENSIONS_DIR", str(cache_dir / "torch_extensions")),

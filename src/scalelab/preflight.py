@@ -3,6 +3,9 @@
 For `-m`, the sweep is expanded the way Hydra's BasicSweeper does it (command-line sweeps
 plus `hydra.sweeper.params` from experiments), each job's config is composed and validated.
 A bad value anywhere stops the whole command with one line, and no job (so no rank) starts.
+Each job's data is prepared here too (data/prepare.py, cached; the jobs then find it), so a
+corpus too small for the run is such a line as well. Pass-through flags (--cfg, --help, ...)
+validate and prepare nothing.
 """
 from __future__ import annotations
 
@@ -11,9 +14,9 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
 
 from scalelab.config import validate
+from scalelab.data.prepare import prepare_for_run
 from scalelab.errors import ConfigError
 from scalelab.paths import conf_dir
 from scalelab.strategies.registry import choices
@@ -73,8 +76,9 @@ def expand(args: list[str]) -> list[list[str]]:
     return flat
 
 
-def preflight(args: list[str]) -> int:
-    """Validate all jobs; returns how many. Raises ConfigError on the first bad one."""
+def preflight(args: list[str], data: bool = True) -> int:
+    """Validate all jobs; returns how many. Raises ConfigError on the first bad one.
+    data: also prepare each job's data (cached) and check it is enough for the run."""
     if any(a.split("=")[0] in _PASS_THROUGH for a in args):
         return 0
     GlobalHydra.instance().clear()
@@ -83,7 +87,11 @@ def preflight(args: list[str]) -> int:
         for job in jobs:
             cfg = _compose(job)
             try:
-                validate(cfg)
+                spec = validate(cfg)
+                # The data too, before any job: prepared once and cached, so the jobs find it (and
+                # a corpus too small for the run is a one-line error here, not a crash in the ranks).
+                if data:
+                    prepare_for_run(cfg, spec)
             except ConfigError as e:
                 swept = " ".join(o for o in job if o not in args) if len(jobs) > 1 else ""
                 raise ConfigError(f"{e}" + (f" [job: {swept}]" if swept else "")) from e

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from pathlib import Path
@@ -19,8 +20,10 @@ from scalelab.paths import conf_dir
 from scalelab.preflight import preflight
 from scalelab.results.record import RUN_FILE, base_record, scrub, write_json
 from scalelab.results.table import render
-from scalelab.scaling.mfu import HOST_CPU, host_cpu_profile, profile_name
+from scalelab.plan.hardware import HOST_CPU, host_cpu_profile
+from scalelab.scaling.mfu import profile_name
 
+log = logging.getLogger("scalelab")
 _FAILED: list[str] = []  # jobs of this command that failed; the command exits 1 if any did
 
 
@@ -29,7 +32,7 @@ def run_job(cfg: DictConfig) -> dict:
     job_dir = Path(hc.runtime.output_dir).resolve()
     multirun = hc.mode == RunMode.MULTIRUN
     spec = validate(cfg)  # cheap; preflight already checked, this guards programmatic use
-    from scalelab.data.prepare import prepare
+    from scalelab.data.prepare import prepare_for_run
 
     threads = launch.threads_per_rank(cfg.trainer.threads_per_rank, spec.run.devices_per_node, spec.run.accelerator)
     cache = Path(cfg.cache_dir)
@@ -42,27 +45,36 @@ def run_job(cfg: DictConfig) -> dict:
         "sweep_dir": str(Path(hc.sweep.dir).resolve()) if multirun else None,
         "num": hc.job.num if multirun else 0, "overrides": list(hc.overrides.task),
         "threads_per_rank": threads,
-        "data_prepared": str(prepare(resolved["data"], spec.seq_len, cache)),
+        "data_prepared": str(prepare_for_run(resolved, spec)),  # preflight prepared it: a cache hit
     }
     OmegaConf.save(OmegaConf.create(scrub(resolved)), job_dir / "config_resolved.yaml")
     (job_dir / RUN_FILE).unlink(missing_ok=True)
-    print(f"[scalelab] {resolved['job']['name']}: strategy={cfg.strategy.name} world={spec.run.world_size} "
-          f"batch={spec.batch.global_batch_size} (micro {spec.batch.per_device_batch_size} x acc "
-          f"{spec.batch.accumulate_grad_batches}) -> {job_dir}", flush=True)
+    log.info(f"[scalelab] {resolved['job']['name']}: strategy={cfg.strategy.name} world={spec.run.world_size} "
+             f"batch={spec.batch.global_batch_size} (micro {spec.batch.per_device_batch_size} x acc "
+             f"{spec.batch.accumulate_grad_batches}) -> {job_dir}")
     cmd = launch.rank_command(cfg.launcher.name, spec.run.num_nodes, spec.run.devices_per_node, job_dir,
                               list(cfg.launcher.get("extra_args") or []))
     t0 = time.time()
-    rc = launch.run_ranks(cmd, launch.rank_env(cache, threads, job_dir), job_dir / "ranks.log",
+    rc = launch.run_ranks(cmd, launch.rank_env(cache, threads, job_dir, bool(cfg.get("verbose", False))), job_dir / "ranks.log",
                           float(cfg.trainer.timeout_s))
     record = _collect(job_dir, rc, resolved, spec, threads)
     record.setdefault("timing", {})["job_s"] = time.time() - t0
     write_json(job_dir / RUN_FILE, record)
     if record["status"] != "completed":
         _FAILED.append(f"{resolved['job']['name']}: {record.get('error')}")
-        print(f"[scalelab] job {resolved['job']['name']} FAILED: {record.get('error')}", file=sys.stderr, flush=True)
-    if not multirun:
-        print(render([record]))
+        log.error(f"[scalelab] job {resolved['job']['name']} FAILED: {record.get('error')}")
+    # To the console and the job's train.log (Hydra's job logging): a sweep prints its table at the end.
+    log.info(_one_line(record) if multirun else render([record]))
     return record
+
+
+def _one_line(record: dict) -> str:
+    if record["status"] != "completed":
+        return f"[scalelab] {record['job']['name']}: {record['status']}"
+    thr, st, loss = record["throughput"], record["step_time_s"], record["loss"]["final"]
+    return (f"[scalelab] {record['job']['name']}: completed, {thr.get('samples_per_s') or 0:.1f} samples/s, "
+            f"step {(st.get('median') or 0) * 1e3:.1f} ms (median of {st.get('measured_steps')}), "
+            f"loss {loss if loss is None else round(loss, 4)}")
 
 
 def _collect(job_dir: Path, rc: int, resolved: dict, spec, threads: int) -> dict:

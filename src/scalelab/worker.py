@@ -20,25 +20,15 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from scalelab.config import validate
-from scalelab.data.datamodule import ByteCorpusDataModule
+from scalelab.console import StepProgressBar, quiet_rank
+from scalelab.data.datamodule import ByteCorpusDataModule, ValidationCurve, validation_trainer_args
 from scalelab.models.gpt import num_params
 from scalelab.models.lit import LitModule
 from scalelab.strategies.base import without_teardown_copies
 from scalelab.results.record import RUN_FILE, base_record, scrub, write_json
 from scalelab.scaling.breakdown import ProfileWindow, combine
 from scalelab.scaling.mfu import compute_mfu, load_profile
-from scalelab.scaling.metrics import StepMetrics, gather_all, summarize
-
-
-def _quiet_library_noise() -> None:
-    """Drop advertising tips and a deprecation inside Lightning itself; real warnings stay."""
-    import logging
-    import warnings
-
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logging.getLogger(name).addFilter(lambda r: not str(r.msg).startswith("💡 Tip"))
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
-    warnings.filterwarnings("ignore", message=r".*The anonymous setting has no effect.*")
+from scalelab.scaling.metrics import MIN_MEASURED_STEPS, StepMetrics, gather_all, summarize
 
 
 def _global_rank() -> int:
@@ -83,8 +73,8 @@ def shutdown_process_group() -> None:
 
 
 def run(job_dir: Path) -> int:
-    _quiet_library_noise()
     cfg = OmegaConf.load(job_dir / "config_resolved.yaml")
+    quiet_rank(_global_rank(), bool(cfg.get("verbose", False)))
     spec = validate(cfg)
     torch.set_num_threads(int(cfg.job.threads_per_rank))
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # same initial weights on every rank
@@ -107,6 +97,11 @@ def run(job_dir: Path) -> int:
     live = ThroughputMonitor(batch_size_fn=lambda b: b.shape[0], window_size=min(10, cfg.trainer.max_steps),
                              **({"length_fn": lambda b: b.shape[0] * seq} if seq else {}))
     callbacks = [metrics, live] + ([LearningRateMonitor("step")] if cfg.logger.name != "none" else [])
+    if cfg.trainer.enable_progress_bar:
+        callbacks.append(StepProgressBar(seq, spec.batch.global_batch_size))
+    val_curve = ValidationCurve.for_config(cfg.trainer)  # None unless trainer.val_every_n_steps
+    if val_curve is not None:
+        callbacks.append(val_curve)
     window = _profile_window(cfg, spec)
     if window is not None:
         callbacks.append(window)
@@ -119,7 +114,8 @@ def run(job_dir: Path) -> int:
         log_every_n_steps=cfg.trainer.log_every_n_steps, enable_checkpointing=False,
         enable_model_summary=False, enable_progress_bar=bool(cfg.trainer.enable_progress_bar),
         use_distributed_sampler=False,  # GlobalBatchSampler shards by data-parallel rank itself
-        limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=str(job_dir))
+        num_sanity_val_steps=0, default_root_dir=str(job_dir),
+        **validation_trainer_args(cfg.trainer, spec.batch.accumulate_grad_batches))
     t0 = time.time()
     resume = cfg.checkpoint.resume_from
     trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
@@ -145,6 +141,12 @@ def run(job_dir: Path) -> int:
         record.update(plan.record_fields([r["strategy_metrics"] for r in per_rank], cfg.trainer.warmup_steps,
                                          profiled))
         record["breakdown"] = combine([r["breakdown"] for r in per_rank])
+        if record["short_run"]:
+            st = record["step_time_s"]
+            print(f"[scalelab] warning: only {st['measured_steps']} measured step(s) (max_steps "
+                  f"{cfg.trainer.max_steps} - warm-up {st['warmup_steps_excluded']} - profiled "
+                  f"{st['profiled_steps_excluded']}): step time and throughput are not steady-state; use "
+                  f"trainer.max_steps >= {cfg.trainer.warmup_steps + profiled + MIN_MEASURED_STEPS}", flush=True)
         record["mfu"] = compute_mfu(record, spec.run.model_arch,
                                     load_profile(cfg.get("hardware_profile", "auto"), spec.run.accelerator,
                                                  cfg.get("cache_dir")))
@@ -152,6 +154,7 @@ def run(job_dir: Path) -> int:
         record["status"] = "completed"
         record["timing"] = {"fit_s": fit_s}
         record["lr_final"] = trainer.optimizers[0].param_groups[0]["lr"]
+        record["val"] = val_curve.record() if val_curve is not None else None
         write_json(job_dir / RUN_FILE, record)
         _log_summary(logger, record)
     del trainer, module, data, metrics, callbacks, logger

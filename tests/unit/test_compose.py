@@ -9,7 +9,8 @@ from scalelab.config import validate
 from scalelab.paths import conf_dir
 
 CONF = conf_dir()
-DEFAULT_GROUPS = {"strategy", "model", "data", "optim", "lr_scaling", "trainer", "logger", "launcher", "experiment"}
+DEFAULT_GROUPS = {"strategy", "model", "data", "optim", "lr_scaling", "trainer", "logger", "launcher", "hardware",
+                  "experiment"}
 # Options that need a value only the user can give (a file list, a hub name).
 NEEDS_USER_VALUE = {("data", "text_files"): ["data.files=[" + __file__ + "]"],
                     ("data", "hub"): ["data.hub_name=some/dataset"]}

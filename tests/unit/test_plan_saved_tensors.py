@@ -60,11 +60,10 @@ def predict(cfg: GPTConfig, batch: int, precision: str, **model_kw) -> float:
     spec = ModelSpec.from_shape(cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.vocab_size, cfg.seq_len,
                                 cfg.mlp_ratio * cfg.d_model, **model_kw)
     layout = resolve_layout(get_strategy("single"), spec, 1, micro_batch=batch)
-    ckpt = "full" if cfg.activation_checkpointing else "none"
-    return activation_bytes_per_device(spec, layout, precision, ckpt)
+    return activation_bytes_per_device(spec, layout, precision, cfg.activation_checkpointing)
 
 
-def config(shape, ckpt: bool) -> tuple[GPTConfig, int]:
+def config(shape, ckpt: str) -> tuple[GPTConfig, int]:
     L, h, a, s, b = shape
     return GPTConfig(n_layers=L, d_model=h, n_heads=a, seq_len=s, vocab_size=256, mlp_ratio=4,
                      dropout=0.0, activation_checkpointing=ckpt), b
@@ -81,7 +80,7 @@ def measured(shape, precision, ckpt) -> int:
     return _MEASURED[key]
 
 
-@pytest.mark.parametrize("ckpt", [False, True], ids=["no-ckpt", "full-ckpt"])
+@pytest.mark.parametrize("ckpt", ["none", "selective", "full"])
 @pytest.mark.parametrize("precision", list(PRECISIONS))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "L{}-h{}-a{}-s{}-b{}".format(*s))
 def test_planner_matches_saved_tensors(shape, precision, ckpt):
@@ -98,6 +97,26 @@ def test_a_wrong_attention_model_falls_outside_the_tolerance(wrong, precision):
     """The check can fail: assuming stored s x s scores (the softmax output; or Korthikanti's
     scores, dropout outputs and masks) over-predicts this GPT beyond 10 % for every shape."""
     for shape in SHAPES:
-        cfg, b = config(shape, False)
-        ratio = predict(cfg, b, precision, **wrong) / measured(shape, precision, False)
+        cfg, b = config(shape, "none")
+        ratio = predict(cfg, b, precision, **wrong) / measured(shape, precision, "none")
         assert ratio > 1 + TOLERANCE, (shape, ratio)
+
+
+@pytest.mark.parametrize("ckpt", ["none", "selective"])
+def test_selective_recompute_drops_the_attention_scores_under_the_math_kernel(ckpt):
+    """With flash attention the attention core saves only a log-sum-exp, so selective and none
+    differ by < 1 %. Under the math kernel the core keeps the s x s softmax: selective (the
+    model's `activation_checkpointing: selective`, recomputing SDPA in backward) must drop it,
+    and the planner's `math` attention must follow both."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    shape = (2, 64, 4, 256, 2)
+    with sdpa_kernel(SDPBackend.MATH):
+        got = measure_saved_bytes(config(shape, ckpt)[0], shape[-1], "32")
+        base = measure_saved_bytes(config(shape, "none")[0], shape[-1], "32")
+    cfg, b = config(shape, ckpt)
+    ratio = predict(cfg, b, "32", attention="math") / got
+    assert abs(ratio - 1) <= TOLERANCE, ratio
+    scores = 4 * 4 * 256 * 256 * 2 * 2                      # fp32 softmax: a s^2 b x 4 bytes, 2 layers
+    if ckpt == "selective":
+        assert base - got >= 0.9 * scores, (base, got, scores)

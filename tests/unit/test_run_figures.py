@@ -12,6 +12,7 @@ import torch
 
 from scalelab.models.gpt import GPT, GPTConfig, flops_per_token, non_embedding_params
 from scalelab.models.mlp import MLPClassifier, MLPConfig, mlp_params
+from scalelab.plan import hardware
 from scalelab.scaling import mfu as mfu_mod
 from scalelab.scaling.breakdown import combine, gpu_comm
 from scalelab.scaling.metrics import StepMetrics, p90, read_peaks, summarize
@@ -123,9 +124,12 @@ def test_cpu_peak_is_probed_on_this_host_and_cached(tmp_path, monkeypatch):
     assert hw.peak("fp32") == 12345.0 and len(calls) == 1      # the host's probe, not conf/hardware/this_cpu.yaml
     assert mfu_mod.load_profile("this_cpu", "cpu", tmp_path).peak("fp32") == 12345.0
     assert len(calls) == 1                                    # cached: probed once per host
-    path = mfu_mod.host_cpu_profile_path(tmp_path)
+    path = hardware.host_cpu_profile_path(tmp_path)
     assert path.parent == tmp_path / "hardware" and path.is_file()
-    monkeypatch.setattr(mfu_mod, "_host_key", lambda: "another-host")
+    monkeypatch.setenv("SCALELAB_CACHE", str(tmp_path))
+    assert hardware.load_hardware("this_cpu").peak("fp32") == 12345.0  # the planner's this_cpu is the same
+    assert len(calls) == 1
+    monkeypatch.setattr(hardware, "_host_key", lambda: "another-host")
     mfu_mod.load_profile("auto", "cpu", tmp_path)
     assert len(calls) == 2                                    # another CPU/torch: probed anew
 

@@ -3,17 +3,24 @@
 Sources:
 - "stdlib": the running interpreter's own standard-library .py files (the embedded default:
   present on every machine, no download).
-- "files": local text files or folders given by the user.
-- "hub": a Hugging Face hub dataset name (needs network), its `text_column`.
+- "files": local text files or folders given by the user. A file named on the command line is
+  always read; inside a folder (recursively), hidden entries (names starting with "."), empty
+  files and binary files (a NUL byte in the first 8 KiB) are skipped, and counted.
+- "hub": a Hugging Face dataset, its `text_column`: a hub name (owner/name; needs network) or a
+  local folder written by `datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk` (offline).
 
-Each source becomes fixed-length blocks of seq_len + 1 byte tokens (inputs and shifted
-targets). Train/val split is per document, by a hash of its name, so it is deterministic and
-never cuts a file across the split.
+Each source becomes one stream (documents joined by a 0 byte) cut into fixed-length blocks of
+seq_len + 1 byte tokens (inputs and shifted targets). The train/val split is by block: a fixed
+share of the blocks (val_fraction, rounded, at least 1 when > 0) is held out, chosen by a hash of
+the block index seeded by the data config (split_seed: not the run seed, so every strategy, world
+size and seed sees the same split). One file, a handful of files or a hub dataset all get both
+splits; no block is in both.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sysconfig
 from pathlib import Path
 
@@ -21,7 +28,10 @@ import numpy as np
 
 from scalelab.errors import ConfigError
 
-PREP_VERSION = 1  # bump when the block layout changes, to invalidate caches
+PREP_VERSION = 2  # bump when the block layout or split changes, to invalidate caches (2: split by block)
+_BINARY_PROBE = 8192
+# owner/name or name, as the hub spells dataset ids (no leading ".", "/" or "~", at most one "/")
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
 
 
 def stdlib_documents() -> list[tuple[str, bytes]]:
@@ -30,31 +40,73 @@ def stdlib_documents() -> list[tuple[str, bytes]]:
     return [(str(p.relative_to(root)), p.read_bytes()) for p in files]
 
 
-def file_documents(paths: list[str]) -> list[tuple[str, bytes]]:
-    docs = []
+def _folder_files(folder: Path) -> list[Path]:
+    """Files under a folder, recursively, in a stable order, without hidden entries."""
+    return sorted(f for f in folder.rglob("*")
+                  if f.is_file() and not any(part.startswith(".") for part in f.relative_to(folder).parts))
+
+
+def file_documents(paths: list[str], info: dict | None = None) -> list[tuple[str, bytes]]:
+    """(name, bytes) of every text file given or found under a given folder. `info` (optional)
+    receives the counts of files read and skipped."""
+    docs, skipped = [], {"empty": 0, "binary": 0}
     for raw in paths:
-        p = Path(raw).expanduser()
+        p = Path(str(raw)).expanduser()
         if not p.exists():
             raise ConfigError(f"data.files: {raw!r} does not exist (give existing text files or folders)")
-        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
-        docs += [(str(f), f.read_bytes()) for f in files]
-    if not docs:
-        raise ConfigError(f"data.files: no files found under {paths!r}")
+        if not p.is_dir():
+            docs.append((str(p), p.read_bytes()))
+            continue
+        for f in _folder_files(p):
+            data = f.read_bytes()
+            if not data:
+                skipped["empty"] += 1
+            elif b"\x00" in data[:_BINARY_PROBE]:
+                skipped["binary"] += 1
+            else:
+                docs.append((str(f), data))
+    if info is not None:
+        info.update(files=len(docs), skipped_files=skipped)
+    if not docs or not any(d for _, d in docs):
+        raise ConfigError(f"data.files: no text found in {list(map(str, paths))!r} "
+                          f"(skipped {skipped['empty']} empty and {skipped['binary']} binary files)")
     return docs
+
+
+def hub_kind(name: str) -> str:
+    """'local' (an existing folder: load_from_disk) or 'hub' (a plausible hub id: load_dataset).
+    Anything else is a ConfigError naming both readings."""
+    name = str(name)
+    if Path(name).expanduser().exists():
+        return "local"
+    if _HUB_NAME.match(name):
+        return "hub"
+    raise ConfigError(f"data.hub_name={name!r} is neither an existing folder (written by datasets' "
+                      "save_to_disk) nor a hub dataset name (owner/name)")
 
 
 def hub_documents(name: str, split: str, text_column: str) -> list[tuple[str, bytes]]:
     import datasets
 
-    ds = datasets.load_dataset(name, split=split)
+    if hub_kind(name) == "local":
+        path = Path(str(name)).expanduser()
+        try:
+            ds = datasets.load_from_disk(str(path))
+        except (FileNotFoundError, ValueError) as e:
+            raise ConfigError(f"data.hub_name={name!r} is a folder but not a dataset written by save_to_disk "
+                              f"({str(e).splitlines()[0][:200]}); for plain text files use data=text_files") from e
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise ConfigError(f"data.hub_split={split!r} is not in {name}: choose one of {', '.join(ds)}")
+            ds = ds[split]
+    else:
+        try:
+            ds = datasets.load_dataset(name, split=split)
+        except Exception as e:  # noqa: BLE001 - offline, unknown name, bad split: one line
+            raise ConfigError(f"data.hub_name={name!r}: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
     if text_column not in ds.column_names:
         raise ConfigError(f"data.text_column={text_column!r} not in {name}: choose one of {ds.column_names}")
-    return [(f"{name}/{i}", t.encode("utf-8")) for i, t in enumerate(ds[text_column])]
-
-
-def _is_val(doc_name: str, val_fraction: float) -> bool:
-    h = int.from_bytes(hashlib.sha1(doc_name.encode()).digest()[:4], "little")
-    return h / 2**32 < val_fraction
+    return [(f"{name}/{i}", str(t).encode("utf-8")) for i, t in enumerate(ds[text_column]) if t]
 
 
 def _blocks(docs: list[tuple[str, bytes]], block: int) -> np.ndarray:
@@ -66,22 +118,81 @@ def _blocks(docs: list[tuple[str, bytes]], block: int) -> np.ndarray:
     return flat[: n * block].reshape(n, block)
 
 
+def split_seed(cfg: dict) -> int:
+    """The split's seed: what the data is (source, files, hub dataset, column, max_documents), not
+    the run seed nor val_fraction (a larger fraction holds out a superset of the blocks)."""
+    ident = {k: cfg.get(k) for k in ("source", "files", "hub_name", "hub_split", "text_column", "max_documents")}
+    return int.from_bytes(hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).digest()[:8],
+                          "little")
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer on uint64 (wrapping arithmetic): the same on every numpy version."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def val_block_count(n_blocks: int, val_fraction: float) -> int:
+    """round(n_blocks x val_fraction), at least 1 when val_fraction > 0."""
+    if val_fraction <= 0:
+        return 0
+    return max(1, int(np.floor(n_blocks * val_fraction + 0.5)))
+
+
+def split_blocks(n_blocks: int, val_fraction: float, seed: int, block_bytes: int) -> np.ndarray:
+    """Sorted indices of the val blocks: the val_block_count(...) blocks of smallest
+    hash(seed, index). Raises ConfigError if either split would be empty."""
+    if not 0 <= val_fraction < 1:
+        raise ConfigError(f"data.val_fraction={val_fraction!r} must be a number in [0, 1)")
+    if n_blocks == 0:
+        raise ConfigError(f"data: the corpus yields no block of {block_bytes} bytes; "
+                          "give more text or a smaller model.arch.seq_len")
+    n_val = val_block_count(n_blocks, val_fraction)
+    if n_blocks - n_val < 1:
+        raise ConfigError(f"data: the corpus yields {n_blocks} block(s) of {block_bytes} bytes, too few for a "
+                          f"train and a val split (data.val_fraction={val_fraction}); give more text or a smaller "
+                          "model.arch.seq_len")
+    if n_val == 0:
+        return np.zeros(0, dtype=np.int64)
+    keys = _mix64(np.arange(n_blocks, dtype=np.uint64) ^ np.uint64(seed))
+    return np.sort(np.argsort(keys, kind="stable")[:n_val])
+
+
+def _tree_stamp(p: Path) -> list:
+    """What changes when the data under p changes: (name, size, mtime) of the file or of every
+    file under the folder."""
+    files = _folder_files(p) if p.is_dir() else [p]
+    out = []
+    for f in files:
+        st = f.stat()
+        out.append([str(f), st.st_size, st.st_mtime_ns])
+    return out
+
+
 def source_key(cfg: dict) -> str:
     """A short, stable id of what the prepared data depends on (its cache folder name)."""
     src = {k: cfg.get(k) for k in ("source", "files", "hub_name", "hub_split", "text_column",
                                    "val_fraction", "max_documents")}
-    if cfg.get("source") == "files":  # content changes must invalidate the cache
-        src["mtimes"] = [Path(f).stat().st_mtime_ns for f in cfg.get("files") or [] if Path(f).exists()]
+    paths: list[Path] = []
+    if cfg.get("source") == "files":
+        paths = [Path(str(f)).expanduser() for f in cfg.get("files") or []]
+    elif cfg.get("source") == "hub" and cfg.get("hub_name") and Path(str(cfg["hub_name"])).expanduser().exists():
+        paths = [Path(str(cfg["hub_name"])).expanduser()]
+    if paths:  # where the data is and its content (sizes, mtimes) must invalidate the cache
+        src["stamp"] = [[str(p.resolve()), _tree_stamp(p)] for p in paths if p.exists()]
     src["version"] = PREP_VERSION
     return hashlib.sha1(json.dumps(src, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def load_documents(cfg: dict) -> list[tuple[str, bytes]]:
+def load_documents(cfg: dict, info: dict | None = None) -> list[tuple[str, bytes]]:
     source = cfg["source"]
     if source == "stdlib":
         docs = stdlib_documents()
     elif source == "files":
-        docs = file_documents(list(cfg.get("files") or []))
+        docs = file_documents(list(cfg.get("files") or []), info)
     elif source == "hub":
         docs = hub_documents(cfg["hub_name"], cfg.get("hub_split", "train"), cfg.get("text_column", "text"))
     else:

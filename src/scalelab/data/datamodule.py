@@ -1,11 +1,14 @@
-"""LightningDataModule over a prepared byte corpus (see prepare.py)."""
+"""LightningDataModule over a prepared byte corpus (see prepare.py), and the validation wiring
+(trainer.val_every_n_steps / trainer.val_batches) the worker adds to its Trainer."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import datasets
 import lightning as L
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
 from scalelab.data.sampler import GlobalBatchSampler
 
@@ -20,10 +23,20 @@ class ByteCorpusDataModule(L.LightningDataModule):
         self.prepared = Path(prepared)
         self.global_batch, self.micro_batch = global_batch, micro_batch
         self.dp_rank, self.dp_size, self.seed, self.num_workers = dp_rank, dp_size, seed, num_workers
+        self._val_ds = None
 
     def setup(self, stage: str | None = None) -> None:
         self.train_ds = datasets.load_from_disk(str(self.prepared / "train")).with_format("torch")
-        self.val_ds = datasets.load_from_disk(str(self.prepared / "val")).with_format("torch")
+
+    @property
+    def val_ds(self):
+        """The val split, loaded when validation first asks for it (there is none at val_fraction 0)."""
+        if self._val_ds is None:
+            path = self.prepared / "val"
+            if not path.exists():
+                raise RuntimeError(f"no val split in {self.prepared} (data.val_fraction is 0)")
+            self._val_ds = datasets.load_from_disk(str(path)).with_format("torch")
+        return self._val_ds
 
     def _loader(self, ds, shuffle: bool, start_step: int = 0, lightning_epoch: int | None = None) -> DataLoader:
         sampler = GlobalBatchSampler(len(ds), self.global_batch, self.micro_batch, self.dp_rank,
@@ -40,7 +53,65 @@ class ByteCorpusDataModule(L.LightningDataModule):
         return self._loader(self.train_ds, shuffle=True, start_step=step, lightning_epoch=epoch)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_ds, shuffle=False)
+        """The val split in order, sharded over data-parallel ranks: every rank gets the same
+        number of blocks (the split floored to a multiple of dp_size) in micro-batches, the last
+        possibly short, so a few val blocks still validate. The Trainer's limit_val_batches
+        (validation_trainer_args) caps it at trainer.val_batches global batches."""
+        sampler = ShardSampler(len(self.val_ds), self.dp_rank, self.dp_size)
+        return DataLoader(self.val_ds, batch_size=self.micro_batch, sampler=sampler, drop_last=False,
+                          num_workers=self.num_workers, collate_fn=_collate)
+
+
+class ShardSampler(Sampler[int]):
+    """Indices rank, rank + size, ... of the first floor(n / size) x size samples."""
+
+    def __init__(self, num_samples: int, rank: int, size: int):
+        self.indices = list(range(rank, num_samples // size * size, size))
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+
+def validation_trainer_args(trainer_cfg: Any, accumulate: int) -> dict:
+    """Trainer arguments for trainer.val_every_n_steps (None: no validation). Lightning counts its
+    val_check_interval in training batches, so N optimizer steps are N x accumulate batches;
+    limit_val_batches counts this rank's micro-batches: val_batches global batches are
+    val_batches x accumulate of them on every rank."""
+    every = trainer_cfg.get("val_every_n_steps")
+    if not every:
+        return {"limit_val_batches": 0}
+    return {"val_check_interval": int(every) * accumulate, "check_val_every_n_epoch": None,
+            "limit_val_batches": int(trainer_cfg.get("val_batches") or 8) * accumulate}
+
+
+class ValidationCurve(L.Callback):
+    """The val loss after each validation during fit: Lightning's epoch mean of `val/loss`
+    (LitModule.validation_step logs it with sync_dist: the mean over ranks, every rank holds it)."""
+
+    def __init__(self, every_n_steps: int, batches: int):
+        self.every_n_steps, self.batches = every_n_steps, batches
+        self.curve: list[list] = []
+
+    @classmethod
+    def for_config(cls, trainer_cfg: Any) -> ValidationCurve | None:
+        every = trainer_cfg.get("val_every_n_steps")
+        return cls(int(every), int(trainer_cfg.get("val_batches") or 8)) if every else None
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        loss = trainer.callback_metrics.get("val/loss")
+        if loss is not None:
+            self.curve.append([int(trainer.global_step), float(loss)])
+
+    def record(self) -> dict:
+        """run.json's `val`."""
+        return {"every_n_steps": self.every_n_steps, "batches": self.batches, "curve": self.curve,
+                "final": self.curve[-1][1] if self.curve else None,
+                "final_step": self.curve[-1][0] if self.curve else None}
 
 
 def _collate(rows: list[dict]):

@@ -1,54 +1,117 @@
 """Prepare a corpus once, before any rank starts, into an Arrow dataset on disk.
 
-Called by the Hydra job (one process) so ranks only memory-map the result. A lock-free
-write-then-rename keeps concurrent jobs from reading a half-written cache.
+Called by the command's preflight (so a corpus too small for the run fails with one line before
+Hydra starts a job) and by the Hydra job (a cache hit by then), so ranks only memory-map the
+result. A lock-free write-then-rename keeps concurrent jobs from reading a half-written cache.
+
+The folder holds `train/` and `val/` (absent when data.val_fraction is 0) and `meta.json`: the
+block and document counts and how the split was made (corpus.py).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
-import datasets
-import pyarrow as pa
-from tqdm.auto import tqdm
+import numpy as np
 
 from scalelab.data import corpus
 from scalelab.errors import ConfigError
 
+META_FILE = "meta.json"
+
 
 def prepared_dir(cfg: dict, seq_len: int, cache_root: Path) -> Path:
-    return cache_root / "data" / f"{cfg['source']}-{corpus.source_key(cfg)}-T{seq_len}"
+    return cache_root / "data" / f"{cfg['source']}-{corpus.source_key(cfg)}-v{corpus.PREP_VERSION}-T{seq_len}"
+
+
+def _save(blocks: np.ndarray, block: int, path: Path) -> None:
+    import datasets
+    import pyarrow as pa
+
+    # Straight to Arrow: Dataset.from_dict on a 2-D array goes through Python lists (~50x slower).
+    column = pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(blocks).reshape(-1)), block)
+    was_off = datasets.is_progress_bar_enabled() is False
+    datasets.disable_progress_bars()  # its "Saving the dataset" bars: prepare prints one line instead
+    try:
+        datasets.Dataset(pa.table({"input_ids": column})).save_to_disk(str(path))
+    finally:
+        if not was_off:
+            datasets.enable_progress_bars()
 
 
 def prepare(cfg: dict, seq_len: int, cache_root: Path, progress: bool = True) -> Path:
     """Return the folder holding `train/` and `val/` Arrow datasets of (seq_len+1)-byte blocks."""
     out = prepared_dir(cfg, seq_len, cache_root)
-    if (out / "train" / "dataset_info.json").exists():
+    if (out / META_FILE).exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    docs = corpus.load_documents(cfg)
+    block = seq_len + 1
     val_fraction = float(cfg.get("val_fraction", 0.02))
-    splits: dict[str, list] = {"train": [], "val": []}
-    for name, data in tqdm(docs, desc=f"prepare {cfg['source']} corpus", unit="doc",
-                           disable=not progress, mininterval=0.5):
-        splits["val" if corpus._is_val(name, val_fraction) else "train"].append((name, data))
+    info: dict[str, Any] = {}
+    docs = corpus.load_documents(cfg, info)
+    blocks = corpus._blocks(docs, block)
+    seed = corpus.split_seed(cfg)
+    val_idx = corpus.split_blocks(len(blocks), val_fraction, seed, block)
+    is_val = np.zeros(len(blocks), dtype=bool)
+    is_val[val_idx] = True
+    meta = {"version": corpus.PREP_VERSION, "source": cfg["source"], "documents": len(docs),
+            "bytes": int(sum(len(d) for _, d in docs)), "block_bytes": block, "blocks": int(len(blocks)),
+            "train_blocks": int((~is_val).sum()), "val_blocks": int(is_val.sum()), "val_fraction": val_fraction,
+            "split": "by token block: the round(blocks x val_fraction) (>= 1 if > 0) blocks of smallest "
+                     "splitmix64(index ^ split_seed); split_seed from the data config", "split_seed": seed, **info}
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
     try:
-        for split, split_docs in splits.items():
-            blocks = corpus._blocks(split_docs, seq_len + 1)
-            if split == "train" and len(blocks) == 0:
-                raise ConfigError(f"data: the corpus yields no block of {seq_len + 1} bytes; "
-                                  "give more text or a smaller model.seq_len")
-            # Straight to Arrow: Dataset.from_dict on a 2-D array goes through Python lists (~50x slower).
-            column = pa.FixedSizeListArray.from_arrays(pa.array(blocks.reshape(-1)), seq_len + 1)
-            ds = datasets.Dataset(pa.table({"input_ids": column}))
-            ds.save_to_disk(str(tmp / split))
+        _save(blocks[~is_val], block, tmp / "train")
+        if meta["val_blocks"]:  # an empty Arrow dataset does not load back (IndexError): none is written
+            _save(blocks[is_val], block, tmp / "val")
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
         try:
             os.rename(tmp, out)
         except OSError:  # another job finished first: keep theirs
             pass
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if progress:
+        skipped = info.get("skipped_files") or {}
+        note = ", ".join(f"{v} {k} files skipped" for k, v in skipped.items() if v)
+        print(f"[scalelab] data: {meta['documents']} documents, {meta['bytes']:,} bytes -> {meta['train_blocks']} "
+              f"train + {meta['val_blocks']} val blocks of {block} bytes{' (' + note + ')' if note else ''} "
+              f"-> {out}", flush=True)
+    return out
+
+
+def read_meta(prepared: Path) -> dict:
+    return json.loads((Path(prepared) / META_FILE).read_text())
+
+
+def check_size(meta: dict, global_batch: int, dp_size: int, validation: bool,
+               length_key: str = "model.arch.seq_len") -> None:
+    """The run needs one global batch of training blocks and, with validation on, one val block
+    per data-parallel rank."""
+    b = meta["block_bytes"]
+    if meta["train_blocks"] < global_batch:
+        raise ConfigError(f"data: the corpus yields {meta['train_blocks']} training blocks of {b} bytes, fewer than "
+                          f"one global batch of {global_batch} (data.global_batch_size); give more text, or lower "
+                          f"data.global_batch_size or {length_key}")
+    if validation and meta["val_blocks"] < dp_size:
+        raise ConfigError(f"data: the val split has {meta['val_blocks']} block(s) of {b} bytes, fewer than one per "
+                          f"data-parallel rank ({dp_size}) for trainer.val_every_n_steps; raise data.val_fraction "
+                          "or give more text")
+
+
+def prepare_for_run(cfg: Any, spec: Any, progress: bool = True) -> Path:
+    """Prepare (or find cached) the job's data and check it is enough for the run: a ConfigError
+    otherwise. cfg: the job's config (DictConfig or resolved dict); spec: config.validate's JobSpec."""
+    if not isinstance(cfg, dict):
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    out = prepare(cfg["data"], spec.seq_len, Path(cfg["cache_dir"]), progress)
+    length_key = "model.arch.seq_len" if cfg["model"].get("task") == "lm" else "model.arch.in_features"
+    check_size(read_meta(out), spec.batch.global_batch_size, spec.batch.dp_size,
+               bool(cfg["trainer"].get("val_every_n_steps")), length_key)
     return out

@@ -24,7 +24,20 @@ class GPTConfig:
     vocab_size: int = 256  # byte-level tokens
     mlp_ratio: int = 4
     dropout: float = 0.0
-    activation_checkpointing: bool = False
+    # none | selective (recompute the attention core: SDPA) | full (recompute each block; keep
+    # only its input). Booleans from older configs map to full / none.
+    activation_checkpointing: str = "none"
+
+    def __post_init__(self) -> None:
+        ac = self.activation_checkpointing
+        ac = {True: "full", False: "none", None: "none"}.get(ac, ac) if isinstance(ac, (bool, type(None))) else ac
+        if ac not in CHECKPOINTING:
+            raise ValueError(f"activation_checkpointing={self.activation_checkpointing!r} is not valid: choose one "
+                             f"of {', '.join(CHECKPOINTING)} (true = full, false = none)")
+        self.activation_checkpointing = ac
+
+
+CHECKPOINTING = ("none", "selective", "full")
 
 
 class CausalSelfAttention(nn.Module):
@@ -37,14 +50,19 @@ class CausalSelfAttention(nn.Module):
         self.out_proj = nn.Linear(d, d, bias=False)
         self.head_dim = d // cfg.n_heads
         self.dropout = cfg.dropout
+        self.recompute = cfg.activation_checkpointing == "selective"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds only its share of the heads.
         q, k, v = (p(x).view(b, t, -1, self.head_dim).transpose(1, 2)
                    for p in (self.q_proj, self.k_proj, self.v_proj))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        p = self.dropout if self.training else 0.0
+        if self.recompute and self.training:  # selective: backward re-runs the kernel (RNG state kept)
+            y = checkpoint(F.scaled_dot_product_attention, q, k, v, is_causal=True, dropout_p=p,
+                           use_reentrant=False)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
         return self.out_proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -101,7 +119,7 @@ class GPT(nn.Module):
             pos = torch.arange(idx.shape[1], device=idx.device)
             x = self.tok_emb(idx) + self.pos_emb(pos)
         for block in self.layers.values():
-            if self.cfg.activation_checkpointing and self.training:
+            if self.cfg.activation_checkpointing == "full" and self.training:
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)

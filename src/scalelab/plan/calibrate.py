@@ -126,7 +126,7 @@ def terms_from_run(run: dict) -> Terms:
         model_from_run(run), strategy, devices=int(run.get("devices_per_node") or run["world_size"]),
         nodes=int(run.get("num_nodes") or 1), tp=tp, pp=pp, micro_batch=micro, micro_batches=m,
         precision=run.get("precision", "32"), optimizer=run.get("optimizer", "adam"),
-        activation_checkpointing=bool(run.get("activation_checkpointing", False)),
+        activation_checkpointing=run.get("activation_checkpointing") or "none",  # older records: a bool
         threads=int(hw.get("threads_per_rank") or 1),
         # scalelab's tp keeps LayerNorms and the residual stream replicated (no sequence parallel)
         sequence_parallel=bool(par.get("sequence_parallel", False)))

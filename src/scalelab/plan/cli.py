@@ -5,7 +5,7 @@
                   [--global-batch G] [--precision P] [--optimizer adam|sgd]
                   [--activation-checkpointing none|selective|full] [--attention flash|math]
                   [--dropout P] [--hardware H] [--tokens T] [--json]
-    scalelab plan --probe [--out PATH]                       measure this CPU -> conf/hardware/this_cpu.yaml
+    scalelab plan --probe [--out PATH]                       measure this CPU again -> this host's cached this_cpu
     scalelab plan --calibrate SWEEP_DIR [SWEEP_DIR ...] [--hardware H] [--out PATH]
     scalelab plan --validate SWEEP_DIR [SWEEP_DIR ...] [--hardware H] [--tolerance 0.15] [--json]
 """
@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
+from .report import _opt, _opt_str, _print_table, _short, fmt_bytes, render, render_alternatives, render_rows
 from .spec import ATTENTION, CHECKPOINTING, STRATEGIES, ModelSpec, PlanError, conf_dir, get_strategy, strategy_names
 
 DEFAULT_HARDWARE = "h100_sxm"
@@ -37,6 +39,9 @@ def _count(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add every `scalelab plan` flag to `parser` (a subparser)."""
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="scalelab-train overrides (strategy=zero3 trainer.devices=8 ...): plan exactly "
+                             "that job, composed and validated as the trainer does; instead of the shape flags")
     m = parser.add_argument_group("model (--params, or the shape, or --model)")
     m.add_argument("--params", type=_count, help="parameter count (7e9, 7B); shape guessed if not given")
     m.add_argument("--layers", type=int)
@@ -52,12 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(scalelab's SDPA), math stores the s x s scores (default flash)")
     m.add_argument("--dropout", help="dropout probability (default: --model's arch.dropout, else 0)")
     j = parser.add_argument_group("job")
-    j.add_argument("--strategy", help=f"one of: {', '.join(STRATEGIES)} (or any conf/strategy/ config)")
+    j.add_argument("--strategy", help=f"one of: {', '.join(STRATEGIES)} (or any conf/strategy/ config); "
+                                      "a comma list or `all`: one row per strategy")
     j.add_argument("--devices", type=int, default=1, help="devices per node (default 1)")
     j.add_argument("--nodes", type=int, default=1)
     j.add_argument("--tp", type=int, help="tensor-parallel degree (tp, fsdp_tp)")
     j.add_argument("--pp", type=int, help="pipeline stages (pipeline)")
-    j.add_argument("--micro-batch", type=int, default=1, help="sequences per device per micro-batch")
+    j.add_argument("--micro-batch", type=int, help="sequences per device per micro-batch (default: global "
+                                                   "batch / data-parallel ranks, as the trainer derives it)")
     j.add_argument("--global-batch", type=int, help="sequences per optimizer step (default dp x micro)")
     j.add_argument("--precision", default="bf16-mixed", help="32, bf16-mixed or fp16-mixed")
     j.add_argument("--optimizer", default="adam", help="adam or sgd (with momentum)")
@@ -69,7 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     j.add_argument("--tokens", type=_count, help="also estimate time, cost and energy to train T tokens")
     j.add_argument("--json", action="store_true", help="print JSON instead of a table")
     c = parser.add_argument_group("probe / calibration / validation")
-    c.add_argument("--probe", action="store_true", help="measure this CPU, write conf/hardware/this_cpu.yaml")
+    c.add_argument("--probe", action="store_true", help="measure this CPU again and write this host's `this_cpu` profile "
+                                                          "(under $SCALELAB_CACHE/hardware/)")
     c.add_argument("--calibrate", metavar="SWEEP_DIR", nargs="+",
                    help="fit the hardware profile to the runs measured under these sweep dirs")
     c.add_argument("--validate", metavar="SWEEP_DIR", nargs="+",
@@ -79,8 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="with --validate: exit 1 if any config's step-time ratio (median over its repeats) is off by more than this")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Execute `scalelab plan`; print; 0 ok, 1 validation outside tolerance, 2 bad input."""
+def run(args: argparse.Namespace, job_terms=None) -> int:
+    """Execute `scalelab plan`; print; 0 ok, 1 a plan that does not fit or a validation outside
+    tolerance, 2 bad input."""
     try:
         if args.probe:
             return _probe(args)
@@ -88,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             return _calibrate(args)
         if args.validate:
             return _validate(args)
-        return _plan(args)
+        return _plan(args, job_terms)
     except PlanError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -139,24 +148,121 @@ def _model_from_conf(name: str) -> ModelSpec:
     raise PlanError(f"model config {str(path)!r} has no arch.d_model or arch.hidden")
 
 
-def _plan(a) -> int:
-    from .step_time import plan
-    if not a.strategy:
-        raise PlanError(f"--strategy is required; valid: {', '.join(strategy_names())}")
-    get_strategy(a.strategy)
-    model = _model_from_args(a)
-    kw = dict(devices=a.devices, nodes=a.nodes, tp=a.tp, pp=a.pp, micro_batch=a.micro_batch,
-              global_batch=a.global_batch, precision=a.precision, optimizer=a.optimizer,
-              activation_checkpointing=a.activation_checkpointing, tokens=a.tokens)
-    doc = plan(model, a.strategy, a.hardware or DEFAULT_HARDWARE,
-               sequence_parallel=not a.no_sequence_parallel, **kw)
+def _strategies(value: str | None) -> list[str | None]:
+    """--strategy NAME, a comma list, or all (every strategy the planner knows)."""
+    if not value:
+        return [None]
+    names = list(STRATEGIES) if value.strip() == "all" else [v.strip() for v in value.split(",") if v.strip()]
+    for n in names:
+        get_strategy(n)                                 # unknown -> one-line PlanError
+    return names
+
+
+def _plan(a, job_terms=None) -> int:
+    """One plan (exit 1 with the nearest layouts that fit when it does not fit), or a row per
+    strategy. `job_terms(overrides) -> (Terms, hardware name)` builds a job from scalelab-train
+    overrides (scalelab.plan_job: the training config code, which plan/ does not import)."""
+    from .alternatives import nearest_fitting
+    from .hardware import load_hardware
+    from .step_time import build_terms, plan_terms
+    names = _strategies(a.strategy)
+    plans = []                                          # (terms, hardware, train command)
+    if a.overrides:
+        shape_flags = [f for f in ("params", "layers", "hidden", "heads", "model") if getattr(a, f) is not None]
+        if shape_flags:
+            raise PlanError(f"give either scalelab-train overrides or the shape flags, not both "
+                            f"(--{shape_flags[0].replace('_', '-')} with {a.overrides[0]})")
+        if job_terms is None:
+            raise PlanError("overrides need the `scalelab plan` command (scalelab plan KEY=VALUE ...)")
+        for name in names:
+            overrides = a.overrides + ([f"strategy={name}"] if name else [])
+            terms, hardware = job_terms(overrides)
+            plans.append((terms, load_hardware(a.hardware or hardware),
+                          "scalelab-train " + " ".join(map(shlex.quote, overrides))))
+    else:
+        if names == [None]:
+            raise PlanError(f"--strategy is required; valid: {', '.join(strategy_names())} (or a comma list, or all)")
+        model = _model_from_args(a)
+        hw = load_hardware(a.hardware or DEFAULT_HARDWARE)
+        for name in names:
+            kw = dict(devices=a.devices, nodes=a.nodes, tp=a.tp, pp=a.pp, global_batch=a.global_batch,
+                      precision=a.precision, optimizer=a.optimizer,
+                      activation_checkpointing=a.activation_checkpointing,
+                      sequence_parallel=not a.no_sequence_parallel)
+            terms = build_terms(model, name, micro_batch=_micro_batch(a, model, name, kw), **kw)
+            plans.append((terms, hw, _train_command(a, terms, hw.name)))
+    docs = []
+    for terms, hw, command in plans:
+        docs.append(plan_terms(terms, hw, a.tokens))
+        if command:
+            docs[-1]["train_command"] = command
+    if len(docs) > 1:
+        print(json.dumps(docs, indent=2) if a.json else render_rows(docs))
+        return 0
+    doc, (terms, hw, _) = docs[0], plans[0]
+    if not doc["memory"]["fits"]:
+        doc["alternatives"] = nearest_fitting(terms, hw)
     print(json.dumps(doc, indent=2) if a.json else render(doc))
+    if not doc["memory"]["fits"]:
+        print(f"error: {render_alternatives(doc, doc['alternatives'])}", file=sys.stderr)
+        return 1
     return 0
 
 
+def _micro_batch(a, model: ModelSpec, name: str, kw: dict) -> int:
+    """--micro-batch, else as the trainer derives it: global batch / data-parallel ranks, no
+    accumulation; a pipeline cuts that into its micro-batches (strategy.microbatches, 4). 1 when
+    no global batch is given."""
+    if a.micro_batch is not None:
+        return a.micro_batch
+    if a.global_batch is None:
+        return 1
+    from .step_time import build_terms
+    dp = build_terms(model, name, micro_batch=1, **{**kw, "global_batch": None}).layout.dp
+    per_rank = a.global_batch // dp if a.global_batch % dp == 0 else 1
+    chunks = int(_strategy_option(name, "microbatches") or 4) if get_strategy(name).pipeline else 1
+    return per_rank // chunks if per_rank % chunks == 0 else per_rank
+
+
+def _strategy_option(name: str, key: str):
+    from .spec import _strategy_config
+    return _strategy_config(name).get(key)
+
+
+_TRAIN_PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed"}
+
+
+def _train_command(a, terms, hardware: str) -> str | None:
+    """The scalelab-train overrides that run the job a flag-form plan describes (None when the
+    model is not one the trainer builds: an MLP, or an MLP width that is not a multiple)."""
+    L, m = terms.layout, terms.model
+    if a.model:
+        model = [f"model={a.model}"]
+    elif m.kind == "gpt" and m.ffn % m.hidden == 0:
+        model = ["model=gpt_nano", f"model.arch.n_layers={m.n_layers}", f"model.arch.d_model={m.hidden}",
+                 f"model.arch.n_heads={m.heads}", f"model.arch.vocab_size={m.vocab}",
+                 f"model.arch.seq_len={m.seq_len}", f"model.arch.mlp_ratio={m.ffn // m.hidden}"]
+    else:
+        return None
+    ov = [f"strategy={terms.strategy.name}", *model, f"trainer.devices={L.devices_per_node}",
+          f"data.global_batch_size={L.global_batch}", f"trainer.precision={_TRAIN_PRECISION[terms.precision]}",
+          f"optim={'adamw' if terms.optimizer == 'adam' else 'sgd'}", f"hardware_profile={hardware}"]
+    if L.nodes > 1:
+        ov += [f"trainer.num_nodes={L.nodes}", "launcher=srun"]
+    if terms.strategy.pipeline:      # stages = world / strategy.dp: the trainer names the replicas
+        ov += [f"strategy.dp={L.dp}", f"strategy.microbatches={L.micro_batches}"]
+    elif L.micro_batches > 1:
+        ov.append(f"data.micro_batch_size={L.micro_batch}")
+    if terms.strategy.tensor_parallel:
+        ov.append(f"strategy.tensor_parallel_size={L.tp}")
+    if terms.checkpointing != "none":
+        ov.append(f"model.arch.activation_checkpointing={terms.checkpointing}")
+    return "scalelab-train " + " ".join(map(shlex.quote, ov))
+
+
 def _probe(a) -> int:
-    from .hardware import probe_cpu
-    out = Path(a.out) if a.out else conf_dir() / "hardware" / "this_cpu.yaml"
+    from .hardware import host_cpu_profile_path, probe_cpu
+    out = Path(a.out) if a.out else host_cpu_profile_path()
     hw = probe_cpu(out)
     print(f"wrote {out}")
     print(yaml.safe_dump(hw.to_dict(), sort_keys=False, width=100))
@@ -234,98 +340,3 @@ def _validate(a) -> int:
 # --------------------------------------------------------------------------------------------
 # Rendering
 # --------------------------------------------------------------------------------------------
-def fmt_bytes(n) -> str:
-    if n is None:
-        return "-"
-    for unit, div in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if abs(n) >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-def fmt_time(s: float) -> str:
-    for unit, div in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1), ("ms", 1e-3), ("us", 1e-6)):
-        if s >= div:
-            return f"{s / div:.3g} {unit}"
-    return f"{s:.3g} s"
-
-
-def _si(x: float) -> str:
-    for unit, div in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= div:
-            return f"{x / div:.3g}{unit}"
-    return f"{x:.3g}"
-
-
-def _opt_str(x) -> str:
-    return "-" if x is None else str(x)
-
-
-def _opt(x) -> str:
-    return "-" if x is None else f"{x:.3f}"
-
-
-def _short(path: str) -> str:
-    parts = Path(path).parts
-    return "/".join(parts[-2:]) if len(parts) > 1 else path
-
-
-def _print_table(header, rows) -> None:
-    w = [max(len(str(x)) for x in col) for col in zip(header, *rows)] if rows else [len(h) for h in header]
-    print("  ".join(str(h).ljust(n) for h, n in zip(header, w)))
-    print("  ".join("-" * n for n in w))
-    for r in rows:
-        print("  ".join(str(x).ljust(n) for x, n in zip(r, w)))
-
-
-def render(doc: dict) -> str:
-    i, p, mem, t = doc["inputs"], doc["inputs"]["parallel"], doc["memory"], doc["time"]
-    md = i["model"]
-    out = [f"plan: {i['strategy']} on {p['world_size']} x {i['hardware']} ({p['nodes']} node(s) x "
-           f"{p['devices_per_node']}), dp={p['dp']} tp={p['tp']} pp={p['pp']}"
-           + (" +sequence-parallel" if p["sequence_parallel"] else ""),
-           f"model: {_si(md['n_params'])} params ({md['n_layers']} layers, hidden {md['hidden']}, "
-           f"{md['heads']} heads, vocab {md['vocab']}, seq {md['seq_len']}"
-           + (", shape guessed from --params" if md["shape_inferred"] else "")
-           + f", {md.get('attention', 'flash')} attention"
-           + (f", dropout {md['dropout']:g}" if md.get("dropout") else "") + f"), "
-           f"{i['precision']}, {i['optimizer']}, activation checkpointing {i['activation_checkpointing']}",
-           f"batch: micro {p['micro_batch']} x dp {p['dp']} x {p['micro_batches_per_step']} micro-batches"
-           f" = global {p['global_batch']} ({p['global_batch'] * md['seq_len']:,} tokens/step)", ""]
-    out.append("memory per device")
-    for label, key in (("parameters", "parameters_bytes_per_device"),
-                       ("gradients", "gradients_bytes_per_device"),
-                       ("optimizer states", "optimizer_bytes_per_device"),
-                       ("= model states", "model_states_bytes_per_device"),
-                       ("activations", "activations_bytes_per_device"),
-                       ("buffers (gathered layers, buckets)", "buffers_bytes_per_device"),
-                       ("runtime (context / process)", "runtime_bytes_per_device")):
-        out.append(f"  {label:<36}{fmt_bytes(mem[key]):>12}")
-    verdict = "fits" if mem["fits"] else "DOES NOT FIT"
-    out.append(f"  {'total':<36}{fmt_bytes(mem['total_bytes_per_device']):>12}  of "
-               f"{fmt_bytes(mem['device_memory_bytes'])} -> {verdict}")
-    if mem["offloaded_bytes_per_device"]:
-        out.append(f"  {'offloaded to host memory':<36}{fmt_bytes(mem['offloaded_bytes_per_device']):>12}")
-    out += ["", "communication per step per device"]
-    for c in doc["comm"]["collectives"]:
-        out.append(f"  {c['name']:<30} {c['op']:<15} group {c['group']}={c['group_size']:<4} "
-                   f"{c['calls']:>7g} calls {fmt_bytes(c['bytes_per_step_per_device']):>12}"
-                   + ("  inter-node" if c["crosses_nodes"] else ""))
-    if not doc["comm"]["collectives"]:
-        out.append("  none")
-    out.append(f"  {'total sent (device links)':<36}{fmt_bytes(doc['comm']['bytes_per_step_per_device']):>12}")
-    out += ["", f"step time {fmt_time(t['step_s'])} = compute {fmt_time(t['compute_s'])} + bubble "
-            f"{fmt_time(t['bubble_s'])} + exposed comm {fmt_time(t['comm_exposed_s'])} (of "
-            f"{fmt_time(t['comm_total_s'])}) + optimizer {fmt_time(t['optimizer_s'])} + overhead "
-            f"{fmt_time(t['overhead_s'])}",
-            f"FLOPs per step {_si(doc['flops']['model_per_step'])} (model), "
-            f"{_si(doc['flops']['hardware_per_step_per_device'])} executed per device",
-            f"throughput {_si(doc['throughput']['tokens_per_s'])} tokens/s, "
-            f"{_si(doc['throughput']['samples_per_s'])} samples/s; MFU {doc['mfu']:.1%}; "
-            f"scaling efficiency vs 1 device {doc['scaling_efficiency']:.1%}"]
-    if doc["train"]:
-        tr = doc["train"]
-        out.append(f"train {_si(tr['tokens'])} tokens: {fmt_time(tr['time_s'])}, "
-                   f"{tr['device_hours']:,.0f} device-hours, cost {tr['cost']:,.0f}, "
-                   f"energy {tr['energy_kwh']:,.0f} kWh")
-    return "\n".join(out)

@@ -1,4 +1,4 @@
-"""Hardware profiles (conf/hardware/*.yaml) and the CPU probe that writes this_cpu.yaml.
+"""Hardware profiles (conf/hardware/*.yaml) and the CPU probe behind `this_cpu` (this host, cached).
 
 A profile describes one device and its links. Keys (all plain YAML, SI units):
   name, note, devices_per_node, threads_per_device (CPU: a "device" is a rank of N threads)
@@ -132,7 +132,7 @@ class Hardware:
 
 def list_hardware() -> list[str]:
     d = conf_dir() / "hardware"
-    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+    return sorted({HOST_CPU, *(p.stem for p in d.glob("*.yaml"))}) if d.is_dir() else [HOST_CPU]
 
 
 def _link(d: dict | None, what: str, source: str) -> Link:
@@ -174,8 +174,46 @@ def parse_hardware(d: dict, source: str = "") -> Hardware:
     return Hardware(intra_node=intra, inter_node=inter, source=source, **kw)
 
 
-def load_hardware(name_or_path: str) -> Hardware:
-    """A profile by name (conf/hardware/NAME.yaml) or by path to a .yaml file."""
+# `this_cpu` is this host, always: a probe run once per host (CPU model, cores, machine, torch
+# version) and cached, never a profile committed from another machine.
+HOST_CPU = "this_cpu"
+
+
+def _host_key() -> str:
+    import hashlib
+    from importlib.metadata import version
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    ident = f"{_cpu_name()}|{cores}|{platform.machine()}|torch {version('torch')}"
+    return hashlib.sha1(ident.encode()).hexdigest()[:12]
+
+
+def cache_dir() -> Path:
+    """SCALELAB_CACHE, else ~/.cache/scalelab (conf/train.yaml's cache_dir default)."""
+    return Path(os.environ.get("SCALELAB_CACHE") or Path.home() / ".cache" / "scalelab")
+
+
+def host_cpu_profile_path(cache: str | Path | None = None) -> Path:
+    return Path(cache or cache_dir()) / "hardware" / f"{HOST_CPU}-{_host_key()}.yaml"
+
+
+def host_cpu_profile(cache: str | Path | None = None) -> Path:
+    """This host's probed CPU profile, probing first if this host has none yet (~4 s, once).
+    Written whole (temp file + rename): concurrent jobs may both probe, never read half a file."""
+    path = host_cpu_profile_path(cache)
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        probe_cpu(tmp)
+        os.replace(tmp, path)
+    return path
+
+
+def load_hardware(name_or_path: str, cache: str | Path | None = None) -> Hardware:
+    """A profile by name (conf/hardware/NAME.yaml; `this_cpu`: this host's cached probe) or by
+    path to a .yaml file."""
+    if name_or_path == HOST_CPU:
+        name_or_path = str(host_cpu_profile(cache))
     p = Path(name_or_path)
     if not (p.suffix in (".yaml", ".yml") and p.is_file()):
         p = conf_dir() / "hardware" / f"{name_or_path}.yaml"

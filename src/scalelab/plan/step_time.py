@@ -35,7 +35,7 @@ from . import flops as flops_mod
 from .comm import Collective, by_op, collectives
 from .hardware import Hardware, load_hardware
 from .model_states import ModelStates, bytes_per_param, model_states
-from .spec import (Layout, ModelSpec, Strategy, compute_dtype, get_strategy, normalize_checkpointing,
+from .spec import (PlanError, Layout, ModelSpec, Strategy, compute_dtype, get_strategy, normalize_checkpointing,
                    normalize_optimizer, normalize_precision, resolve_layout)
 
 
@@ -220,7 +220,7 @@ def step_time(terms: Terms, hw: Hardware) -> dict[str, float]:
     return {"step_s": step, **parts}
 
 
-def plan(model: ModelSpec, strategy: str, hardware: Hardware | str, *, devices: int = 1,
+def plan(model: ModelSpec, strategy: str | Strategy, hardware: Hardware | str, *, devices: int = 1,
          nodes: int = 1, tp: int | None = None, pp: int | None = None, micro_batch: int = 1,
          global_batch: int | None = None, micro_batches: int | None = None,
          precision: str = "bf16-mixed", optimizer: str = "adam", activation_checkpointing="none",
@@ -233,25 +233,63 @@ def plan(model: ModelSpec, strategy: str, hardware: Hardware | str, *, devices: 
                         micro_batches=micro_batches, precision=precision, optimizer=optimizer,
                         activation_checkpointing=activation_checkpointing, threads=threads,
                         sequence_parallel=sequence_parallel)
-    L, st = terms.layout, terms.states
+    return plan_terms(terms, hw, tokens)
+
+
+def device_total_bytes(terms: Terms, hw: Hardware) -> float:
+    st = terms.states
+    return st.total_bytes + terms.activations_bytes + st.buffers_bytes + hw.runtime_memory_bytes
+
+
+def fits(terms: Terms, hw: Hardware) -> bool:
+    return device_total_bytes(terms, hw) <= hw.memory_bytes
+
+
+def baseline(terms: Terms, hw: Hardware) -> tuple[Terms, str] | tuple[None, str]:
+    """The layout scaling efficiency is measured against (weak scaling, DESIGN.md): the same
+    micro-batch, micro-batches per step, precision and optimizer on fewer devices. `single` on
+    1 device when it fits; else the same strategy (and tp x pp) on the smallest world size that
+    fits. (None, why) when no smaller layout fits: an efficiency against a baseline that could
+    not run would mean nothing."""
+    L = terms.layout
+    kw = dict(micro_batch=L.micro_batch, micro_batches=L.micro_batches, precision=terms.precision,
+              optimizer=terms.optimizer, activation_checkpointing=terms.checkpointing,
+              threads=terms.threads or None)
+    one = build_terms(terms.model, "single", devices=1, **kw)
+    if fits(one, hw):
+        return one, "single on 1 device"
+    world = L.tp * L.pp
+    while world < L.world:
+        if L.world % world == 0:
+            devices = min(world, L.devices_per_node)
+            try:
+                cand = build_terms(terms.model, terms.strategy, devices=devices, nodes=world // devices,
+                                   tp=L.tp, pp=L.pp, sequence_parallel=L.sequence_parallel, **kw)
+            except PlanError:
+                cand = None
+            if cand is not None and fits(cand, hw):
+                return cand, f"{terms.strategy.name} on {world} devices, the smallest world size that fits"
+        world *= 2
+    return None, "no smaller layout fits device memory"
+
+
+def plan_terms(terms: Terms, hw: Hardware, tokens: float | None = None) -> dict:
+    """The `scalelab plan --json` document for built terms (from flags, or from a job's config)."""
+    model, L, st = terms.model, terms.layout, terms.states
     times = step_time(terms, hw)
     samples_per_s = L.global_batch / times["step_s"]
     tokens_per_s = samples_per_s * model.seq_len
     peak_job = _peak(hw, terms) * L.world
     mfu = terms.model_flops_per_step / (times["step_s"] * peak_job)
-
-    # Scaling efficiency (weak scaling, DESIGN.md): one device doing one replica's share of the
-    # step with the same micro-batch, number of micro-batches, precision and optimizer.
-    base = build_terms(model, "single", devices=1, micro_batch=L.micro_batch,
-                       micro_batches=L.micro_batches,
-                       precision=precision, optimizer=optimizer,
-                       activation_checkpointing=activation_checkpointing, threads=threads)
-    base_t = step_time(base, hw)["step_s"]
-    base_sps = base.layout.global_batch / base_t
-    efficiency = samples_per_s / (L.world * base_sps)
-
-    device_total = (st.total_bytes + terms.activations_bytes + st.buffers_bytes
-                    + hw.runtime_memory_bytes)
+    base, why = baseline(terms, hw)
+    base_doc, efficiency = {"world_size": None, "what": why}, None
+    if base is not None:
+        base_t = step_time(base, hw)["step_s"]
+        base_sps = base.layout.global_batch / base_t
+        efficiency = samples_per_s / (L.world * base_sps / base.layout.world)
+        base_doc = {"strategy": base.strategy.name, "world_size": base.layout.world, "what": why,
+                    "step_s": base_t, "samples_per_s": base_sps}
+    device_total = device_total_bytes(terms, hw)
     train = None
     if tokens:
         steps = float(tokens) / (L.global_batch * model.seq_len)
@@ -303,6 +341,6 @@ def plan(model: ModelSpec, strategy: str, hardware: Hardware | str, *, devices: 
         "throughput": {"tokens_per_s": tokens_per_s, "samples_per_s": samples_per_s},
         "mfu": mfu,
         "scaling_efficiency": efficiency,
-        "baseline_1_device": {"step_s": base_t, "samples_per_s": base_sps},
+        "baseline": base_doc,
         "train": train,
     }

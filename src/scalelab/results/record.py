@@ -31,6 +31,8 @@ def base_record(cfg: dict, batch, lr: float, world_size: int, plan_degrees: dict
     """Everything known before training: identical for completed and failed runs."""
     arch_d = {k: getattr(arch, k) for k in ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len")
               if hasattr(arch, k)}
+    if hasattr(arch, "mlp_ratio"):
+        arch_d["ffn_hidden"] = arch.mlp_ratio * arch.d_model
     return {
         "status": None,
         "strategy": cfg["strategy"]["name"],
@@ -54,7 +56,7 @@ def base_record(cfg: dict, batch, lr: float, world_size: int, plan_degrees: dict
         "model": {"name": cfg["model"]["name"], "kind": "gpt" if cfg["model"]["task"] == "lm" else "mlp",
                   "n_params": n_params, **arch_d},
         "parallel": plan_degrees,
-        "activation_checkpointing": bool(getattr(arch, "activation_checkpointing", False)),
+        "activation_checkpointing": getattr(arch, "activation_checkpointing", "none"),
         "hardware": {"accelerator": accelerator, "threads_per_rank": threads},
         "seed": cfg["seed"],
         "max_steps": cfg["trainer"]["max_steps"],

@@ -73,8 +73,18 @@ def aggregate(sweep_dir: Path | str, write: bool = True) -> dict:
                "num_failed": len(failed), "failed": failed, "num_unmeasured": len(unmeasured),
                "unmeasured": unmeasured, "groups": groups}
     if write:
-        write_json(sweep_dir / SWEEP_FILE, summary)
+        write_json(sweep_dir / SWEEP_FILE, {**_kept(sweep_dir / SWEEP_FILE), **summary})
     return summary
+
+
+def _kept(path: Path) -> dict:
+    """What an earlier sweep.json recorded that aggregation cannot recompute (the W&B summary
+    run's id), so re-aggregating a sweep keeps it."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: old[k] for k in ("wandb_run_id",) if isinstance(old, dict) and k in old}
 
 
 def attach_efficiency(records: list[dict], summary: dict) -> None:

@@ -13,7 +13,7 @@ COLUMNS = [  # (header, getter, format)
     ("lr", lambda r: r.get("lr"), "{:.3g}"),
     ("samples/s", lambda r: r.get("throughput", {}).get("samples_per_s"), "{:.1f}"),
     ("tokens/s", lambda r: r.get("throughput", {}).get("tokens_per_s"), "{:.0f}"),
-    ("step ms (med)", lambda r: _ms(r.get("step_time_s", {}).get("median")), "{:.1f}"),
+    ("step ms (med)", lambda r: _ms(r.get("step_time_s", {}).get("median")), "{:.1f}"),  # "*": short_run
     ("step ms (p90)", lambda r: _ms(r.get("step_time_s", {}).get("p90")), "{:.1f}"),
     ("peak RSS MiB", lambda r: _mib(max(r.get("memory", {}).get("peak_rss_bytes_per_rank") or [0]) or None), "{:.0f}"),
     ("state KiB/rank", lambda r: _kib(max(r.get("memory", {}).get("model_state_bytes_per_rank") or [0]) or None), "{:.0f}"),
@@ -38,11 +38,18 @@ def _kib(b):
     return None if b is None else b / 2**10
 
 
+SHORT_MARK = "*"
+SHORT_NOTE = f"{SHORT_MARK} fewer than 5 measured steps: not steady-state figures (raise trainer.max_steps)"
+
+
 def _cells(rec: dict, columns) -> list[str]:
     out = []
-    for _, get, fmt in columns:
+    for head, get, fmt in columns:
         v = get(rec)
-        out.append("-" if v is None or v == "" else fmt.format(v))
+        cell = "-" if v is None or v == "" else fmt.format(v)
+        if head == "step ms (med)" and rec.get("short_run") and cell != "-":
+            cell += SHORT_MARK
+        out.append(cell)
     return out
 
 
@@ -63,19 +70,20 @@ def render(records: list[dict], fmt: str = "table") -> str:
     cols = _columns(records)
     heads = [c[0] for c in cols]
     rows = [_cells(r, cols) for r in records]
+    note = [SHORT_NOTE] if any(r.get("short_run") for r in records) else []
     if fmt == "markdown":
         lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows] + (["", *note] if note else []))
     if fmt == "html":
-        return _html(heads, rows, records)
+        return _html(heads, rows, records, note)
     if fmt != "table":
         raise ValueError(f"format {fmt!r} is not known: choose table, markdown, json or html")
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(heads)]
     line = lambda cells: "  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
-    return "\n".join([line(heads), line(["-" * w for w in widths]), *map(line, rows)])
+    return "\n".join([line(heads), line(["-" * w for w in widths]), *map(line, rows), *note])
 
 
-def _html(heads: list[str], rows: list[list[str]], records: list[dict]) -> str:
+def _html(heads: list[str], rows: list[list[str]], records: list[dict], note: list[str]) -> str:
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
     curves = json.dumps([{"name": f"{r.get('strategy')} x{r.get('world_size')} b{r.get('global_batch_size')}",
                           "curve": r.get("loss", {}).get("curve", [])} for r in records])
@@ -83,6 +91,7 @@ def _html(heads: list[str], rows: list[list[str]], records: list[dict]) -> str:
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th{{background:#eee}}</style></head>
 <body><h1>ScaleLab comparison</h1><table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in heads)}</tr>{body}</table>
+{''.join(f'<p>{html.escape(n)}</p>' for n in note)}
 <h2>Loss curves</h2><svg id="plot" width="720" height="360"></svg>
 <script>const runs={curves};const svg=document.getElementById('plot');
 const all=runs.flatMap(r=>r.curve);if(all.length){{

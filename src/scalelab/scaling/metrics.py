@@ -65,6 +65,12 @@ class StepMetrics(L.Callback):
         # checkpoint or consolidated export the job does after fit.
         self.peaks = read_peaks(trainer.strategy.root_device)
 
+    def on_validation_end(self, trainer, pl_module) -> None:
+        # Validation (trainer.val_every_n_steps) runs after one step's on_train_batch_end: the
+        # next step's time starts when it ends, so validation is in no step's time.
+        _sync(pl_module.device)
+        self._t_last = time.perf_counter()
+
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if not self.grad_bytes:  # gradients exist only between backward and the optimizer step
             self.grad_bytes = self.plan.grad_bytes(trainer, pl_module)
@@ -121,6 +127,11 @@ def p90(sorted_values: list[float]) -> float | None:
     return sorted_values[max(0, math.ceil(0.9 * len(sorted_values)) - 1)]
 
 
+# Fewer steady steps than this and median/p90/throughput are not steady-state figures: the run
+# record says so (short_run), the console warns and the comparison table marks the row.
+MIN_MEASURED_STEPS = 5
+
+
 def steady_slice(n_steps: int, warmup_steps: int, profiled_steps: int) -> tuple[int, int]:
     """[start, end) of the steady-state steps: without the warm-up steps at the start and the
     profiled steps at the end (profiler overhead). A run too short for its warm-up still drops
@@ -157,6 +168,7 @@ def summarize(per_rank: list[dict], global_batch: int, tokens_per_sample: int | 
     q = sorted(steady)
     return {
         "steps": n_steps,
+        "short_run": len(q) < MIN_MEASURED_STEPS,
         "throughput": {"samples_per_s": samples_per_s,
                        "tokens_per_s": samples_per_s * tokens_per_sample if tokens_per_sample else None},
         "step_time_s": {"median": statistics.median(q) if q else None, "p90": p90(q),

@@ -18,18 +18,15 @@ above what the host allows. A GPU profile is never applied to a CPU run.
 """
 from __future__ import annotations
 
-import hashlib
-import os
-import platform
 from pathlib import Path
 from typing import Any
 
 from scalelab.errors import ConfigError
+from scalelab.plan.hardware import HOST_CPU  # this host's own probe (plan.hardware.host_cpu_profile)
 
 FORMULA_GPT = "6*N + 12*L*T*d per token (N non-embedding params; Kaplan et al. 2020, PaLM app. B)"
 FORMULA_MLP = "6*N per sample (N params)"
 _GPU_BY_NAME = (("H200", "h200"), ("H100", "h100_sxm"), ("A100", "a100_80g_nvlink"))
-HOST_CPU = "this_cpu"  # on CPU, "auto" and "this_cpu" mean this host's own probe
 
 
 def profile_name(requested: str, accelerator: str) -> str | None:
@@ -63,45 +60,12 @@ def model_flops_per_sample(arch: Any) -> tuple[int, str]:
     raise TypeError(f"no FLOPs formula for model config {type(arch).__name__}")
 
 
-def _host_key() -> str:
-    from importlib.metadata import version
-
-    from scalelab.plan.hardware import _cpu_name
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    ident = f"{_cpu_name()}|{cores}|{platform.machine()}|torch {version('torch')}"
-    return hashlib.sha1(ident.encode()).hexdigest()[:12]
-
-
-def host_cpu_profile_path(cache_dir: str | Path) -> Path:
-    return Path(cache_dir) / "hardware" / f"{HOST_CPU}-{_host_key()}.yaml"
-
-
-def host_cpu_profile(cache_dir: str | Path) -> Path:
-    """This host's probed CPU profile, probing it first if this host (CPU model, cores, torch
-    version) has none yet (~4 s, once). Written whole (temp file + rename): concurrent jobs
-    may both probe, but never read half a file."""
-    path = host_cpu_profile_path(cache_dir)
-    if not path.is_file():
-        from scalelab.plan.hardware import probe_cpu
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        probe_cpu(tmp)
-        os.replace(tmp, path)
-    return path
-
-
 def load_profile(requested: str, accelerator: str, cache_dir: str | Path | None):
     """The Hardware profile for a run's MFU (None for an unknown GPU)."""
     from scalelab.plan.hardware import load_hardware
 
     name = profile_name(requested, accelerator)
-    if name is None:
-        return None
-    if accelerator == "cpu" and name == HOST_CPU and cache_dir is not None:
-        return load_hardware(str(host_cpu_profile(cache_dir)))
-    return load_hardware(name)
+    return None if name is None else load_hardware(name, cache_dir)
 
 
 def compute_mfu(record: dict, arch: Any, hw: Any) -> dict | None:

@@ -1,0 +1,144 @@
+"""Text rendering of `scalelab plan` documents: one plan, a row per strategy, the layouts that fit."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def fmt_bytes(n) -> str:
+    if n is None:
+        return "-"
+    for unit, div in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_time(s: float) -> str:
+    for unit, div in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= div:
+            return f"{s / div:.3g} {unit}"
+    return f"{s:.3g} s"
+
+
+def _si(x: float) -> str:
+    for unit, div in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def _opt_str(x) -> str:
+    return "-" if x is None else str(x)
+
+
+def _opt(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _short(path: str) -> str:
+    parts = Path(path).parts
+    return "/".join(parts[-2:]) if len(parts) > 1 else path
+
+
+def _print_table(header, rows) -> None:
+    w = [max(len(str(x)) for x in col) for col in zip(header, *rows)] if rows else [len(h) for h in header]
+    print("  ".join(str(h).ljust(n) for h, n in zip(header, w)))
+    print("  ".join("-" * n for n in w))
+    for r in rows:
+        print("  ".join(str(x).ljust(n) for x, n in zip(r, w)))
+
+
+def render(doc: dict) -> str:
+    i, p, mem, t = doc["inputs"], doc["inputs"]["parallel"], doc["memory"], doc["time"]
+    md = i["model"]
+    out = [f"plan: {i['strategy']} on {p['world_size']} x {i['hardware']} ({p['nodes']} node(s) x "
+           f"{p['devices_per_node']}), dp={p['dp']} tp={p['tp']} pp={p['pp']}"
+           + (" +sequence-parallel" if p["sequence_parallel"] else ""),
+           f"model: {_si(md['n_params'])} params ({md['n_layers']} layers, hidden {md['hidden']}, "
+           f"{md['heads']} heads, vocab {md['vocab']}, seq {md['seq_len']}"
+           + (", shape guessed from --params" if md["shape_inferred"] else "")
+           + f", {md.get('attention', 'flash')} attention"
+           + (f", dropout {md['dropout']:g}" if md.get("dropout") else "") + f"), "
+           f"{i['precision']}, {i['optimizer']}, activation checkpointing {i['activation_checkpointing']}",
+           f"batch: micro {p['micro_batch']} x dp {p['dp']} x {p['micro_batches_per_step']} micro-batches"
+           f" = global {p['global_batch']} ({p['global_batch'] * md['seq_len']:,} tokens/step)", ""]
+    out.append("memory per device")
+    for label, key in (("parameters", "parameters_bytes_per_device"),
+                       ("gradients", "gradients_bytes_per_device"),
+                       ("optimizer states", "optimizer_bytes_per_device"),
+                       ("= model states", "model_states_bytes_per_device"),
+                       ("activations", "activations_bytes_per_device"),
+                       ("buffers (gathered layers, buckets)", "buffers_bytes_per_device"),
+                       ("runtime (context / process)", "runtime_bytes_per_device")):
+        out.append(f"  {label:<36}{fmt_bytes(mem[key]):>12}")
+    verdict = "fits" if mem["fits"] else "DOES NOT FIT"
+    out.append(f"  {'total':<36}{fmt_bytes(mem['total_bytes_per_device']):>12}  of "
+               f"{fmt_bytes(mem['device_memory_bytes'])} -> {verdict}")
+    if mem["offloaded_bytes_per_device"]:
+        out.append(f"  {'offloaded to host memory':<36}{fmt_bytes(mem['offloaded_bytes_per_device']):>12}")
+    out += ["", "communication per step per device"]
+    for c in doc["comm"]["collectives"]:
+        out.append(f"  {c['name']:<30} {c['op']:<15} group {c['group']}={c['group_size']:<4} "
+                   f"{c['calls']:>7g} calls {fmt_bytes(c['bytes_per_step_per_device']):>12}"
+                   + ("  inter-node" if c["crosses_nodes"] else ""))
+    if not doc["comm"]["collectives"]:
+        out.append("  none")
+    out.append(f"  {'total sent (device links)':<36}{fmt_bytes(doc['comm']['bytes_per_step_per_device']):>12}")
+    out += ["", f"step time {fmt_time(t['step_s'])} = compute {fmt_time(t['compute_s'])} + bubble "
+            f"{fmt_time(t['bubble_s'])} + exposed comm {fmt_time(t['comm_exposed_s'])} (of "
+            f"{fmt_time(t['comm_total_s'])}) + optimizer {fmt_time(t['optimizer_s'])} + overhead "
+            f"{fmt_time(t['overhead_s'])}",
+            f"FLOPs per step {_si(doc['flops']['model_per_step'])} (model), "
+            f"{_si(doc['flops']['hardware_per_step_per_device'])} executed per device",
+            f"throughput {_si(doc['throughput']['tokens_per_s'])} tokens/s, "
+            f"{_si(doc['throughput']['samples_per_s'])} samples/s; MFU {doc['mfu']:.1%}; "
+            + _efficiency(doc)]
+    if doc.get("train_command"):
+        out.append(f"the same job: {doc['train_command']}")
+    if doc["train"]:
+        tr = doc["train"]
+        out.append(f"train {_si(tr['tokens'])} tokens: {fmt_time(tr['time_s'])}, "
+                   f"{tr['device_hours']:,.0f} device-hours, cost {tr['cost']:,.0f}, "
+                   f"energy {tr['energy_kwh']:,.0f} kWh")
+    return "\n".join(out)
+
+
+def _efficiency(doc: dict) -> str:
+    base = doc.get("baseline") or {}
+    if doc.get("scaling_efficiency") is None:
+        return f"scaling efficiency: none ({base.get('what', 'no baseline')})"
+    return f"scaling efficiency {doc['scaling_efficiency']:.1%} vs {base['what']}"
+
+
+def render_rows(docs: list[dict]) -> str:
+    """One row per plan (e.g. per strategy): the figures a choice is made by."""
+    head = ["strategy", "devices", "dp", "tp", "pp", "micro x m", "memory/device", "fits", "step",
+            "tokens/s", "MFU", "efficiency"]
+    rows = []
+    for d in docs:
+        p, m = d["inputs"]["parallel"], d["memory"]
+        eff = d.get("scaling_efficiency")
+        rows.append([d["inputs"]["strategy"], str(p["world_size"]), str(p["dp"]), str(p["tp"]), str(p["pp"]),
+                     f"{p['micro_batch']} x {p['micro_batches_per_step']}", fmt_bytes(m["total_bytes_per_device"]),
+                     "yes" if m["fits"] else "NO", fmt_time(d["time"]["step_s"]),
+                     _si(d["throughput"]["tokens_per_s"]), f"{d['mfu']:.1%}",
+                     "-" if eff is None else f"{eff:.1%}"])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
+                                   for i, (c, w) in enumerate(zip(cells, widths)))
+    d0 = docs[0]["inputs"]
+    return "\n".join([f"{d0['hardware']}, {d0['precision']}, {d0['optimizer']}, global batch "
+                      f"{docs[0]['inputs']['parallel']['global_batch']}; efficiency vs the smallest layout that fits",
+                      line(head), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def render_alternatives(doc: dict, alternatives: list[dict]) -> str:
+    m = doc["memory"]
+    out = [f"does not fit: {fmt_bytes(m['total_bytes_per_device'])} per device of "
+           f"{fmt_bytes(m['device_memory_bytes'])}"]
+    if not alternatives:
+        return "; ".join(out + ["no nearby layout fits (more devices, or a smaller model or sequence)"])
+    out[0] += "; the nearest layouts that fit:"
+    for a in alternatives:
+        out.append(f"  {a['change']}: {fmt_bytes(a['total_bytes'])} per device, step {fmt_time(a['step_s'])}")
+    return "\n".join(out)

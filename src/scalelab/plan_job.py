@@ -1,0 +1,73 @@
+"""`scalelab plan` from the trainer's own overrides: one vocabulary for a plan and a run.
+
+    scalelab plan strategy=zero3 model=gpt_small trainer.devices=8 trainer.num_nodes=4 \
+        data.global_batch_size=512 trainer.precision=bf16-mixed hardware_profile=h100_sxm
+
+The overrides are composed by the same Hydra config and validated by the same code as
+`scalelab-train` (config.validate), for the device kind of the hardware profile instead of this
+machine's; the job is then described as a run record (results.record.base_record) and the
+planner reads it exactly as it reads a measured run (plan.calibrate.terms_from_run). So the
+batch split (micro-batch x accumulation), the parallel degrees, precision, optimizer and
+activation checkpointing of a plan are those the run would use. Lives outside plan/ because
+it builds the training config (strategies, Hydra); plan/ stays free of them.
+"""
+from __future__ import annotations
+
+import shlex
+
+from scalelab.errors import ConfigError
+from scalelab.plan.spec import PlanError
+
+
+def terms_for_job(overrides: list[str]):
+    """(planner Terms, hardware profile name) for the job `scalelab-train OVERRIDES` describes."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from scalelab.config import validate
+    from scalelab.models.lit import build_net
+    from scalelab.paths import conf_dir
+    from scalelab.plan.calibrate import terms_from_run
+    from scalelab.preflight import _check_group_values, _compose
+    from scalelab.results.record import base_record
+    from scalelab.scaling.mfu import profile_name
+
+    if any(("," in o.split("=", 1)[-1] and not o.split("=", 1)[-1].startswith("[")) for o in overrides):
+        raise PlanError("one job at a time: a sweep value (a,b) is not a plan; use --strategy a,b for strategies")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            from hydra.core.override_parser.overrides_parser import OverridesParser
+
+            try:
+                _check_group_values(OverridesParser.create().parse_overrides(overrides))
+            except Exception as e:  # noqa: BLE001 - Hydra's parse errors, one line
+                raise ConfigError(str(e).splitlines()[0]) from e
+            cfg = _compose(overrides)
+        requested = cfg.get("hardware_profile", "auto")
+        target = "cpu" if requested in (None, "auto") or "cpu" in str(requested) else "gpu"
+        spec = validate(cfg, target=target)
+        hardware = profile_name(requested, target)
+    except ConfigError as e:
+        raise PlanError(str(e)) from e
+    finally:
+        GlobalHydra.instance().clear()
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    world = spec.run.world_size
+    import torch
+
+    with torch.device("meta"):  # count parameters without allocating them
+        n_params = sum(p.numel() for p in build_net(spec.run.model_arch).parameters())
+    from scalelab.launch import threads_per_rank
+
+    threads = threads_per_rank(cfg.trainer.threads_per_rank, spec.run.devices_per_node, target)
+    record = base_record(resolved, spec.batch, spec.lr, world, spec.plan.parallel_degrees(world),
+                         spec.run.model_arch, n_params, target, threads)
+    if getattr(spec.plan, "microbatches", None):  # a pipeline cuts the per-rank batch into these
+        record["parallel"]["microbatches"] = int(spec.plan.microbatches)
+    return terms_from_run(record), hardware
+
+
+def train_command(overrides: list[str]) -> str:
+    return "scalelab-train " + " ".join(shlex.quote(o) for o in overrides)
