@@ -12,14 +12,34 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, "-m", "scalelab.train"]
+# The optimizer of every equivalence run (the references single@1 / ddp@2 included): SGD with
+# momentum, no weight decay. Its update is linear in the gradient, so a gradient off by a constant
+# factor (ranks' gradients summed instead of averaged, a comm hook without its 1/world division,
+# a pipeline loss not divided by the micro-batch count) changes the loss curve; AdamW's update is
+# invariant to that factor and would hide it (tests/mutations.py: the broken strategies the tests
+# must tell apart). Momentum rather than plain SGD: still linear in the gradient, and it leaves
+# optimizer state (one buffer per parameter) for the sharding, checkpoint-resume and planner
+# checks to measure. gpt_nano at lr 0.1 falls from 5.54 to ~3.57 in 10 steps (measured).
+# Tests that need Adam (ZeRO-Offload's DeepSpeedCPUAdam) run with ADAMW instead (run_one_job's
+# `optim`) and compare with the `adamw_single` fixture.
+SGD = ["optim=sgd", "optim.lr=0.1", "optim.optimizer.momentum=0.9", "optim.optimizer.weight_decay=0.0"]
+ADAMW = ["optim=adamw", "optim.lr=3.0e-3"]
 # Small and fast: gpt_nano, short runs, no progress bars, shared data cache.
-FAST = ["model=gpt_nano", "trainer.enable_progress_bar=false", "trainer.warmup_steps=2"]
+BASE = ["model=gpt_nano", "trainer.enable_progress_bar=false", "trainer.warmup_steps=2"]
+FAST = [*BASE, *SGD]
+# gpt_nano's model FLOPs per sample, by hand (scalelab.scaling.mfu's formula 6N + 12 L T d per
+# token, N = non-embedding parameters): per layer 4 x 64 x 64 (attention) + 2 x 64 x 256 (MLP)
+# + 2 x 2 x 64 (LayerNorms) = 49,408; N = 2 x 49,408 + 128 (final LN) + 256 x 64 (lm_head) =
+# 115,328; 6N = 691,968; 12 x 2 x 64 x 64 = 98,304; 790,272 per token x 64 tokens.
+NANO_FLOPS_PER_SAMPLE = 50_577_408
 
 
 def env() -> dict:
     e = dict(os.environ)
     e.setdefault("SCALELAB_CACHE", str(REPO / ".cache" / "scalelab"))
     e["HYDRA_FULL_ERROR"] = "1"
+    # tests.mutations (strategy._target_=tests.mutations.X) must import in the Hydra app and the ranks
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), e.get("PYTHONPATH", "")) if p)
     return e
 
 
@@ -35,8 +55,11 @@ def records(root: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(root.rglob("run.json"))]
 
 
-def worker_pids(under: Path | str = "") -> list[int]:
-    """Processes still running a scalelab rank of a job under `under` (all ranks if empty)."""
+def worker_pids(under: Path | str) -> list[int]:
+    """Processes still running a scalelab rank of a job under `under` (the test's own folder: other
+    scalelab jobs may run on the same machine)."""
+    if not str(under) or Path(under) in (Path("/"), Path(".")):
+        raise ValueError(f"worker_pids needs the test's own job folder, got {under!r}")
     pids = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -75,20 +98,93 @@ def assert_same_curve(rec: dict, ref: dict, steps, rel: float) -> None:
         assert abs(got[s] - want[s]) <= rel * abs(want[s]), (s, got[s], want[s])
 
 
+def assert_nano_flops(rec: dict) -> None:
+    """The run's model FLOPs per sample are gpt_nano's whole model's, whatever this rank holds."""
+    assert rec["mfu"]["model_flops_per_sample"] == NANO_FLOPS_PER_SAMPLE, rec["mfu"]
+
+
+def max_rel_diff(rec: dict, ref: dict) -> float:
+    """Largest relative difference of rec's loss from ref's over rec's steps."""
+    got, want = losses_by_step(rec), losses_by_step(ref)
+    return max(abs(got[s] - want[s]) / abs(want[s]) for s in got)
+
+
 @pytest.fixture(scope="session")
 def ref(core_sweep) -> dict:
-    """The strategies' references from the core sweep: single@1 and ddp@2 (same global batch)."""
+    """The strategies' references from the core sweep: single@1 and ddp@2 (same global batch, SGD)."""
     recs = records(core_sweep)
     return {"single": by_strategy(recs, "single", 1), "ddp": by_strategy(recs, "ddp", 2)}
 
 
-def run_one_job(tmp_path_factory, tag: str, args: list[str]) -> Path:
+@pytest.fixture(scope="session")
+def adamw_single(tmp_path_factory) -> dict:
+    """single@1 with AdamW, 10 steps: the reference of the tests that need Adam (slow suite only)."""
+    return read_record(run_one_job(tmp_path_factory, "single_adamw", [
+        "strategy=single", "trainer.devices=1", "trainer.max_steps=10"], optim=ADAMW))
+
+
+def run_one_job(tmp_path_factory, tag: str, args: list[str], optim: list[str] = SGD, timeout: float = 600) -> Path:
     """One fast single run (gpt_nano, no logger) in its own folder; returns its job dir."""
     cwd = tmp_path_factory.mktemp(tag)
     job = cwd / "job"
-    train([*FAST, "logger=none", *args, f"hydra.run.dir={job}"], cwd)
+    train([*BASE, *optim, "logger=none", *args, f"hydra.run.dir={job}"], cwd, timeout=timeout)
     return job
 
 
 def read_record(job: Path) -> dict:
     return json.loads((job / "run.json").read_text())
+
+
+def seeded_initial_state(rec: dict) -> dict:
+    """The job's own initial weights, rebuilt as its worker built them: L.seed_everything(cfg.seed,
+    workers=True), then scalelab.models.lit.build_net(arch) (LitModule.__init__) from the job's
+    model.arch. The test process's RNG state and PL_* environment variables are restored after."""
+    import lightning as L
+    import torch
+
+    from scalelab.models.gpt import GPTConfig
+    from scalelab.models.lit import build_net
+
+    arch = {k: v for k, v in rec["config"]["model"]["arch"].items() if k != "_target_"}
+    assert rec["config"]["model"]["arch"]["_target_"] == "scalelab.models.gpt.GPTConfig"
+    saved_env = {k: os.environ.get(k) for k in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
+    import random
+
+    import numpy as np
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            L.seed_everything(rec["config"]["seed"], workers=True, verbose=False)
+            net = build_net(GPTConfig(**arch))
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+def assert_trained_from_seeded_init(state: dict, rec: dict) -> None:
+    """`state` (an export of job `rec`) holds weights trained from the job's own initial ones.
+
+    - The rebuilt initial weights really are the job's: the control bytes 0x01-0x08 never occur
+      in the stdlib corpus (0 of its 31M bytes; NUL does, 1,752 times), so their embedding rows
+      get a zero gradient every step and, under SGD without weight decay, keep their initial
+      values exactly. A wrong seed or a different build order fails here.
+    - Every tensor was trained: none equals its initial value, and each moved by more than 1e-5
+      somewhere, far above float32 noise on weights of ~0.02-1 (measured over 10 steps of single:
+      the least-moved tensor, layers.1.attn.k_proj.weight, by 2.5e-4). An export of the initial
+      weights fails both."""
+    import torch
+
+    init = seeded_initial_state(rec)
+    assert rec["config"]["optim"]["name"] == "sgd" and rec["config"]["optim"]["optimizer"]["weight_decay"] == 0
+    assert set(state) == set(init)
+    unseen = slice(1, 9)
+    assert torch.equal(state["tok_emb.weight"][unseen], init["tok_emb.weight"][unseen]), "not the job's initial weights"
+    for k, v in state.items():
+        assert not torch.equal(v, init[k]), f"{k} is still the initial weights"
+        assert (v - init[k]).abs().max() > 1e-5, (k, float((v - init[k]).abs().max()))

@@ -15,7 +15,7 @@ def test_validate_reads_real_runs_and_predicts_their_model_states(core_sweep):
     rep = validate(core_sweep, load_hardware("this_cpu"))
     assert rep["skipped"] == [] and len(rep["runs"]) == len(records(core_sweep)) == 4
     for r in rep["runs"]:
-        # single/ddp hold whole fp32 params + grads + AdamW moments: the formula is exact.
+        # single/ddp hold whole fp32 params + grads + SGD momentum (tests/conftest.py SGD): the formula is exact.
         assert r["model_states_ratio"] == pytest.approx(1.0, abs=0.01), r
         assert r["predicted_step_s"] > 0 and r["measured_step_s"] > 0
 

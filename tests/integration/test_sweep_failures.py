@@ -15,13 +15,20 @@ from ..conftest import FAST, TRAIN, env, records, worker_pids
 pytestmark = pytest.mark.integration
 
 
+# Job 0 is long (LONG steps: minutes on this machine, well over 10 s on any CPU) so that it is
+# still running whenever the watcher kills it, however fast the host; job 1 is short.
+LONG, SHORT = 5000, 20
+
+
 def _kill_rank_when_training(job_dir: Path, stop: threading.Event, killed: list) -> None:
-    log = job_dir / "ranks.log"
+    """Kill one rank of the job in `job_dir` once it is seen training: its CSV logger has flushed
+    metrics (Lightning's CSVLogger writes csv/metrics.csv every 100 steps) and its rank processes
+    still run."""
+    metrics = job_dir / "csv" / "metrics.csv"
     while not stop.is_set():
-        if log.exists() and "Starting with 2 processes" in log.read_text(errors="replace"):
-            time.sleep(1.0)  # into the training loop
+        if metrics.exists():
             pids = worker_pids(job_dir)
-            if pids:
+            if pids:  # still running: kill one rank, as the OOM killer would
                 os.kill(max(pids), signal.SIGKILL)
                 killed.append(max(pids))
                 return
@@ -33,14 +40,15 @@ def test_killed_rank_fails_its_job_not_the_sweep(tmp_path):
     stop, killed = threading.Event(), []
     watcher = threading.Thread(target=_kill_rank_when_training, args=(sweep / "0", stop, killed), daemon=True)
     watcher.start()
-    proc = subprocess.run(TRAIN + ["-m", "strategy=ddp", "trainer.devices=2", "seed=1,2", "trainer.max_steps=150",
-                                   "trainer.warmup_steps=2", "logger=none", f"hydra.sweep.dir={sweep}", *FAST[:2]],
+    proc = subprocess.run(TRAIN + ["-m", "strategy=ddp", "trainer.devices=2", f"trainer.max_steps={LONG},{SHORT}",
+                                   "logger=csv", f"hydra.sweep.dir={sweep}", *FAST],
                           cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=900)
     stop.set()
     assert killed, f"the watcher never found job 0's ranks\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     recs = {r["job"]["num"]: r for r in records(sweep)}
     assert sorted(recs) == [0, 1]
     assert recs[1]["status"] == "completed"     # the job after the failed one still ran
+    assert recs[0]["config"]["trainer"]["max_steps"] == LONG and recs[1]["steps"] == SHORT
     assert recs[0]["status"] == "failed" and recs[0]["error"]
     assert recs[0]["world_size"] == 2 and recs[0]["strategy"] == "ddp"  # what was known before the crash
     summary = json.loads((sweep / "sweep.json").read_text())

@@ -1,7 +1,6 @@
 """Bad input: one line naming the bad value and what is valid, before any rank starts."""
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -43,7 +42,6 @@ def test_good_sweep_counts_its_jobs():
 
 
 def test_command_line_error_is_one_line_and_spawns_nothing(tmp_path):
-    t0 = time.time()
     proc = subprocess.run([sys.executable, "-m", "scalelab.train", "-m", "strategy=ddp,bogus",
                            "trainer.devices=1,2"], cwd=tmp_path, env=env(), capture_output=True, text=True)
     assert proc.returncode == 2
@@ -52,4 +50,3 @@ def test_command_line_error_is_one_line_and_spawns_nothing(tmp_path):
         (len(lines) == 1 and lines[0].startswith("error: strategy=bogus is not known"))
     assert not (tmp_path / "outputs").exists()  # no job ran, nothing written
     assert not worker_pids(tmp_path)
-    assert time.time() - t0 < 60
