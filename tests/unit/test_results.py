@@ -70,3 +70,29 @@ def test_summarize_records_the_host_speed_probe():
     assert rec["host_speed"]["flops"] == 5e10 and "torch.mm" in rec["host_speed"]["method"]
     assert "host_speed" not in summarize([dict(rank, host_flops=[])], 8, 64, 2)   # GPU: no probe
     assert 1e8 < host_speed(0.02) < 1e13          # a real measurement, in FLOP/s
+
+
+def test_reaggregating_keeps_the_wandb_summary_run_id(sweep):
+    """`scalelab aggregate` rewrites sweep.json; the W&B summary run it logged before stays named."""
+    path = sweep / "sweep.json"
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**doc, "wandb_run_id": "abc123"}))
+    proc = subprocess.run([sys.executable, "-m", "scalelab.cli", "aggregate", str(sweep)], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    again = json.loads(path.read_text())
+    assert again["wandb_run_id"] == "abc123" and again["num_runs"] == 5
+
+
+@pytest.mark.parametrize("args,code,needle", [
+    (["hardware=h200", "trainer.max_steps=10"], 2, "hardware_profile=h200 is a GPU profile but this run is on CPU"),
+    (["hardware=nope"], 2, "hardware=nope is not known: choose one of a100_80g_nvlink, h100_sxm, h200, this_cpu"),
+])
+def test_hardware_group_is_a_real_choice(tmp_path, args, code, needle):
+    """`scalelab-train --help` lists the hardware group: selecting it works (or says why not in one line)."""
+    proc = subprocess.run([sys.executable, "-m", "scalelab.train", *args, f"hydra.run.dir={tmp_path / 'j'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code and needle in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    help_ = subprocess.run([sys.executable, "-m", "scalelab.train", "hardware=this_cpu", "--cfg", "job",
+                            "--resolve"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "hardware_profile: this_cpu" in help_.stdout
