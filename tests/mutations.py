@@ -10,7 +10,8 @@ repository root on PYTHONPATH.
 """
 import torch.distributed as dist
 
-from scalelab.strategies.ddp import DDP, CommHookDDPStrategy
+from scalelab.strategies.ddp import DDP
+from scalelab.strategies.ddp_lightning import CommHookDDPStrategy
 from scalelab.strategies.pipeline import Pipeline
 
 

@@ -10,20 +10,44 @@ from pathlib import Path
 def _compare(args: argparse.Namespace) -> int:
     from scalelab.results.record import read_records
     from scalelab.results.sweep import aggregate, attach_efficiency
-    from scalelab.results.table import render
+    from scalelab.results.table import SelectError, filter_records, group_records, render, rich_table, sort_records
 
     missing = [p for p in args.paths if not Path(p).exists()]
     if missing:
         print(f"error: {missing[0]} does not exist (give run.json files, job dirs or sweep dirs)", file=sys.stderr)
         return 2
-    records = read_records(args.paths)
+    skipped: list[str] = []  # unusable run.json files: one line each, then the rest is compared
+    records = read_records(args.paths, skipped)
+    for line in skipped:
+        print(f"skipped {line}", file=sys.stderr)
     if not records:
-        print(f"error: no run.json under {' '.join(args.paths)}", file=sys.stderr)
+        print(f"error: no {'readable ' if skipped else ''}run.json under {' '.join(args.paths)}"
+              + (f" ({len(skipped)} skipped)" if skipped else ""), file=sys.stderr)
         return 2
+    summaries = []
     for p in args.paths:
         if Path(p).is_dir() and any(Path(p).glob("*/run.json")):
-            attach_efficiency(records, aggregate(p, write=False))
-    text = render(records, args.format)
+            summaries.append(aggregate(p, write=False))
+            attach_efficiency(records, summaries[-1])
+    try:
+        records = filter_records(records, args.where)
+        if not records:
+            print(f"error: no run matches {' and '.join(args.where)}", file=sys.stderr)
+            return 2
+        sort_records(records, args.sort)          # check the keys before any output
+        if args.group_by:
+            group_records(records, args.group_by)
+        if args.format == "table" and not args.out and sys.stdout.isatty():
+            from rich.console import Console
+
+            console = Console()
+            for t in rich_table(records, args.group_by, args.sort, width=console.width):
+                console.print(t)
+            return 0
+        text = render(records, args.format, group_by=args.group_by, sort=args.sort, summaries=summaries)
+    except SelectError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.out:
         Path(args.out).write_text(text + "\n")
         print(f"wrote {args.out}")
@@ -50,6 +74,14 @@ def _aggregate(args: argparse.Namespace) -> int:
     if not sweep.is_dir() or not any(sweep.rglob("run.json")):
         print(f"error: {sweep} holds no run.json (give a sweep dir, e.g. outputs/sweeps/<time>)", file=sys.stderr)
         return 2
+    from scalelab.results.record import read_records
+
+    skipped: list[str] = []
+    if not read_records([sweep], skipped):  # only unusable run.json files: say which, and stop
+        for line in skipped:
+            print(f"skipped {line}", file=sys.stderr)
+        print(f"error: {sweep} holds no readable run.json ({len(skipped)} skipped)", file=sys.stderr)
+        return 2
     logger = {"name": "wandb", "project": args.project, "mode": args.wandb} if args.wandb != "disabled" else None
     summarize_sweep(sweep, logger)
     return 0
@@ -62,9 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"scalelab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     cmp = sub.add_parser("compare", help="table / dashboard of run records")
-    cmp.add_argument("paths", nargs="+", help="run.json files, job dirs or sweep dirs")
-    cmp.add_argument("--format", choices=["table", "markdown", "json", "html"], default="table")
+    cmp.add_argument("paths", nargs="+", help="run.json files, job dirs or sweep dirs (several: before/after)")
+    cmp.add_argument("--format", choices=["table", "markdown", "json", "csv", "html"], default="table",
+                     help="html: one self-contained dashboard file (charts + sortable run table)")
     cmp.add_argument("--out", help="write to this file instead of stdout")
+    keys = "a dotted path into run.json (throughput.tokens_per_s, config.optim.name) or a W&B metric name"
+    cmp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                     help=f"keep runs whose KEY equals VALUE (VALUE may be a,b); repeatable. KEY: {keys}")
+    cmp.add_argument("--sort", metavar="KEY", help="order by KEY (--sort=-KEY: descending)")
+    cmp.add_argument("--group-by", metavar="KEY", help="one section (table) / series label (html) per value of KEY")
     cmp.set_defaults(func=_compare)
     agg = sub.add_parser("aggregate", help="(re)compute a sweep's sweep.json and summary, on demand")
     agg.add_argument("sweep_dir")

@@ -25,7 +25,7 @@ if not OmegaConf.has_resolver("mul"):
 
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true")
 LOGGERS = ("wandb", "csv", "none")
-LAUNCHERS = ("local", "srun")
+LAUNCHERS = ("local", "torchrun_local", "srun")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 
 
@@ -102,15 +102,45 @@ def _validation(cfg: DictConfig) -> int | None:
     return every
 
 
+def build_optimizer(cfg: DictConfig, lr: float) -> None:
+    """Build the job's optimizer (optim.optimizer, a hydra `_partial_`) on one dummy parameter at
+    the job's LR, so the values torch.optim checks (lr, betas, eps, momentum, weight_decay, ...)
+    fail here, in one line, and not in every rank."""
+    import torch
+
+    try:
+        factory = hydra.utils.instantiate(cfg.optim.optimizer)
+        factory([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    except Exception as e:  # noqa: BLE001 - torch's ValueError / TypeError, as one line
+        cause = e
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        why = next((ln.strip() for ln in str(cause).splitlines() if ln.strip()), type(cause).__name__)
+        raise ConfigError(f"optim={cfg.optim.get('name')}: optim.optimizer "
+                          f"({cfg.optim.optimizer.get('_target_')}) refused its arguments: {why}") from e
+
+
 def validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
     """All checks that can run without starting a rank. `target` ("cpu" | "gpu"): validate a job
     for that kind of device elsewhere (`scalelab plan`), without asking this machine for devices
-    or a SLURM allocation."""
+    or a SLURM allocation. Any bad value is a ConfigError (one line), never another exception."""
     try:
-        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        return _validate(cfg, target)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a value of a type no check foresaw: one line, not a traceback
+        raise ConfigError(f"invalid config: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+
+def _validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
+    try:
+        resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", "") or "config"
         raise ConfigError(f"{key}: {str(e).splitlines()[0]} (set it on the command line)") from e
+    from scalelab import schema
+
+    schema.check(resolved)  # every key's type and range (schema.py), before the cross-key checks below
     for group, key in (("strategy", "strategy.name"), ("model", "model.name"), ("optim", "optim.name")):
         _one_of(OmegaConf.select(cfg, key), key, choices(group))
     devices = _int(cfg, "trainer.devices", 1)
@@ -127,7 +157,7 @@ def validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
     _one_of(str(cfg.trainer.precision), "trainer.precision", PRECISIONS)
     _one_of(cfg.logger.name, "logger.name", LOGGERS)
     _one_of(cfg.launcher.name, "launcher.name", LAUNCHERS)
-    if nodes > 1 and cfg.launcher.name == "local" and target is None:
+    if nodes > 1 and cfg.launcher.name in ("local", "torchrun_local") and target is None:
         raise ConfigError(f"trainer.num_nodes={nodes} needs launcher=srun (inside a SLURM allocation; "
                           "see `scalelab slurm render`): the local launcher starts ranks on this machine only")
     accelerator = target or resolve_accelerator(cfg.trainer.accelerator)
@@ -137,7 +167,7 @@ def validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
     if accelerator == "gpu" and target is None:
         import torch
 
-        if cfg.launcher.name == "local" and devices > torch.cuda.device_count():
+        if cfg.launcher.name != "srun" and devices > torch.cuda.device_count():
             raise ConfigError(f"trainer.devices={devices} but only {torch.cuda.device_count()} GPU(s) are visible")
     if cfg.data.source == "files":
         for f in cfg.data.files or []:
@@ -164,4 +194,5 @@ def validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
     _one_of(ls.decay, "lr_scaling.decay", DECAYS)
     warmup_steps(ls.warmup_steps, max_steps)
     lr = scaled_lr(float(cfg.optim.lr), int(ls.base_batch_size), batch.global_batch_size, ls.rule)
+    build_optimizer(cfg, lr)
     return JobSpec(plan=plan, run=run, batch=batch, lr=lr, seq_len=int(seq_len))

@@ -22,12 +22,6 @@ _CHATTY = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.
            "torch.utils.cpp_extension", "lightning.fabric.utilities.distributed", "lightning.pytorch.strategies.ddp")
 
 
-def quiet_env(verbose: bool) -> dict[str, str]:
-    """Environment for the rank processes: Kineto (the profiler's C++ side) logs warnings and
-    above only; it reads this once, when the process starts."""
-    return {} if verbose else {"KINETO_LOG_LEVEL": "6"}
-
-
 def quiet_rank(rank: int, verbose: bool) -> None:
     """Call first thing in a rank."""
     # Advertising tips and deprecations inside the libraries themselves; real warnings stay.

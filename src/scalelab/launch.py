@@ -35,9 +35,9 @@ def threads_per_rank(requested, ranks_per_node: int, accelerator: str = "cpu") -
 
 
 def rank_env(cache_dir: Path, threads: int, job_dir: Path, verbose: bool = False) -> dict[str, str]:
-    from scalelab.console import quiet_env
-
-    env = {**{k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}, **quiet_env(verbose)}
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
+    if not verbose:  # Kineto (the profiler's C++ side) logs errors only; it reads this at process start
+        env["KINETO_LOG_LEVEL"] = "6"
     env.update(OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
                # DeepSpeed/torch JIT-built ops: one known folder, built once per machine.
                TORCH_EXTENSIONS_DIR=env.get("TORCH_EXTENSIONS_DIR", str(cache_dir / "torch_extensions")),
@@ -52,6 +52,8 @@ def rank_command(launcher: str, nodes: int, devices: int, job_dir: Path, extra: 
     if launcher == "srun":
         return ["srun", f"--nodes={nodes}", f"--ntasks={nodes * devices}", f"--ntasks-per-node={devices}",
                 "--kill-on-bad-exit=1", *extra, *worker]
+    # launcher=torchrun_local: torchrun on this machine (launcher=local forks a pre-imported
+    # server instead: scalelab.spawn)
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={devices}",
             "-m", "scalelab.worker", str(job_dir)]
 

@@ -9,6 +9,8 @@ validate and prepare nothing.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
@@ -76,6 +78,16 @@ def expand(args: list[str]) -> list[list[str]]:
     return flat
 
 
+@contextmanager
+def _naming_job(job: list[str], jobs: list[list[str]], args: list[str]):
+    """A ConfigError of one job of a sweep names the job's swept values."""
+    try:
+        yield
+    except ConfigError as e:
+        swept = " ".join(o for o in job if o not in args) if len(jobs) > 1 else ""
+        raise ConfigError(f"{e}" + (f" [job: {swept}]" if swept else "")) from e
+
+
 def preflight(args: list[str], data: bool = True) -> int:
     """Validate all jobs; returns how many. Raises ConfigError on the first bad one.
     data: also prepare each job's data (cached) and check it is enough for the run."""
@@ -84,16 +96,17 @@ def preflight(args: list[str], data: bool = True) -> int:
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         jobs = expand(args)
+        checked = []
+        # Every job's config first (schema, then the cross-key checks: config.validate), so a bad
+        # value in any job stops the command before anything is prepared or written; then the data.
         for job in jobs:
-            cfg = _compose(job)
-            try:
-                spec = validate(cfg)
-                # The data too, before any job: prepared once and cached, so the jobs find it (and
-                # a corpus too small for the run is a one-line error here, not a crash in the ranks).
-                if data:
-                    prepare_for_run(cfg, spec)
-            except ConfigError as e:
-                swept = " ".join(o for o in job if o not in args) if len(jobs) > 1 else ""
-                raise ConfigError(f"{e}" + (f" [job: {swept}]" if swept else "")) from e
+            with _naming_job(job, jobs, args):
+                cfg = _compose(job)
+                checked.append((job, cfg, validate(cfg)))
+        for job, cfg, spec in checked if data else ():
+            # Prepared once and cached, so the jobs find it (and a corpus too small for the run is
+            # a one-line error here, not a crash in the ranks).
+            with _naming_job(job, jobs, args):
+                prepare_for_run(cfg, spec)
     GlobalHydra.instance().clear()
     return len(jobs)

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
-import time
 from pathlib import Path
 
 import hydra
@@ -13,24 +13,34 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from scalelab import launch
-from scalelab.config import validate
+from scalelab import launch, timing
 from scalelab.errors import ConfigError
 from scalelab.paths import conf_dir
-from scalelab.preflight import preflight
-from scalelab.results.record import RUN_FILE, base_record, scrub, write_json
-from scalelab.results.table import render
-from scalelab.plan.hardware import HOST_CPU, host_cpu_profile
-from scalelab.scaling.mfu import profile_name
+from scalelab.results.record import (RUN_FILE, base_record, install_log_redaction, redact_text,
+                                     register_override_secrets, scrub, scrub_file, write_json)
+
+# Light imports only at the top: main() starts the ranks' fork server before anything imports
+# torch (scalelab.config, preflight), so the server's imports overlap the launcher's own.
 
 log = logging.getLogger("scalelab")
-_FAILED: list[str] = []  # jobs of this command that failed; the command exits 1 if any did
+_FAILED: list[str] = []
+_MARKS: dict = {}  # this command's own marks (launcher_start, preflight_done)
 
 
 def run_job(cfg: DictConfig) -> dict:
+    from scalelab.config import validate
+    from scalelab.plan.hardware import HOST_CPU, host_cpu_profile
+    from scalelab.results.table import render
+    from scalelab.scaling.mfu import profile_name
+
+    job_start = timing.now()
     hc = HydraConfig.get()
     job_dir = Path(hc.runtime.output_dir).resolve()
     multirun = hc.mode == RunMode.MULTIRUN
+    # Hydra saved the composed config and the overrides (.hydra/, the sweep's multirun.yaml) as
+    # given: redact secrets there before anything else (results.record.scrub_file).
+    for saved in [*job_dir.glob(".hydra/*.yaml"), *([Path(hc.sweep.dir) / "multirun.yaml"] if multirun else [])]:
+        scrub_file(saved)
     spec = validate(cfg)  # cheap; preflight already checked, this guards programmatic use
     from scalelab.data.prepare import prepare_for_run
 
@@ -53,13 +63,31 @@ def run_job(cfg: DictConfig) -> dict:
              f"batch={spec.batch.global_batch_size} (micro {spec.batch.per_device_batch_size} x acc "
              f"{spec.batch.accumulate_grad_batches}) -> {job_dir}")
     cmd = launch.rank_command(cfg.launcher.name, spec.run.num_nodes, spec.run.devices_per_node, job_dir,
-                              list(cfg.launcher.get("extra_args") or []))
-    t0 = time.time()
-    rc = launch.run_ranks(cmd, launch.rank_env(cache, threads, job_dir, bool(cfg.get("verbose", False))), job_dir / "ranks.log",
-                          float(cfg.trainer.timeout_s))
+                              list(cfg.launcher.get("extra_args") or []))  # torchrun / srun
+    env = launch.rank_env(cache, threads, job_dir, bool(cfg.get("verbose", False)))
+    spawned = timing.now()
+    if cfg.launcher.name == "local":   # forks of a pre-imported server (scalelab.spawn)
+        from scalelab import spawn
+
+        rc = spawn.run_ranks(job_dir, spec.run.devices_per_node, env, job_dir / "ranks.log",
+                             float(cfg.trainer.timeout_s))
+    else:
+        rc = launch.run_ranks(cmd, env, job_dir / "ranks.log", float(cfg.trainer.timeout_s))
+    exited = timing.now()
     record = _collect(job_dir, rc, resolved, spec, threads)
-    record.setdefault("timing", {})["job_s"] = time.time() - t0
-    write_json(job_dir / RUN_FILE, record)
+    t = record.setdefault("timing", {})
+    # The whole command's start for the first job of a command; later jobs of a sweep start at
+    # their own job_start (the launcher's start-up is paid once per sweep).
+    first = not _MARKS.get("job_seen")
+    _MARKS["job_seen"] = True
+    marks = {**({k: _MARKS[k] for k in ("launcher_start", "preflight_done") if _MARKS.get(k)} if first else {}),
+             "job_start": job_start, "ranks_spawned": spawned, **(t.get("marks") or {}), "ranks_exited": exited}
+    origin = "launcher_start" if "launcher_start" in marks else "job_start"
+    t.update(job_s=exited - spawned, marks=marks, origin=origin, phases_s=timing.phases(marks, origin))
+    if marks.get("first_step") and marks.get("last_step"):
+        # what the job cost besides its steady training: start-up before the first step + shutdown
+        t["fixed_s"] = round((marks["first_step"] - marks[origin]) + (exited - marks["last_step"]), 4)
+    write_json(job_dir / RUN_FILE, scrub(record))  # the error text of a failed job may quote a secret
     if record["status"] != "completed":
         _FAILED.append(f"{resolved['job']['name']}: {record.get('error')}")
         log.error(f"[scalelab] job {resolved['job']['name']} FAILED: {record.get('error')}")
@@ -113,15 +141,44 @@ def _hydra_main(cfg: DictConfig) -> float:
 
 
 def main() -> None:
+    _MARKS["launcher_start"] = timing.process_start_time() or timing.now()
+    register_override_secrets(sys.argv[1:])  # `+logger.api_key=XYZ`: redacted in every file and log line
+    install_log_redaction()
+    if "launcher=local" in sys.argv or not any(a.startswith("launcher=") for a in sys.argv):
+        from scalelab import spawn
+
+        # The ranks' fork server imports the worker (~4 s) while preflight runs: no rank starts
+        # until every job is valid, and the server dies with this process if one is not.
+        spawn.start_server()
+    from scalelab.preflight import preflight
+
     try:
         preflight(sys.argv[1:])
+        _MARKS["preflight_done"] = timing.now()
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redact_text(str(e))}", file=sys.stderr)
+        from scalelab import spawn
+
+        spawn.stop_server()
         sys.exit(2)
     _hydra_main()
+    code = 0
     if _FAILED:  # the sweep went on past them; the command still says so
         print(f"error: {len(_FAILED)} job(s) failed:\n  " + "\n  ".join(_FAILED), file=sys.stderr)
-        sys.exit(1)
+        code = 1
+    _fast_exit(code)
+
+
+def _fast_exit(code: int) -> None:
+    """Exit without the interpreter's teardown of torch and Lightning (~1 s measured): every job's
+    files are written and closed, its ranks are gone, W&B runs are finished."""
+    from scalelab import spawn
+
+    spawn.stop_server()  # idle now; left alone it would hold our stdout open through its own teardown (~1 s)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 if __name__ == "__main__":

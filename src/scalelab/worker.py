@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from scalelab import timing
 from scalelab.config import validate
 from scalelab.console import StepProgressBar, quiet_rank
 from scalelab.data.datamodule import ByteCorpusDataModule, ValidationCurve, validation_trainer_args
@@ -49,16 +50,69 @@ def build_logger(cfg, job_dir: Path):
         return CSVLogger(save_dir=str(job_dir), name="csv", version="")
     from lightning.pytorch.loggers import WandbLogger
 
-    job = cfg.job
-    return WandbLogger(project=cfg.logger.project, entity=cfg.logger.entity, name=job.name,
-                       group=job.group, job_type=cfg.strategy.name, tags=list(cfg.logger.tags),
-                       save_dir=str(job_dir), mode=cfg.logger.mode, config=logged_config(cfg))
+    job, config = cfg.job, logged_config(cfg)
+    # group = the sweep, job_type = the strategy, tags and flat config keys to filter and chart by:
+    # a W&B workspace groups and compares the runs with no editing.
+    tags = [*cfg.logger.tags, cfg.strategy.name, *(f"{k}={config[k]}" for k in ("world_size", "global_batch_size",
+                                                                                  "lr_rule") if k in config)]
+    kw = dict(project=cfg.logger.project, entity=cfg.logger.entity, name=job.name, group=job.group,
+              job_type=cfg.strategy.name, tags=list(dict.fromkeys(map(str, tags))), save_dir=str(job_dir),
+              config=config)
+    def make(mode):
+        lg = WandbLogger(mode=mode, **kw)
+        # Lightning always passes `anonymous` (None), and wandb 0.31 warns that it has no effect on every run.
+        getattr(lg, "_wandb_init", {}).pop("anonymous", None)
+        return lg
+
+    logger = make(cfg.logger.mode)
+    # Lightning's WandbLogger creates its run lazily and on global rank 0 only (rank_zero_experiment:
+    # other ranks get a DummyExperiment), so a job is one W&B run. Online, rank 0 creates it here,
+    # before training: no API key, no network (after WANDB_INIT_TIMEOUT, W&B's default 90 s) or any
+    # init error then costs the live sync, never the run: it logs offline, and says how to sync.
+    if cfg.logger.mode != "online" or _global_rank() != 0:
+        return logger
+    try:
+        logger.experiment  # noqa: B018 - wandb.init
+        return logger
+    except Exception as exc:  # noqa: BLE001 - wandb raises UsageError, CommError, AuthenticationError, ...
+        import wandb
+
+        try:
+            wandb.finish()
+        except Exception:  # noqa: BLE001 - nothing was started
+            pass
+        why = (str(exc).strip().splitlines() or [""])[0][:200]
+        print(f"[scalelab] warning: W&B online init failed ({type(exc).__name__}: {why}); logging offline "
+              f"instead: sync later with `wandb sync {job_dir}/wandb/offline-run-*`", flush=True)
+        return make("offline")
 
 
 def logged_config(cfg) -> dict:
+    """The W&B config: the resolved config (nested; W&B shows it as dotted columns such as
+    `optim.lr`) plus flat keys to group and chart by (world_size, global_batch_size, lr_rule, ...).
+    No secret reaches it: keys that look like a token, secret or password are redacted (scrub), and
+    so is the value of WANDB_API_KEY wherever it appears."""
     c = OmegaConf.to_container(cfg, resolve=True)
-    c.pop("job", None)
-    return scrub(c)
+    job = c.pop("job", None) or {}
+    trainer, data, optim = c.get("trainer") or {}, c.get("data") or {}, c.get("optim") or {}
+    flat = {"global_batch_size": data.get("global_batch_size"), "lr_rule": (c.get("lr_scaling") or {}).get("rule"),
+            "base_lr": optim.get("lr"), "optimizer": optim.get("name"), "model_name": (c.get("model") or {}).get("name"),
+            "precision": str(trainer.get("precision")), "sweep": job.get("group"),
+            "num_nodes": trainer.get("num_nodes"), "devices_per_node": trainer.get("devices")}
+    try:
+        flat["world_size"] = int(trainer["devices"]) * int(trainer["num_nodes"])
+    except (KeyError, TypeError, ValueError):
+        pass
+    key = os.environ.get("WANDB_API_KEY")
+
+    def hide(v):
+        if isinstance(v, dict):
+            return {k: hide(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [hide(x) for x in v]
+        return "<redacted>" if key and isinstance(v, str) and key in v else v
+
+    return hide(scrub({**c, **{k: v for k, v in flat.items() if v is not None and k not in c}}))
 
 
 def shutdown_process_group() -> None:
@@ -72,7 +126,8 @@ def shutdown_process_group() -> None:
         dist.destroy_process_group()
 
 
-def run(job_dir: Path) -> int:
+def run(job_dir: Path, marks: dict | None = None) -> int:
+    marks = marks if marks is not None else {}
     cfg = OmegaConf.load(job_dir / "config_resolved.yaml")
     quiet_rank(_global_rank(), bool(cfg.get("verbose", False)))
     spec = validate(cfg)
@@ -84,6 +139,7 @@ def run(job_dir: Path) -> int:
         module = LitModule(spec.run.model_arch, cfg.model.task, hydra.utils.instantiate(cfg.optim.optimizer),
                            spec.lr, cfg.trainer.max_steps, cfg.lr_scaling.warmup_steps, cfg.lr_scaling.decay,
                            cfg.lr_scaling.min_lr_ratio, plan)
+    marks["model_built"] = timing.now()
     n_params = num_params(module.net)
     data = ByteCorpusDataModule(cfg.job.data_prepared, spec.batch.global_batch_size,
                                 spec.batch.per_device_batch_size, plan.dp_rank(rank, world),
@@ -152,7 +208,9 @@ def run(job_dir: Path) -> int:
                                                  cfg.get("cache_dir")))
         record["resumed_from"] = str(resume) if resume else None
         record["status"] = "completed"
-        record["timing"] = {"fit_s": fit_s}
+        marks.update(first_step=metrics.first_step_at, last_step=metrics.last_step_at,
+                     record_written=timing.now())
+        record["timing"] = {"fit_s": fit_s, "marks": marks}  # the launcher adds its own and the phases
         record["lr_final"] = trainer.optimizers[0].param_groups[0]["lr"]
         record["val"] = val_curve.record() if val_curve is not None else None
         write_json(job_dir / RUN_FILE, record)
@@ -202,12 +260,26 @@ def _log_summary(logger, record: dict) -> None:
 
 
 def main() -> int:
+    """A rank started as a fresh interpreter (torchrun, srun)."""
     job_dir = Path(sys.argv[1])
+    marks = {"rank_process_start": timing.process_start_time(), "imports_done": timing.now()}
     try:
-        return run(job_dir)
+        return run(job_dir, marks)
     except BaseException:
         (job_dir / f"error-rank{_global_rank()}.txt").write_text(traceback.format_exc())
         raise
+
+
+def rank_entry(job_dir: Path) -> int:
+    """A rank forked from the launcher's pre-imported server (scalelab.spawn): no imports to pay.
+    Returns the exit code; a failure is written to error-rank<R>.txt, as in main()."""
+    now = timing.now()
+    try:
+        return run(job_dir, {"rank_process_start": now, "imports_done": now})
+    except BaseException:
+        (job_dir / f"error-rank{_global_rank()}.txt").write_text(traceback.format_exc())
+        traceback.print_exc()
+        return 1
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ that forgets its 1/world division is caught), global batch 16, constant LR); the
 
 Each option must really be applied on CPU, where Lightning registers no DDP comm hook (its
 _register_ddp_hooks is CUDA-only): the checks below that a run is NOT bit-identical to plain DDP
-fail without scalelab.strategies.ddp.CommHookDDPStrategy.
+fail without scalelab.strategies.ddp_lightning.CommHookDDPStrategy.
 """
 import json
 from pathlib import Path
@@ -152,7 +152,8 @@ def test_default_ddp_is_lightnings_ddp_strategy():
     from lightning.pytorch.strategies import DDPStrategy
 
     from scalelab.strategies.base import RunSpec
-    from scalelab.strategies.ddp import DDP, CommHookDDPStrategy
+    from scalelab.strategies.ddp import DDP
+    from scalelab.strategies.ddp_lightning import CommHookDDPStrategy
 
     run = RunSpec(world_size=2, num_nodes=1, devices_per_node=2, accelerator="cpu", precision="32-true",
                   model_arch=None)

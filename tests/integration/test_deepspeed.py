@@ -294,7 +294,7 @@ def test_lr_schedule_follows_the_swapped_offload_optimizer():
     import torch
 
     from scalelab.scaling.lr import build_scheduler
-    from scalelab.strategies.deepspeed import _repoint_scheduler, _to_ds_cpu_adam
+    from scalelab.strategies.deepspeed_lightning import _repoint_scheduler, _to_ds_cpu_adam
 
     def make():
         torch.manual_seed(0)

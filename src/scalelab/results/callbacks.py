@@ -12,9 +12,12 @@ from scalelab.results.record import read_records
 from scalelab.results.sweep import aggregate, attach_efficiency
 from scalelab.results.table import render
 
+REPORT_FILE = "report.html"  # the sweep's dashboard (scalelab compare SWEEP_DIR --format html)
+
 
 def summarize_sweep(sweep_dir: Path, logger_cfg: Any = None, cache_dir: str | None = None) -> dict:
-    """Aggregate SWEEP_DIR (sweep.json), log to W&B when the logger is wandb, print the table."""
+    """Aggregate SWEEP_DIR (sweep.json), log to W&B when the logger is wandb, print the table,
+    write SWEEP_DIR/report.html and print its path."""
     summary = aggregate(sweep_dir)
     records = read_records([sweep_dir])
     attach_efficiency(records, summary)
@@ -32,6 +35,13 @@ def summarize_sweep(sweep_dir: Path, logger_cfg: Any = None, cache_dir: str | No
     for f in summary["failed"]:
         print(f"FAILED {f['job']} ({f['strategy']} x{f['world_size']}): {f['error']}")
     print(f"sweep summary: {sweep_dir / 'sweep.json'}")
+    try:  # the dashboard is a view of the records: a failure to draw it never fails the sweep
+        from scalelab.results.report import write_report
+
+        report = write_report(sweep_dir / REPORT_FILE, records, [summary], cache=cache_dir)
+        print(f"report: {report}")
+    except Exception as exc:  # noqa: BLE001
+        print(f"report: not written ({type(exc).__name__}: {exc})")
     return summary
 
 

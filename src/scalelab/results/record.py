@@ -8,16 +8,69 @@ from pathlib import Path
 from typing import Any
 
 RUN_FILE = "run.json"
-_SECRET = re.compile(r"(api[_-]?key|token|secret|password|passwd|credential)", re.I)
+REDACTED = "<redacted>"
+# A key that names a secret: api_key, *token (not tokens_per_s, tokenizer), secret, password, ...
+_SECRET = re.compile(r"(api[_-]?key|access[_-]?key|private[_-]?key|token(?![a-z])|secret|password|passwd|"
+                     r"credential|auth(?![a-z]))", re.I)
+# KEY=VALUE inside a string (a Hydra override `+logger.api_key=XYZ`, an env line) whose KEY names a secret
+_SECRET_ASSIGN = re.compile(r"((?:^|(?<=[\s'\"\[,(]))[+~]*[\w.-]*?(?:api[_-]?key|access[_-]?key|private[_-]?key|"
+                            r"token(?![a-z])|secret|password|passwd|credential|auth(?![a-z]))[\w.-]*\s*[=:]\s*)"
+                            r"(?!<redacted>)(\"[^\"]*\"|'[^']*'|[^\s,'\"\])]+)", re.I)
+# Values that are secrets wherever they appear: set from the environment (WANDB_API_KEY, *_TOKEN, ...)
+# and from secret-named overrides of this command (register_secrets).
+_KNOWN: set[str] = set()
+_MIN_SECRET_LEN = 4  # shorter values ("1", "on") would redact ordinary text
+_MIN_ENV_SECRET_LEN = 8  # an env flag named like a secret (..._TOKEN=true) is not one
+
+
+def is_secret_key(key: Any) -> bool:
+    return bool(_SECRET.search(str(key)))
+
+
+def register_secrets(values) -> None:
+    """Values to redact wherever they appear in saved files and logs of this process."""
+    _KNOWN.update(str(v) for v in values if v is not None and len(str(v)) >= _MIN_SECRET_LEN)
+
+
+def secret_values() -> set[str]:
+    """The secret values known now: registered ones and the values of secret-named env variables."""
+    env = {v for k, v in os.environ.items() if is_secret_key(k) and len(v) >= _MIN_ENV_SECRET_LEN}
+    return _KNOWN | env
+
+
+def redact_text(text: str) -> str:
+    """`text` with every known secret value and every secret-named KEY=VALUE's value replaced."""
+    if not isinstance(text, str) or not text:
+        return text
+    for v in sorted(secret_values(), key=len, reverse=True):
+        if v in text:
+            text = text.replace(v, REDACTED)
+    return _SECRET_ASSIGN.sub(lambda m: m.group(1) + REDACTED, text)
 
 
 def scrub(obj: Any) -> Any:
-    """Drop values whose key looks like a secret, so saved configs and logs never hold one."""
+    """Drop values whose key looks like a secret (and known secret values inside strings, e.g. in
+    the job's override list), so saved configs, records and logs never hold one."""
     if isinstance(obj, dict):
-        return {k: ("<redacted>" if _SECRET.search(str(k)) else scrub(v)) for k, v in obj.items()}
-    if isinstance(obj, list):
+        return {k: (REDACTED if is_secret_key(k) and v is not None else scrub(v)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
         return [scrub(v) for v in obj]
+    if isinstance(obj, str):
+        return redact_text(obj)
     return obj
+
+
+def scrub_file(path: Path) -> None:
+    """Rewrite a text file (a Hydra-written .hydra/*.yaml, a log) with its secrets redacted."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return
+    clean = redact_text(text)
+    if clean != text:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(clean)
+        os.replace(tmp, path)
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -60,18 +113,134 @@ def base_record(cfg: dict, batch, lr: float, world_size: int, plan_degrees: dict
         "hardware": {"accelerator": accelerator, "threads_per_rank": threads},
         "seed": cfg["seed"],
         "max_steps": cfg["trainer"]["max_steps"],
-        "job": {k: v for k, v in cfg.get("job", {}).items()},
+        "job": scrub({k: v for k, v in cfg.get("job", {}).items()}),
         "config": scrub({k: v for k, v in cfg.items() if k != "job"}),
     }
 
 
-def read_records(paths: list[Path | str]) -> list[dict]:
-    """run.json files found under each path (a run.json, a job dir or a sweep dir)."""
+class BadRecord(ValueError):
+    """A run.json that cannot be used: not JSON, not an object, or missing / mistyped keys."""
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is(v: Any, kind: str) -> bool:
+    return {"num": _num(v), "num?": v is None or _num(v), "int>=1": isinstance(v, int) and not isinstance(v, bool)
+            and v >= 1, "int?": v is None or (isinstance(v, int) and not isinstance(v, bool)),
+            "str": isinstance(v, str) and v != "", "dict": isinstance(v, dict), "dict?": v is None or isinstance(v, dict),
+            "list": isinstance(v, list), "nums": isinstance(v, list) and all(_num(x) for x in v)}[kind]
+
+
+_KIND_WORDS = {"num": "a number", "num?": "a number or null", "int>=1": "an integer >= 1", "int?": "an integer or null",
+               "str": "a string", "dict": "an object", "dict?": "an object or null", "list": "a list",
+               "nums": "a list of numbers"}
+# What compare and aggregation read (shared/DESIGN.md run record contract): (key, kind, required).
+# Nested keys are checked when their parent is there; optional keys only when present.
+_SHAPE = (
+    ("status", "str", True), ("strategy", "str", True), ("world_size", "int>=1", True),
+    ("global_batch_size", "int>=1", True), ("throughput", "dict", True),
+    ("throughput.samples_per_s", "num?", False), ("throughput.tokens_per_s", "num?", False),
+    ("per_device_batch_size", "int?", False), ("accumulate_grad_batches", "int?", False), ("lr", "num?", False),
+    ("step_time_s", "dict", False), ("step_time_s.median", "num?", False), ("step_time_s.p90", "num?", False),
+    ("memory", "dict", False), ("memory.peak_rss_bytes_per_rank", "nums", False),
+    ("memory.model_state_bytes_per_rank", "nums", False),
+    ("loss", "dict", False), ("loss.first", "num?", False), ("loss.final", "num?", False), ("loss.curve", "list", False),
+    ("mfu", "dict?", False), ("mfu.value", "num?", False), ("breakdown", "dict?", False),
+    ("breakdown.comm_fraction", "num?", False), ("parallel", "dict", False), ("parallel.dp", "int>=1", False),
+    ("job", "dict", False), ("config", "dict?", False),
+)
+
+
+def record_problem(rec: Any) -> str | None:
+    """Why `rec` (a parsed run.json) cannot be compared or aggregated; None when it can."""
+    if not isinstance(rec, dict):
+        return f"not a run record: a JSON {type(rec).__name__.replace('dict', 'object')}, not an object"
+    for key, kind, required in _SHAPE:
+        node: Any = rec
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            continue
+        if leaf not in node:
+            if required:
+                return f"missing key {key!r}"
+            continue
+        if not _is(node[leaf], kind):
+            return f"{key}={json.dumps(node[leaf], default=str)[:60]} is not {_KIND_WORDS[kind]}"
+    return None
+
+
+def load_record(path: Path | str) -> dict:
+    """One run.json, checked (record_problem); BadRecord says why it cannot be used."""
+    path = Path(path)
+    try:
+        rec = json.loads(path.read_text())
+    except UnicodeDecodeError as e:
+        raise BadRecord(f"not UTF-8 text ({e.reason})") from e
+    except json.JSONDecodeError as e:
+        raise BadRecord(f"not valid JSON (truncated or corrupt): {e.msg} at line {e.lineno} column {e.colno}") from e
+    except OSError as e:
+        raise BadRecord(f"cannot be read: {e.strerror or e}") from e
+    problem = record_problem(rec)
+    if problem:
+        raise BadRecord(problem)
+    return rec
+
+
+def read_records(paths: list[Path | str], problems: list[str] | None = None) -> list[dict]:
+    """run.json files found under each path (a run.json, a job dir or a sweep dir). A file that
+    cannot be used (corrupt, truncated, wrongly shaped) is skipped: "PATH: reason" goes to
+    `problems` when given, else one line "skipped PATH: reason" to stderr."""
+    import sys
+
     out = []
     for p in map(Path, paths):
         files = [p] if p.is_file() else sorted(p.rglob(RUN_FILE))
         for f in files:
-            rec = json.loads(f.read_text())
+            try:
+                rec = load_record(f)
+            except BadRecord as e:
+                if problems is None:
+                    print(f"skipped {f}: {e}", file=sys.stderr)
+                else:
+                    problems.append(f"{f}: {e}")
+                continue
             rec.setdefault("job", {})["record_path"] = str(f)
             out.append(rec)
     return out
+
+
+def register_override_secrets(args: list[str]) -> None:
+    """Register the values of this command line's secret-named overrides (`+logger.api_key=XYZ`),
+    so they are redacted wherever they reappear (an interpolation, a log line)."""
+    for a in args:
+        key, sep, value = a.partition("=")
+        if sep and is_secret_key(key.lstrip("+~")):
+            register_secrets([value.strip("'\"")])
+
+
+def install_log_redaction() -> None:
+    """Redact secrets from every log record of this process (Hydra's launcher lines that list a
+    job's overrides, the job's train.log), whatever handlers Hydra configures later."""
+    import logging
+
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "_scalelab_redacts", False):
+        return
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record is logging's business, not ours
+            return record
+        clean = redact_text(msg)
+        if clean != msg:
+            record.msg, record.args = clean, ()
+        return record
+
+    factory._scalelab_redacts = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)

@@ -38,9 +38,15 @@ def efficiency(thr: float, world: int, base_thr: float, base_world: int) -> floa
     return thr / (world * base_thr / base_world)
 
 
-def aggregate(sweep_dir: Path | str, write: bool = True) -> dict:
+def aggregate(sweep_dir: Path | str, write: bool = True, problems: list[str] | None = None) -> dict:
+    """The sweep's summary. run.json files that cannot be used (corrupt, truncated, wrongly
+    shaped: results.record.record_problem) are skipped and listed in `skipped` ("PATH: reason",
+    also appended to `problems` when given); they never stop the aggregation."""
     sweep_dir = Path(sweep_dir)
-    records = read_records([sweep_dir])
+    skipped: list[str] = []
+    records = read_records([sweep_dir], skipped)
+    if problems is not None:
+        problems.extend(skipped)
     completed = [r for r in records if r.get("status") == "completed"]
     # Efficiency needs a throughput: a completed run without one (no steady step) is counted
     # completed and listed as unmeasured, never silently dropped.
@@ -71,7 +77,7 @@ def aggregate(sweep_dir: Path | str, write: bool = True) -> dict:
     unmeasured = [r["job"].get("name") for r in completed if r not in ok]
     summary = {"sweep_dir": str(sweep_dir), "num_runs": len(records), "num_completed": len(completed),
                "num_failed": len(failed), "failed": failed, "num_unmeasured": len(unmeasured),
-               "unmeasured": unmeasured, "groups": groups}
+               "unmeasured": unmeasured, "num_skipped": len(skipped), "skipped": skipped, "groups": groups}
     if write:
         write_json(sweep_dir / SWEEP_FILE, {**_kept(sweep_dir / SWEEP_FILE), **summary})
     return summary

@@ -1,7 +1,10 @@
-"""Comparison tables of run records: plain text, markdown, JSON and a static HTML dashboard."""
+"""Comparison tables of run records: plain text (rich on a terminal), markdown, JSON, CSV, and the
+HTML dashboard (results/report.py); plus the selection `scalelab compare` applies first:
+--where / --sort / --group-by on keys that are dotted paths into run.json or W&B metric names."""
 from __future__ import annotations
 
-import html
+import csv
+import io
 import json
 
 COLUMNS = [  # (header, getter, format)
@@ -63,41 +66,224 @@ def sort_key(r: dict):
             str(r.get("job", {}).get("name", "")))
 
 
-def render(records: list[dict], fmt: str = "table") -> str:
-    records = sorted(records, key=sort_key)
+def render(records: list[dict], fmt: str = "table", group_by: str | None = None, sort: str | None = None,
+           summaries: list[dict] | None = None) -> str:
+    """Records in FMT. `sort` (a key, `-KEY` descending) replaces the default order; `group_by`
+    splits the table into one section per value; `summaries` (sweep.aggregate of each sweep dir)
+    feed the dashboard's efficiency charts."""
+    records = sort_records(records, sort)
+    if group_by:
+        records = [r for _, members in group_records(records, group_by) for r in members]
     if fmt == "json":
+        if group_by:
+            return json.dumps({"group_by": group_by, "groups": [{"value": v, "runs": m} for v, m in
+                                                                 group_records(records, group_by)]},
+                              indent=2, default=str)
         return json.dumps(records, indent=2, default=str)
+    if fmt == "csv":
+        return _csv(records)
+    if fmt == "html":
+        from scalelab.results.report import render_html
+
+        return render_html(records, summaries or [], group_by=group_by)
+    if fmt not in ("table", "markdown"):
+        raise ValueError(f"format {fmt!r} is not known: choose {', '.join(FORMATS)}")
     cols = _columns(records)
     heads = [c[0] for c in cols]
-    rows = [_cells(r, cols) for r in records]
     note = [SHORT_NOTE] if any(r.get("short_run") for r in records) else []
+    sections = group_records(records, group_by) if group_by else [(None, records)]
+    out = []
+    for value, members in sections:
+        rows = [_cells(r, cols) for r in members]
+        if fmt == "markdown":
+            title = [f"### {group_by} = {_show(value)}", ""] if group_by else []
+            out.append("\n".join(title + ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+                                 + ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]))
+            continue
+        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(heads)]
+        line = lambda cells: "  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+        title = [f"== {group_by} = {_show(value)} ({len(members)} runs) =="] if group_by else []
+        out.append("\n".join([*title, line(heads), line(["-" * w for w in widths]), *map(line, rows)]))
     if fmt == "markdown":
-        lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows] + (["", *note] if note else []))
-    if fmt == "html":
-        return _html(heads, rows, records, note)
-    if fmt != "table":
-        raise ValueError(f"format {fmt!r} is not known: choose table, markdown, json or html")
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(heads)]
-    line = lambda cells: "  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
-    return "\n".join([line(heads), line(["-" * w for w in widths]), *map(line, rows), *note])
+        return "\n\n".join(out) + ("\n\n" + "\n".join(note) if note else "")
+    return "\n\n".join(out) + ("\n" + "\n".join(note) if note else "")
 
 
-def _html(heads: list[str], rows: list[list[str]], records: list[dict], note: list[str]) -> str:
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
-    curves = json.dumps([{"name": f"{r.get('strategy')} x{r.get('world_size')} b{r.get('global_batch_size')}",
-                          "curve": r.get("loss", {}).get("curve", [])} for r in records])
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>ScaleLab comparison</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th{{background:#eee}}</style></head>
-<body><h1>ScaleLab comparison</h1><table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in heads)}</tr>{body}</table>
-{''.join(f'<p>{html.escape(n)}</p>' for n in note)}
-<h2>Loss curves</h2><svg id="plot" width="720" height="360"></svg>
-<script>const runs={curves};const svg=document.getElementById('plot');
-const all=runs.flatMap(r=>r.curve);if(all.length){{
-const xs=all.map(p=>p[0]),ys=all.map(p=>p[1]);const x0=Math.min(...xs),x1=Math.max(...xs),y0=Math.min(...ys),y1=Math.max(...ys);
-const X=x=>40+(x-x0)/(x1-x0||1)*660,Y=y=>340-(y-y0)/(y1-y0||1)*320;
-runs.forEach((r,i)=>{{const c=`hsl(${{i*67%360}},70%,45%)`;const p=document.createElementNS('http://www.w3.org/2000/svg','polyline');
-p.setAttribute('points',r.curve.map(q=>X(q[0])+','+Y(q[1])).join(' '));p.setAttribute('fill','none');p.setAttribute('stroke',c);svg.appendChild(p);
-const t=document.createElementNS('http://www.w3.org/2000/svg','text');t.setAttribute('x',560);t.setAttribute('y',20+i*14);t.setAttribute('fill',c);t.setAttribute('font-size',11);t.textContent=r.name;svg.appendChild(t);}});}}
-</script></body></html>"""
+FORMATS = ("table", "markdown", "json", "csv", "html")
+
+
+def _csv(records: list[dict]) -> str:
+    """Every run.json field, flattened (dotted keys; lists as JSON), one row per run."""
+    flat = [flatten(r) for r in records]
+    keys = list(dict.fromkeys(k for f in flat for k in f))
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(keys)
+    for f in flat:
+        w.writerow(["" if f.get(k) is None else json.dumps(f[k]) if isinstance(f[k], (list, dict)) else f[k]
+                    for k in keys])
+    return buf.getvalue().rstrip("\n")
+
+
+# Columns the terminal table hides first when the terminal is too narrow for all of them.
+NARROW_DROP = ("step ms (p90)", "state KiB/rank", "loss first", "micro x acc", "samples/s", "comm %", "MFU %", "lr",
+               "peak RSS MiB", "batch")
+
+
+def rich_table(records: list[dict], group_by: str | None = None, sort: str | None = None, width: int = 120):
+    """The terminal table (rich): columns fit WIDTH (the least telling hidden first, and named in
+    the caption), failed runs in red with their whole error."""
+    from rich.console import Console
+    from rich.table import Table
+
+    records = sort_records(records, sort)
+    cols = [c for c in _columns(records) if c[0] != "status"]
+    cell = {id(r): _cells(r, cols) for r in records}
+    short = [SHORT_NOTE] if any(r.get("short_run") for r in records) else []
+
+    def build(members, hidden, title=None, status=True):
+        keep = [i for i, c in enumerate(cols) if c[0] not in hidden]
+        notes = short + ([f"hidden to fit the terminal: {', '.join(hidden)} (--format markdown has every column)"]
+                         if hidden else [])
+        t = Table(title=title, caption="\n".join(notes) or None, caption_justify="left")
+        for i in keep:
+            t.add_column(cols[i][0], justify="left" if i < 2 else "right", no_wrap=i < 2)
+        if status:
+            t.add_column("status", overflow="fold", min_width=12)
+        for r in members:
+            ok = r.get("status") == "completed"
+            text = "completed" if ok else f"{r.get('status')}: {r.get('error', '')}"
+            t.add_row(*(cell[id(r)][i] for i in keep), *([text] if status else []), style=None if ok else "red")
+        return t
+
+    console = Console(width=width)
+    hidden: list[str] = []
+    for head in NARROW_DROP:   # hide columns until the others fit unwrapped, with room for the status
+        if console.measure(build(records, hidden, status=False)).maximum + 24 <= width:
+            break
+        if any(c[0] == head for c in cols):
+            hidden.append(head)
+    return [build(members, hidden, f"{group_by} = {_show(value)}" if group_by else None)
+            for value, members in (group_records(records, group_by) if group_by else [(None, records)])]
+
+
+# ---------------------------------------------------------------------------------------------
+# Selection: keys, --where, --sort, --group-by
+# ---------------------------------------------------------------------------------------------
+MISSING = object()
+# W&B metric names (worker._log_summary, the sweep summary) that are not a run.json path as written.
+WANDB_KEYS = {
+    "step_time/median_s": lambda r: _path(r, "step_time_s.median"),
+    "step_time/p90_s": lambda r: _path(r, "step_time_s.p90"),
+    "memory/peak_rss_bytes_max": lambda r: _max(_path(r, "memory.peak_rss_bytes_per_rank")),
+    "memory/model_state_bytes_max": lambda r: _max(_path(r, "memory.model_state_bytes_per_rank")),
+    "lr/used": lambda r: _path(r, "lr"),
+    "mfu": lambda r: _path(r, "mfu.value"),
+    "job": lambda r: _path(r, "job.name"),
+}
+
+
+def _max(v):
+    return max(v) if isinstance(v, list) and v else MISSING
+
+
+def _path(rec, key: str):
+    cur = rec
+    for part in key.split("."):
+        if isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        elif isinstance(cur, list) and part.lstrip("-").isdigit() and -len(cur) <= int(part) < len(cur):
+            cur = cur[int(part)]
+        else:
+            return MISSING
+    return cur
+
+
+def lookup(rec: dict, key: str):
+    """The value of KEY in a record (MISSING when it has none): a dotted path into run.json
+    (`throughput.tokens_per_s`, `config.optim.name`, `memory.peak_rss_bytes_per_rank.0`) or a W&B
+    metric name (`throughput/tokens_per_s`, `step_time/median_s`, `loss/final`)."""
+    if key in WANDB_KEYS:
+        return WANDB_KEYS[key](rec)
+    return _path(rec, key.replace("/", "."))
+
+
+class SelectError(ValueError):
+    """A bad --where/--sort/--group-by key or expression (one line for the user)."""
+
+
+def check_key(records: list[dict], key: str, option: str) -> None:
+    if not key or all(lookup(r, key) is MISSING for r in records):
+        raise SelectError(f"{option} {key!r}: no run has this key (keys are dotted paths into run.json or W&B "
+                          "metric names, e.g. strategy, world_size, throughput.tokens_per_s, config.optim.name)")
+
+
+def _matches(v, want: str) -> bool:
+    if v is MISSING:
+        return False
+    if v is None:
+        return want.lower() in ("null", "none", "")
+    if isinstance(v, bool):
+        return want.lower() == str(v).lower()
+    if isinstance(v, (int, float)):
+        try:
+            return float(want) == float(v)
+        except ValueError:
+            return False
+    return (json.dumps(v) if isinstance(v, (list, dict)) else str(v)) == want
+
+
+def filter_records(records: list[dict], wheres: list[str]) -> list[dict]:
+    """Runs matching every KEY=VALUE (VALUE may list alternatives: strategy=ddp,fsdp)."""
+    for expr in wheres or []:
+        key, eq, want = expr.partition("=")
+        if not eq:
+            raise SelectError(f"--where {expr!r}: expected KEY=VALUE (e.g. --where strategy=ddp)")
+        check_key(records, key, "--where")
+        records = [r for r in records if any(_matches(lookup(r, key), w) for w in want.split(","))]
+    return records
+
+
+def _order(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return (1, 0.0, _show(v))
+    return (0, float(v), "")
+
+
+def sort_records(records: list[dict], key: str | None) -> list[dict]:
+    """By KEY (`-KEY`: descending); runs without it (or with null) last; ties in the default order."""
+    records = sorted(records, key=sort_key)
+    if not key:
+        return records
+    desc, key = key.startswith("-"), key.lstrip("-")
+    check_key(records, key, "--sort")
+    have = [r for r in records if lookup(r, key) not in (MISSING, None)]
+    return (sorted(have, key=lambda r: _order(lookup(r, key)), reverse=desc)
+            + [r for r in records if lookup(r, key) in (MISSING, None)])
+
+
+def group_records(records: list[dict], key: str) -> list[tuple]:
+    """[(value, runs)] in the order of the values; runs keep their order."""
+    check_key(records, key, "--group-by")
+    groups: dict[str, tuple] = {}
+    for r in records:
+        v = lookup(r, key)
+        groups.setdefault(_show(v), (v, []))[1].append(r)
+    return sorted(groups.values(), key=lambda g: (g[0] is MISSING, _order(g[0])))
+
+
+def _show(v) -> str:
+    if v is MISSING:
+        return "(none)"
+    return json.dumps(v, default=str) if isinstance(v, (list, dict)) else str(v)
+
+
+def flatten(obj, prefix: str = "") -> dict:
+    """{dotted.key: value} of a record's leaves (lists stay whole)."""
+    out: dict = {}
+    if isinstance(obj, dict) and obj:
+        for k, v in obj.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    out[prefix[:-1]] = obj
+    return out

@@ -1,5 +1,6 @@
-"""A sweep-summary W&B run: one table of the sweep's runs and their scaling efficiencies,
-in the same W&B group as the sweep's job runs so dashboards compare them side by side."""
+"""A sweep-summary W&B run: one table of the sweep's runs and their scaling efficiencies, and the
+dashboard's charts (efficiency, throughput, memory, loss, LR rule, breakdown, planner) as W&B custom
+charts, in the same W&B group as the sweep's job runs so dashboards compare them side by side."""
 from __future__ import annotations
 
 import os
@@ -22,6 +23,29 @@ def _row(r: dict) -> list:
             r.get("scaling_efficiency"), r.get("status"), r.get("error")]
 
 
+def charts(records: list[dict], summary: dict, cache_dir: Path | None = None) -> dict:
+    """The dashboard's charts (results/charts.py) as W&B custom charts, keyed `charts/<id>`: lines
+    as wandb.plot.line (one stroke per series), bars as wandb.plot.bar (one bar per x and series)."""
+    import wandb
+
+    from scalelab.results.charts import all_charts
+
+    out = {}
+    for ch in all_charts(records, [summary], cache=cache_dir):
+        if not ch["traces"]:
+            continue
+        if ch["kind"] == "bar":
+            table = wandb.Table(columns=["bar", ch["y_title"]],
+                                data=[[f"{x} {t['name']}", y] for t in ch["traces"] for x, y in zip(t["x"], t["y"])])
+            out[f"charts/{ch['id']}"] = wandb.plot.bar(table, "bar", ch["y_title"], title=ch["title"])
+        else:
+            table = wandb.Table(columns=[ch["x_title"], ch["y_title"], "series"],
+                                data=[[x, y, t["name"]] for t in ch["traces"] for x, y in zip(t["x"], t["y"])])
+            out[f"charts/{ch['id']}"] = wandb.plot.line(table, ch["x_title"], ch["y_title"], stroke="series",
+                                                        title=ch["title"])
+    return out
+
+
 def log_sweep(sweep_dir: Path, summary: dict, records: list[dict], project: str, mode: str,
               entity: str | None = None, cache_dir: Path | None = None) -> str:
     """Log the summary run; returns its id. Offline runs land in SWEEP_DIR/wandb/."""
@@ -32,9 +56,19 @@ def log_sweep(sweep_dir: Path, summary: dict, records: list[dict], project: str,
                          ("WANDB_DATA_DIR", "wandb-data")):
             os.environ.setdefault(var, str(Path(cache_dir) / sub))
     os.environ.setdefault("WANDB_SILENT", "true")
-    run = wandb.init(project=project, entity=entity, mode=mode, dir=str(sweep_dir), group=Path(sweep_dir).name,
-                     job_type="sweep_summary", name=f"{Path(sweep_dir).name}/summary",
-                     config={"sweep_dir": str(sweep_dir), "num_runs": summary["num_runs"]}, reinit="create_new")
+    kw = dict(project=project, entity=entity, dir=str(sweep_dir), group=Path(sweep_dir).name,
+              job_type="sweep_summary", name=f"{Path(sweep_dir).name}/summary",
+              config={"sweep_dir": str(sweep_dir), "num_runs": summary["num_runs"]}, reinit="create_new")
+    try:
+        run = wandb.init(mode=mode, **kw)
+    except Exception as exc:  # noqa: BLE001 - online without a key or network: log it offline, say how to sync
+        if mode != "online":
+            raise
+        why = (str(exc).strip().splitlines() or [""])[0][:200]
+        print(f"[scalelab] warning: W&B online init failed ({type(exc).__name__}: {why}); the sweep summary is "
+              f"logged offline instead: sync later with `wandb sync {Path(sweep_dir) / 'wandb'}/offline-run-*`",
+              flush=True)
+        run = wandb.init(mode="offline", **kw)
     try:
         runs = wandb.Table(columns=RUN_COLUMNS, data=[_row(r) for r in sorted(records, key=sort_key)])
         eff = wandb.Table(columns=["kind", "strategy", "job", "world_size", "global_batch_size", "samples_per_s",
@@ -42,7 +76,7 @@ def log_sweep(sweep_dir: Path, summary: dict, records: list[dict], project: str,
                           data=[[g["kind"], g["strategy"], m["job"], m["world_size"], m["global_batch_size"],
                                  m["samples_per_s"], m["scaling_efficiency"], g["baseline_job"]]
                                 for g in summary["groups"] for m in g["runs"]])
-        run.log({"sweep/runs": runs, "sweep/scaling_efficiency": eff})
+        run.log({"sweep/runs": runs, "sweep/scaling_efficiency": eff, **charts(records, summary, cache_dir)})
         run.summary.update({"sweep/num_runs": summary["num_runs"], "sweep/num_completed": summary["num_completed"],
                             "sweep/num_failed": summary["num_failed"]})
         for g in summary["groups"]:

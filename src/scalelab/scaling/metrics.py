@@ -51,6 +51,7 @@ class StepMetrics(L.Callback):
         self.state: dict[str, int] = {}
         self.host_flops: list[float] = []    # host_speed() at the start and end of training
         self.peaks: dict | None = None       # read_peaks() at the end of training
+        self.first_step_at = self.last_step_at = None  # epoch s at the end of the first / last step
 
     def on_train_start(self, trainer, pl_module) -> None:
         if pl_module.device.type == "cpu":
@@ -83,6 +84,9 @@ class StepMetrics(L.Callback):
         now = time.perf_counter()
         self.step_times.append(now - self._t_last)
         self._t_last = now
+        self.last_step_at = time.time()
+        if self.first_step_at is None:
+            self.first_step_at = self.last_step_at
         # .item() syncs the device; on CPU it is free. Mean over micro-batches = this rank's step loss.
         self.losses.append(torch.stack(self._micro).float().mean().item())
         self.global_steps.append(trainer.global_step)

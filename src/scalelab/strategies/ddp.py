@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch.strategies import DDPStrategy
 
 from scalelab.errors import ConfigError
 from scalelab.strategies.base import RunSpec, StrategyPlan
@@ -52,36 +51,6 @@ def bf16_compress_hook_any_backend(process_group, bucket):  # no annotations: se
         return buffer
 
     return dist.all_reduce(compressed, group=group, async_op=True).get_future().then(decompress)
-
-
-class CommHookDDPStrategy(DDPStrategy):
-    """Lightning's DDPStrategy, registering the DDP communication hook on every device.
-
-    Fixes: comm hooks (gradient compression, PowerSGD, post-local SGD) silently NOT applied on
-    CPU. Lightning's DDPStrategy._register_ddp_hooks registers them only when the root device is
-    CUDA (a limitation of torch 1.8 that no longer holds: with gloo the fp16/bf16 compress,
-    PowerSGD and post-local-SGD hooks all run). Without this override a CPU run of
-    `strategy=ddp_powersgd` would train as plain DDP and report itself as PowerSGD.
-
-    Also continues the hooks' step counters after a resume (on_train_start): PowerSGD's
-    compression start and local SGD's start/period count optimizer steps in the hook state,
-    which Lightning does not checkpoint."""
-
-    def _register_ddp_hooks(self) -> None:
-        from lightning.pytorch.overrides.distributed import _register_ddp_comm_hook
-        from torch.nn.parallel import DistributedDataParallel
-
-        assert isinstance(self.model, DistributedDataParallel)
-        _register_ddp_comm_hook(model=self.model, ddp_comm_state=self._ddp_comm_state,
-                                ddp_comm_hook=self._ddp_comm_hook, ddp_comm_wrapper=self._ddp_comm_wrapper)
-
-    def on_train_start(self) -> None:
-        super().on_train_start()
-        step = self.lightning_module.trainer.global_step
-        if step and self._ddp_comm_state is not None and hasattr(self._ddp_comm_state, "iter"):
-            self._ddp_comm_state.iter = step
-        if step and self._model_averager is not None:
-            self._model_averager.step = step
 
 
 class DDP(StrategyPlan):
@@ -145,6 +114,10 @@ class DDP(StrategyPlan):
         return {}
 
     def lightning_strategy(self, run: RunSpec):
+        from lightning.pytorch.strategies import DDPStrategy
+
+        from scalelab.strategies.ddp_lightning import CommHookDDPStrategy
+
         hooks = self._hook_kwargs(run)
         if not hooks:  # the default: exactly Lightning's DDPStrategy
             return DDPStrategy(**self.ddp_kwargs)

@@ -12,7 +12,7 @@ import sys
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies import DDPStrategy
 
-from scalelab.strategies.deepspeed import ScaleLabDeepSpeedStrategy
+from scalelab.strategies.deepspeed_lightning import ScaleLabDeepSpeedStrategy
 
 
 def select_cpu_accelerator() -> None:

@@ -8,16 +8,7 @@ replicas', so it is NOT equivalent to one model trained on the global batch.
 """
 from __future__ import annotations
 
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
-
 from scalelab.strategies.base import RunSpec, StrategyPlan
-
-
-class IndependentReplicasStrategy(DDPStrategy):
-    """DDPStrategy's process group (for metrics) without DDP's gradient all-reduce."""
-
-    def configure_ddp(self) -> None:  # leave the LightningModule unwrapped
-        pass
 
 
 class Single(StrategyPlan):
@@ -25,6 +16,10 @@ class Single(StrategyPlan):
     replicates_model = True
 
     def lightning_strategy(self, run: RunSpec):
+        from lightning.pytorch.strategies import SingleDeviceStrategy
+
+        from scalelab.strategies.ddp_lightning import IndependentReplicasStrategy
+
         if run.world_size == 1:
             import torch
 

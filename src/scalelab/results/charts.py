@@ -1,0 +1,275 @@
+"""The dashboard's chart data, as plain functions of run records (and sweep.aggregate summaries):
+no browser, no plotting library. Every chart is a dict
+
+    {"id", "title", "x_title", "y_title", "kind": "line"|"bar", "barmode": None|"stack"|"group",
+     "traces": [{"name", "x": [...], "y": [...], "text"?: [...], "dash"?: bool}], "notes": [str]}
+
+rendered by results/report.py (Plotly) and logged by results/wandb_summary.py (wandb.plot).
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from scalelab.results.table import _show, lookup
+
+MIB = 2**20
+
+
+def chart(id_: str, title: str, x_title: str, y_title: str, traces: list[dict], kind: str = "line",
+          barmode: str | None = None, notes: list[str] | None = None) -> dict:
+    return {"id": id_, "title": title, "x_title": x_title, "y_title": y_title, "kind": kind, "barmode": barmode,
+            "traces": traces, "notes": notes or []}
+
+
+def job_name(rec: dict) -> str:
+    return str((rec.get("job") or {}).get("name") or (rec.get("job") or {}).get("record_path") or "?")
+
+
+def completed(records: list[dict]) -> list[dict]:
+    return [r for r in records if r.get("status") == "completed"]
+
+
+def _suffix(rec: dict, group_by: str | None) -> str:
+    return f" [{group_by}={_show(lookup(rec, group_by))}]" if group_by else ""
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def by_reason(pairs: list[tuple[str, str]], prefix: str = "") -> list[str]:
+    """[(job, why)] as one note per reason: "PREFIXwhy: job, job, ..." (first-seen order)."""
+    out: dict[str, list[str]] = {}
+    for job, why in pairs:
+        out.setdefault(why, []).append(job)
+    return [f"{prefix}{why}: {', '.join(jobs)}" for why, jobs in out.items()]
+
+
+def _unique(names: list[str], extra: list[list[str]]) -> list[str]:
+    """Make series names unique by appending, in turn, each disambiguator that tells them apart."""
+    for more in extra:
+        dup = {n for n in names if names.count(n) > 1}
+        if not dup:
+            break
+        names = [f"{n} {e}" if n in dup else n for n, e in zip(names, more)]
+    return names
+
+
+# ---------------------------------------------------------------------------------------------
+def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: str | None = None) -> dict:
+    """Scaling efficiency vs world size, one series per sweep.aggregate group of KIND
+    (strong: same global batch; weak: same per-rank batch), plus the ideal line (1.0). Only the
+    selected runs are drawn; efficiencies stay against their sweep's baseline."""
+    by_job = {job_name(r): r for r in records}
+    traces, names, rules, bases = [], [], [], []
+    many = len(summaries) > 1
+    for s in summaries:
+        for g in s.get("groups", []):
+            if g["kind"] != kind:
+                continue
+            runs = [m for m in g["runs"] if m["job"] in by_job]
+            if not runs:
+                continue
+            base = by_job.get(g["baseline_job"]) or by_job[runs[0]["job"]]
+            if kind == "strong":
+                name = f"{g['strategy']} b{runs[0]['global_batch_size']}"
+            else:
+                dp = (base.get("parallel") or {}).get("dp") or base.get("world_size") or 1
+                name = f"{g['strategy']} {base['global_batch_size'] // dp}/rank"
+            if many:
+                name = f"{Path(s.get('sweep_dir', '')).name}: {name}"
+            names.append(name + _suffix(base, group_by))
+            rules.append(f"lr_rule={base.get('lr_rule')}")
+            bases.append(f"(base {g['baseline_job']})")
+            traces.append({"x": [m["world_size"] for m in runs], "y": [m["scaling_efficiency"] for m in runs]})
+    for t, n in zip(traces, _unique(names, [rules, bases])):
+        t["name"] = n
+    notes = []
+    if traces:
+        worlds = sorted({x for t in traces for x in t["x"]})
+        traces.append({"name": "ideal", "x": worlds, "y": [1.0] * len(worlds), "dash": True})
+    else:
+        notes.append(f"no {kind}-scaling group: no runs that differ only in world size"
+                     + (" with the same global batch" if kind == "strong" else " with the same per-rank batch"))
+    what = "same global batch" if kind == "strong" else "same per-rank batch"
+    return chart(f"efficiency_{kind}", f"{kind.capitalize()} scaling ({what})", "world size N",
+                 "efficiency = thr(N) / (N x thr(N0) / N0)", traces, notes=notes)
+
+
+def throughput(records: list[dict], group_by: str | None = None) -> dict:
+    """Tokens/s vs world size, one series per strategy and global batch (median over repeats)."""
+    series: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    label = {}
+    for r in completed(records):
+        tok = (r.get("throughput") or {}).get("tokens_per_s")
+        if tok is None:
+            continue
+        key = (str(r.get("strategy")), r.get("global_batch_size") or 0, _suffix(r, group_by))
+        series[key][r["world_size"]].append(float(tok))
+        label[key] = f"{key[0]} b{key[1]}{key[2]}"
+    traces = [{"name": label[k], "x": sorted(v), "y": [_median(v[w]) for w in sorted(v)]}
+              for k, v in sorted(series.items())]
+    notes = [] if traces else ["no completed run with a token throughput"]
+    return chart("throughput", "Throughput vs world size", "world size", "tokens/s", traces, notes=notes)
+
+
+def memory(records: list[dict]) -> dict:
+    """Per-rank memory (MiB) stacked: params, grads, optimizer state, and the rest of the peak
+    (activations + runtime) = peak device memory where measured (GPUs), else peak RSS, minus the
+    model states."""
+    parts = ("params", "grads", "optimizer")
+    names = ("params", "grads", "optimizer state", "activations + runtime")
+    x, ys, text, skipped = [], [[] for _ in names], [], []
+    for r in completed(records):
+        mem = r.get("memory") or {}
+        states = mem.get("model_state_breakdown_per_rank") or []
+        device = mem.get("peak_device_bytes_per_rank") or []
+        peaks, what = (device, "device") if device else (mem.get("peak_rss_bytes_per_rank") or [], "RSS")
+        if not states or len(peaks) != len(states):
+            skipped.append((job_name(r), "no per-rank model-state breakdown in run.json"))
+            continue
+        for i, (st, peak) in enumerate(zip(states, peaks)):
+            x.append(f"{job_name(r)} r{i}")
+            text.append(f"{r.get('strategy')} x{r.get('world_size')}: peak {what} {peak / MIB:.1f} MiB")
+            vals = [st.get(p) or 0 for p in parts]
+            for j, v in enumerate(vals + [max(0, peak - sum(vals))]):
+                ys[j].append(v / MIB)
+    traces = [{"name": n, "x": x, "y": y, "text": text} for n, y in zip(names, ys)] if x else []
+    notes = by_reason(skipped, "not shown, ")
+    if not x:
+        notes.append("no completed run with a memory breakdown")
+    return chart("memory", "Memory per rank, stacked", "run / rank", "MiB (peak: device on GPUs, RSS on CPU)",
+                 traces, kind="bar", barmode="stack", notes=notes)
+
+
+def loss_curves(records: list[dict]) -> dict:
+    """Training loss per optimizer step, one trace per run, named with the LR it used."""
+    traces = []
+    for r in completed(records):
+        curve = (r.get("loss") or {}).get("curve") or []
+        if not curve:
+            continue
+        lr = f"lr {r['lr']:.3g}" if isinstance(r.get("lr"), (int, float)) else "lr ?"
+        if isinstance(r.get("lr_final"), (int, float)) and r["lr_final"] != r.get("lr"):
+            lr += f"->{r['lr_final']:.3g}"
+        traces.append({"name": f"{job_name(r)} {r.get('strategy')} x{r.get('world_size')} "
+                               f"b{r.get('global_batch_size')} {lr}",
+                       "x": [p[0] for p in curve], "y": [p[1] for p in curve]})
+    return chart("loss", "Loss curves (legend: LR peak -> final)", "optimizer step", "training loss", traces,
+                 notes=[] if traces else ["no completed run with a loss curve"])
+
+
+def lr_scaling(records: list[dict]) -> dict:
+    """Final loss vs global batch size, one series per LR rule (median over the runs of each
+    batch size); the text is the LR each rule used at that batch."""
+    series: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in completed(records):
+        if (r.get("loss") or {}).get("final") is not None:
+            series[str(r.get("lr_rule"))][r.get("global_batch_size") or 0].append(r)
+    traces = []
+    for rule, by_batch in sorted(series.items()):
+        xs = sorted(by_batch)
+        traces.append({"name": f"lr_rule={rule}", "x": xs,
+                       "y": [_median([m["loss"]["final"] for m in by_batch[b]]) for b in xs],
+                       "text": [", ".join(f"lr {v:.3g}" for v in sorted({m.get("lr") for m in by_batch[b]
+                                                                        if m.get("lr") is not None}))
+                                for b in xs]})
+    return chart("lr_scaling", "Batch size x LR rule", "global batch size", "final loss (median over runs)",
+                 traces, notes=[] if traces else ["no completed run with a final loss"])
+
+
+def breakdown(records: list[dict]) -> dict:
+    """Per rank of each profiled run: compute, transfer and wait (ms per step), stacked."""
+    keys = (("compute", "compute_s"), ("transfer", "transfer_s"), ("wait", "wait_s"))
+    x, ys = [], [[] for _ in keys]
+    for r in completed(records):
+        for i, pr in enumerate((r.get("breakdown") or {}).get("per_rank") or []):
+            x.append(f"{job_name(r)} r{i}")
+            for j, (_, k) in enumerate(keys):
+                ys[j].append((pr.get(k) or 0.0) * 1e3)
+    traces = [{"name": n, "x": x, "y": y} for (n, _), y in zip(keys, ys)] if x else []
+    return chart("breakdown", "Per rank: compute / transfer / wait", "run / rank",
+                 "ms per step", traces, kind="bar", barmode="stack",
+                 notes=[] if x else ["no profiled run (trainer.profile_steps) with a per-rank breakdown"])
+
+
+def predictions(records: list[dict], cache: str | Path | None = None) -> tuple[list[dict], list[tuple]]:
+    """The planner's step time and memory for each completed run, from the run's own hardware
+    profile (mfu.hardware_profile): (rows of job, measured/predicted step_s and memory bytes,
+    [(job, why)] of the runs the planner cannot model)."""
+    from scalelab.plan.calibrate import model_bytes_in_ram, speed_factor, terms_from_run
+    from scalelab.plan.hardware import HOST_CPU, host_cpu_profile_path, load_hardware
+    from scalelab.plan.spec import PlanError
+    from scalelab.plan.step_time import device_total_bytes, step_time
+
+    rows, skipped, profiles = [], [], {}
+    for r in completed(records):
+        name = (r.get("mfu") or {}).get("hardware_profile")
+        step = (r.get("step_time_s") or {}).get("median")
+        if not name or not step:
+            skipped.append((job_name(r), "no hardware profile (mfu) or no step time in run.json"))
+            continue
+        run_cache = cache or (r.get("config") or {}).get("cache_dir")
+        if name == HOST_CPU and not host_cpu_profile_path(run_cache).is_file():
+            skipped.append((job_name(r), "this host's CPU profile is not probed yet (a run here probes it)"))
+            continue
+        try:
+            if (name, run_cache) not in profiles:
+                profiles[(name, run_cache)] = load_hardware(name, run_cache)
+            hw = profiles[(name, run_cache)]
+            terms = terms_from_run(r)
+            pred_step = step_time(terms, hw)["step_s"] / speed_factor(r, terms, hw)
+        except PlanError as exc:
+            skipped.append((job_name(r), str(exc).splitlines()[0]))
+            continue
+        mem = r.get("memory") or {}
+        device = mem.get("peak_device_bytes_per_rank") or []
+        if device:  # GPU: device memory against the planner's per-device total
+            meas_mem, pred_mem = max(device), device_total_bytes(terms, hw)
+        else:       # CPU: host and device are one RAM (plan --validate's comparison)
+            rss = mem.get("peak_rss_bytes_per_rank") or []
+            meas_mem, pred_mem = (max(rss) if rss else None), model_bytes_in_ram(terms) + hw.runtime_memory_bytes
+        rows.append({"job": job_name(r), "hardware": hw.name, "measured_step_s": float(step),
+                     "predicted_step_s": pred_step, "measured_bytes": meas_mem, "predicted_bytes": float(pred_mem),
+                     "memory_kind": "device" if device else "RSS"})
+    return rows, skipped
+
+
+def planner(records: list[dict], cache: str | Path | None = None) -> list[dict]:
+    """Two charts: planner step time and memory, predicted vs measured, per run."""
+    rows, skipped = predictions(records, cache)
+    notes = by_reason(skipped, "not predicted, ")
+    x = [r["job"] for r in rows]
+    step = [{"name": "measured", "x": x, "y": [r["measured_step_s"] * 1e3 for r in rows]},
+            {"name": "predicted", "x": x, "y": [r["predicted_step_s"] * 1e3 for r in rows]}] if rows else []
+    mem_rows = [r for r in rows if r["measured_bytes"]]
+    xm = [r["job"] for r in mem_rows]
+    mem = [{"name": "measured", "x": xm, "y": [r["measured_bytes"] / MIB for r in mem_rows],
+            "text": [f"peak {r['memory_kind']}" for r in mem_rows]},
+           {"name": "predicted", "x": xm, "y": [r["predicted_bytes"] / MIB for r in mem_rows],
+            "text": [r["hardware"] for r in mem_rows]}] if mem_rows else []
+    note = ["step time predicted at the run's measured host speed (run.json host_speed), as plan --validate does"]
+    return [chart("planner_step", "Planner vs measured: step time", "run", "ms per step (median)", step,
+                  kind="bar", barmode="group", notes=(note if rows else []) + notes),
+            chart("planner_memory", "Planner vs measured: peak memory per rank", "run", "MiB (device on GPUs, RSS "
+                  "on CPU)", mem, kind="bar", barmode="group",
+                  notes=["runs as in the step-time chart"] if rows else notes)]
+
+
+def all_charts(records: list[dict], summaries: list[dict], group_by: str | None = None,
+               cache: str | Path | None = None) -> list[dict]:
+    return [efficiency(summaries, records, "strong", group_by), efficiency(summaries, records, "weak", group_by),
+            throughput(records, group_by), memory(records), loss_curves(records), lr_scaling(records),
+            breakdown(records), *planner(records, cache)]
+
+
+def failed(records: list[dict]) -> list[dict]:
+    return [{"job": job_name(r), "strategy": r.get("strategy"), "world_size": r.get("world_size"),
+             "status": r.get("status"), "error": str(r.get("error") or "")}
+            for r in records if r.get("status") != "completed"]
+
+
+__all__ = ["all_charts", "breakdown", "efficiency", "failed", "loss_curves", "lr_scaling", "memory",
+           "planner", "predictions", "throughput"]

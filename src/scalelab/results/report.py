@@ -1,0 +1,176 @@
+"""The comparison dashboard: one self-contained HTML file (Plotly's JS inline, no request leaves
+it: a Content-Security-Policy blocks any), rendering the chart data of results/charts.py, a
+sortable run table (every run.json field, flattened) and the failed runs with their errors.
+
+The page checks itself: once every chart is drawn it writes `{"charts": {id: {"data": n,
+"rendered": n}}, "errors": [...]}` into `<pre id="scalelab-selfcheck">` (hidden), so a headless
+browser's DOM dump tells whether each chart drew its traces and whether any script failed.
+"""
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from scalelab.results import charts as C
+from scalelab.results.table import _cells, _columns, flatten, lookup, _show
+
+CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
+       "font-src data:; connect-src 'none'; base-uri 'none'; form-action 'none'")
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
+           "#7f7f7f"]
+
+
+def _js(obj) -> str:
+    """A JS literal that cannot end its <script> element."""
+    return json.dumps(obj, default=str).replace("</", "<\\/")
+
+
+def figure(ch: dict) -> dict:
+    """Plotly {data, layout} of one chart dict."""
+    data = []
+    for i, t in enumerate(ch["traces"]):
+        color = "#444" if t.get("dash") else PALETTE[i % len(PALETTE)]
+        d = {"name": t["name"], "x": t["x"], "y": t["y"]}
+        if ch["kind"] == "bar":
+            d.update(type="bar", marker={"color": color})
+        else:
+            d.update(type="scatter", mode="lines" if t.get("dash") or len(t["x"]) > 30 else "lines+markers",
+                     line={"color": color, "dash": "dash" if t.get("dash") else "solid"})
+        if t.get("text"):   # hover only (bar `text` would print inside the bars)
+            d.update(hovertext=t["text"], hovertemplate="%{x}: %{y:.4g}<br>%{hovertext}<extra>%{fullData.name}</extra>")
+        data.append(d)
+    layout = {"title": {"text": ch["title"], "font": {"size": 15}, "x": 0.01, "xanchor": "left"},
+              "margin": {"l": 60, "r": 20, "t": 60, "b": 60},
+              "xaxis": {"title": {"text": ch["x_title"]}, "automargin": True},
+              "yaxis": {"title": {"text": ch["y_title"]}, "automargin": True, "rangemode": "tozero"},
+              "legend": {"font": {"size": 10}}, "hovermode": "closest", "height": 420}
+    if ch["kind"] == "bar":
+        layout.update(barmode=ch["barmode"] or "group")
+        layout["xaxis"]["type"] = "category"
+    elif ch["id"].startswith(("efficiency", "throughput")):
+        layout["xaxis"].update(type="log", dtick=0.30102999566)   # world sizes 1, 2, 4, 8 ...
+        if ch["id"] == "throughput":
+            layout["yaxis"].update(type="log", rangemode="normal")
+    elif ch["id"] == "loss":
+        layout["yaxis"]["rangemode"] = "normal"
+    if not ch["traces"]:
+        layout["annotations"] = [{"text": "no data: " + "; ".join(ch["notes"])[:160], "showarrow": False,
+                                  "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5}]
+        layout["xaxis"]["visible"] = layout["yaxis"]["visible"] = False
+    return {"data": data, "layout": layout}
+
+
+def _table(table_id: str, heads: list[str], rows: list[list[str]], failed: list[bool], errors: list[str]) -> str:
+    th = "".join(f'<th title="sort by {html.escape(h)}">{html.escape(h)}</th>' for h in heads)
+    body = "".join(
+        "<tr" + (" class=failed" if bad else "") + (' title="%s"' % html.escape(err, quote=True) if err else "")
+        + ">" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+        for cells, bad, err in zip(rows, failed, errors))
+    return f'<div class="scroll"><table class="sortable" id="{table_id}"><thead><tr>{th}</tr></thead>' \
+           f"<tbody>{body}</tbody></table></div>"
+
+
+def _field(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, list) and len(v) > 8:
+        return f"[{len(v)} items]"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+
+
+def tables(records: list[dict], group_by: str | None = None) -> tuple[str, str]:
+    """The run table (the compare columns) and every field, flattened."""
+    bad = [r.get("status") != "completed" for r in records]
+    errs = [str(r.get("error") or "") for r in records]
+    cols = _columns(records)
+    heads = ([group_by] if group_by else []) + [c[0] for c in cols]
+    lead = [[_show(lookup(r, group_by))] if group_by else [] for r in records]
+    summary = _table("runs", heads, [g + _cells(r, cols) for g, r in zip(lead, records)], bad, errs)
+    flat = [flatten(r) for r in records]
+    keys = list(dict.fromkeys(k for f in flat for k in f))
+    full = _table("fields", keys, [[_field(f.get(k)) for k in keys] for f in flat], bad, errs)
+    return summary, full
+
+
+SORT_JS = """
+document.querySelectorAll('table.sortable').forEach(t=>{t.querySelectorAll('th').forEach((th,i)=>{
+ th.addEventListener('click',()=>{const tb=t.tBodies[0],rows=[...tb.rows],asc=th.dataset.dir!=='asc';
+  t.querySelectorAll('th').forEach(h=>delete h.dataset.dir);th.dataset.dir=asc?'asc':'desc';
+  const v=r=>{const s=r.cells[i].textContent.replace(/\\*$/,'');const n=parseFloat(s);
+   return s==='-'?null:(isFinite(n)&&/^[-+0-9.eE]+$/.test(s)?n:s);};
+  rows.sort((a,b)=>{const x=v(a),y=v(b);if(x===null)return 1;if(y===null)return -1;
+   const c=(typeof x==='number'&&typeof y==='number')?x-y:String(x).localeCompare(String(y));return asc?c:-c;});
+  rows.forEach(r=>tb.appendChild(r));});});});
+"""
+# Installed before Plotly: every error on the page (scripts, promises, blocked requests) is kept.
+PROBE_JS = """window.__scalelabErrors=[];
+window.addEventListener('error',e=>__scalelabErrors.push('error: '+(e.message||e.type)));
+window.addEventListener('unhandledrejection',e=>__scalelabErrors.push('rejection: '+String(e.reason)));
+document.addEventListener('securitypolicyviolation',e=>__scalelabErrors.push('blocked: '+e.blockedURI));
+(function(){const ce=console.error;console.error=function(){__scalelabErrors.push('console: '+
+ [...arguments].map(String).join(' '));return ce.apply(console,arguments);};})();"""
+DRAW_JS = """
+const cfg={displaylogo:false,responsive:true,displayModeBar:'hover',modeBarButtonsToRemove:['sendDataToCloud']};
+Promise.all(Object.entries(FIGS).map(([id,f])=>Plotly.newPlot(id,f.data,f.layout,cfg).then(gd=>
+  [id,{data:gd.data.length,rendered:gd.querySelectorAll('.trace').length}])))
+ .then(done=>{document.getElementById('scalelab-selfcheck').textContent=
+   JSON.stringify({charts:Object.fromEntries(done),errors:__scalelabErrors});})
+ .catch(e=>{__scalelabErrors.push('plot: '+e);document.getElementById('scalelab-selfcheck').textContent=
+   JSON.stringify({charts:{},errors:__scalelabErrors});});
+"""
+STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}h1{margin:0 0 .2em}
+.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:1em}
+.card{border:1px solid #ddd;border-radius:6px;padding:.4em}.note{color:#666;font-size:.85em;margin:.2em .6em}
+.scroll{overflow:auto;max-height:70vh;border:1px solid #ddd}table{border-collapse:collapse;font-size:.85em}
+td,th{border:1px solid #ddd;padding:3px 7px;text-align:right;white-space:nowrap}
+th{background:#eee;cursor:pointer;position:sticky;top:0}th[data-dir=asc]::after{content:' \\25B2'}
+th[data-dir=desc]::after{content:' \\25BC'}tr.failed td{color:#b00;background:#fee}
+.failed-list li{color:#b00}"""
+
+
+def render_html(records: list[dict], summaries: list[dict], group_by: str | None = None,
+                title: str = "ScaleLab comparison", cache: str | Path | None = None) -> str:
+    import plotly.offline
+
+    chs = C.all_charts(records, summaries, group_by, cache)
+    figs = {ch["id"]: figure(ch) for ch in chs}
+    cards = "".join(
+        f'<div class="card"><div id="{ch["id"]}" class="chart"></div>'
+        + "".join(f'<p class="note">{html.escape(n)}</p>' for n in ch["notes"]) + "</div>" for ch in chs)
+    fails = C.failed(records)
+    fail_html = ("<ul class=failed-list>" + "".join(
+        f"<li><b>{html.escape(f['job'])}</b> ({html.escape(str(f['strategy']))} x{f['world_size']}): "
+        f"{html.escape(f['error'] or f['status'] or '')}</li>" for f in fails) + "</ul>") if fails else "<p>none</p>"
+    summary, full = tables(records, group_by)
+    n_ok = sum(r.get("status") == "completed" for r in records)
+    sweeps = ", ".join(html.escape(str(s.get("sweep_dir"))) for s in summaries) or "-"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{CSP}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(title)}</title><style>{STYLE}</style>
+<script>{PROBE_JS}</script>
+<script>{plotly.offline.get_plotlyjs()}</script>
+</head><body>
+<h1>{html.escape(title)}</h1>
+<p>{len(records)} runs: {n_ok} completed, {len(records) - n_ok} failed. Sweeps: {sweeps}.
+{f"Grouped by <code>{html.escape(group_by)}</code>." if group_by else ""}</p>
+<div class="grid">{cards}</div>
+<h2>Runs</h2><p class="note">Click a column to sort. Failed runs in red (hover for the error).</p>{summary}
+<h2>Failed runs</h2>{fail_html}
+<details><summary><b>Every run.json field</b> (flattened; long lists shown as their length)</summary>{full}</details>
+<pre id="scalelab-selfcheck" hidden></pre>
+<script>const FIGS={_js(figs)};{DRAW_JS}{SORT_JS}</script>
+</body></html>
+"""
+
+
+def write_report(path: Path | str, records: list[dict], summaries: list[dict], **kw) -> Path:
+    from scalelab.results.table import sort_records
+
+    path = Path(path)
+    path.write_text(render_html(sort_records(records, None), summaries, **kw))
+    return path

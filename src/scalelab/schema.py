@@ -1,0 +1,380 @@
+"""The typed schema of every config group: per key, its type, its range or choices and a
+one-line description of what is valid. `check(cfg)` runs it over a composed (resolved) config
+before any rank starts (config.validate, so preflight checks every job of a multirun with it).
+
+A value of the wrong type is rejected, never converted: `true` where a word goes, a word where a
+number goes, `1.5` where an integer goes, `no` where a boolean goes (Python's bool("no") is True:
+`strategy.reshard_after_forward=no` used to mean yes). Keys the schema does not know are left to
+their owner (a strategy's class rejects unknown options, a model's dataclass unknown fields;
+`+key=value` additions elsewhere are the user's own). Cross-key rules (heads divide width,
+warm-up < max_steps, batch divisibility, a strategy's layout) stay in config.validate and the
+strategies, which run after this.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scalelab.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Field:
+    """kind: int | float | bool | str | list | any. lo/hi: range (lo_open/hi_open: strict).
+    choices: the valid values (compared as given; `fold`: case-insensitive). null: None is valid.
+    also: extra literal values that are valid whatever the kind (e.g. "auto"). item: the Field of
+    each list element. length: a list's exact length. rule: what is valid, as the error says it
+    (default: built from the above). desc: what the key means (appended in parentheses)."""
+
+    kind: str
+    desc: str = ""
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: tuple | None = None
+    null: bool = False
+    also: tuple = ()
+    item: "Field | None" = None
+    length: int | None = None
+    fold: bool = False
+    rule: str | None = None
+
+    def what(self) -> str:
+        """What is valid, in words ("must be an integer >= 1", "is not valid: choose one of a, b")."""
+        if self.rule:
+            return self.rule
+        listed = set(map(str, self.choices or ()))
+        extra = [*(["null"] if self.null else []), *(str(a) for a in self.also if str(a) not in listed)]
+        if self.choices is not None:
+            return "is not valid: choose one of " + ", ".join([*map(str, self.choices), *extra])
+        noun = {"int": "an integer", "float": "a number", "bool": "a boolean (true or false)",
+                "str": "a string", "list": "a list", "any": "a value"}[self.kind]
+        rng = []
+        if self.lo is not None:
+            rng.append(f"{'>' if self.lo_open else '>='} {_num(self.lo)}")
+        if self.hi is not None:
+            rng.append(f"{'<' if self.hi_open else '<='} {_num(self.hi)}")
+        if self.lo is not None and self.hi is not None:
+            text = f"{noun} in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}{')' if self.hi_open else ']'}"
+        else:
+            text = " ".join([noun, *rng])
+        if self.kind == "list" and self.item is not None:
+            text = (f"a list of {self.length} " if self.length else "a list of ") + _plural(self.item)
+        return "must be " + text + (f" or {' or '.join(extra)}" if extra else "")
+
+    def ok(self, v: Any) -> bool:
+        if v is None:
+            return self.null
+        if any(v == a and type(v) is type(a) for a in self.also):
+            return True
+        if self.choices is not None:
+            if isinstance(v, bool) and not any(isinstance(c, bool) for c in self.choices):
+                return False  # a boolean is never one of the words / numbers
+            if self.fold and isinstance(v, str):
+                return v.lower() in [str(c).lower() for c in self.choices]
+            return any(v == c and type(v) is type(c) for c in self.choices)
+        if self.kind == "bool":
+            return isinstance(v, bool)
+        if self.kind == "str":
+            return isinstance(v, str) and v != ""
+        if self.kind == "list":
+            if not isinstance(v, (list, tuple)) or (self.length is not None and len(v) != self.length):
+                return False
+            return self.item is None or all(self.item.ok(x) for x in v)
+        if self.kind == "any":
+            return True
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return False
+        if self.kind == "int" and not isinstance(v, int):
+            return False
+        if isinstance(v, float) and not math.isfinite(v):
+            return False
+        if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
+            return False
+        if self.hi is not None and (v >= self.hi if self.hi_open else v > self.hi):
+            return False
+        return True
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+def _plural(f: Field) -> str:
+    return f.what().removeprefix("must be ").replace("an integer", "integers").replace("a number", "numbers") \
+        .replace("a string", "strings").replace("a boolean", "booleans")
+
+
+def Int(desc: str = "", lo: int | None = None, hi: int | None = None, **kw: Any) -> Field:
+    return Field("int", desc, lo=lo, hi=hi, **kw)
+
+
+def Float(desc: str = "", lo: float | None = None, hi: float | None = None, **kw: Any) -> Field:
+    return Field("float", desc, lo=lo, hi=hi, **kw)
+
+
+def Bool(desc: str = "", **kw: Any) -> Field:
+    return Field("bool", desc, **kw)
+
+
+def Str(desc: str = "", **kw: Any) -> Field:
+    return Field("str", desc, **kw)
+
+
+def Choice(choices, desc: str = "", **kw: Any) -> Field:
+    return Field("any", desc, choices=tuple(choices), **kw)
+
+
+# One list of each, in config.py (which checks the same keys again after the schema).
+from scalelab.config import ACCELERATORS, LAUNCHERS, LOGGERS, PRECISIONS  # noqa: E402
+_ZERO_BUCKET = Int("elements per bucket; even", lo=2)
+_ZERO_STAGE3 = Int("ZeRO stage 3 only; null: DeepSpeed's default", lo=0, null=True)
+
+#: per group, per key. `model.arch` and `strategy` have one table per class (below).
+GROUPS: dict[str, dict[str, Field]] = {
+    "": {
+        "seed": Int("the run seed: numpy and torch accept 0 .. 2**32-1", lo=0, hi=2**32 - 1),
+        "verbose": Bool("true: every rank's output and the libraries' banners"),
+        "cache_dir": Str("where prepared data and JIT-built ops are cached (SCALELAB_CACHE)"),
+    },
+    "checkpoint": {
+        "save": Bool("save a checkpoint at the end"),
+        "resume_from": Str("an existing checkpoint file or folder saved by a run of the same strategy and world "
+                           "size", null=True),
+        "export_consolidated": Bool("also write model_consolidated.pt"),
+    },
+    "trainer": {
+        "devices": Int("ranks per node", lo=1),
+        "num_nodes": Int("nodes", lo=1),
+        "accelerator": Choice(ACCELERATORS, "auto: cuda when available, else cpu"),
+        "precision": Choice(PRECISIONS, also=(32,)),
+        "max_steps": Int("optimizer steps", lo=1),
+        "warmup_steps": Int("steps excluded from the throughput and step-time figures", lo=0),
+        "profile_steps": Int("last steps profiled for the compute/comm breakdown; 0: off", lo=0),
+        "threads_per_rank": Int(rule="must be null (1 on CPU, cores / ranks on GPU), auto (cores / ranks) or an "
+                                "integer >= 1", lo=1, null=True, also=("auto",)),
+        "gradient_clip_val": Float("gradient norm clip; null or 0: off", lo=0, null=True),
+        "log_every_n_steps": Int("logging interval in steps", lo=1),
+        "val_every_n_steps": Int("validate every N optimizer steps; null: off", lo=1, null=True),
+        "val_batches": Int("global batches per validation", lo=1),
+        "enable_progress_bar": Bool(),
+        "timeout_s": Float("seconds for the whole job, launch to exit", lo=0, lo_open=True),
+    },
+    "data": {
+        "source": Choice(("stdlib", "files", "hub")),
+        "files": Field("list", item=Str(), rule="must be a list of text files or folders, e.g. data.files=[notes.txt,docs/]"),
+        "hub_name": Str("a hub dataset name or a folder written by save_to_disk"),
+        "hub_split": Str("the split of a DatasetDict"),
+        "text_column": Str("the column holding the text"),
+        "global_batch_size": Int("samples per optimizer step, all ranks", lo=1),
+        "micro_batch_size": Int("samples per rank per forward; null: global / data-parallel ranks", lo=1, null=True),
+        "val_fraction": Float("the share of the corpus's token blocks held out for validation (default 0.02; 0: "
+                              "no val split)", lo=0, hi=1, hi_open=True),
+        "max_documents": Int("read at most this many documents; null: all", lo=1, null=True),
+        "num_workers": Int("DataLoader worker processes per rank", lo=0),
+    },
+    "optim": {
+        "name": Str(),
+        "lr": Float("the base LR at lr_scaling.base_batch_size", lo=0, lo_open=True),
+        "optimizer": Field("any", "a torch.optim class with _target_ and _partial_: true"),
+    },
+    # torch.optim keyword arguments (optim.optimizer.KEY); preflight also builds the optimizer.
+    "optim.optimizer": {
+        "_target_": Str("a torch.optim class, e.g. torch.optim.AdamW"),
+        "_partial_": Choice((True,), "the optimizer is built per rank with its parameters and LR"),
+        "betas": Field("list", "Adam's moment decay rates", length=2, item=Float(lo=0, hi=1, hi_open=True)),
+        "weight_decay": Float(lo=0),
+        "eps": Float(lo=0, lo_open=True),
+        "momentum": Float(lo=0, hi=1, hi_open=True),
+        "dampening": Float(lo=0, hi=1),
+        "nesterov": Bool(),
+        "amsgrad": Bool(),
+        "maximize": Bool(),
+        "foreach": Bool(null=True),
+        "fused": Bool(null=True),
+        "capturable": Bool(),
+        "differentiable": Bool(),
+    },
+    "lr_scaling": {
+        "rule": Choice(("none", "linear", "sqrt")),
+        "base_batch_size": Int("the global batch optim.lr is meant for", lo=1),
+        "warmup_steps": Float(rule="must be a number >= 0: whole steps (>= 1), or a fraction of trainer.max_steps "
+                              "(< 1)", lo=0),
+        "decay": Choice(("constant", "cosine")),
+        "min_lr_ratio": Float("the final LR of the cosine decay over the peak", lo=0, hi=1),
+    },
+    "logger": {
+        "name": Choice(LOGGERS),
+        "project": Str("the W&B project"),
+        "entity": Str("the W&B entity (team or user); null: your default", null=True),
+        "mode": Choice(("offline", "online", "disabled")),
+        "tags": Field("list", "W&B tags", item=Str()),
+    },
+    "launcher": {
+        "name": Choice(LAUNCHERS),
+        "extra_args": Field("list", "extra srun arguments", item=Str()),
+    },
+    "model": {
+        "name": Str(),
+        "task": Choice(("lm", "classify")),
+    },
+}
+
+#: model.arch, by the dataclass named in its _target_
+ARCH: dict[str, dict[str, Field]] = {
+    "GPTConfig": {
+        "n_layers": Int("transformer blocks", lo=1),
+        "n_heads": Int("attention heads; must divide d_model", lo=1),
+        "d_model": Int("width; a multiple of n_heads", lo=1),
+        "seq_len": Int("context length in tokens", lo=1),
+        "vocab_size": Int("tokens are bytes: at least 256", lo=256),
+        "mlp_ratio": Int("MLP width / d_model", lo=1),
+        "dropout": Float(lo=0, hi=1, hi_open=True),
+        "activation_checkpointing": Choice(("none", "selective", "full"), also=(True, False),
+                                           rule="is not valid: choose one of none, selective, full "
+                                                "(true = full, false = none)"),
+    },
+    "MLPConfig": {
+        "in_features": Int("bytes of input per sample", lo=1),
+        "hidden": Field("list", "hidden layer widths", item=Int(lo=1)),
+        "num_classes": Int("classes", lo=2),
+    },
+}
+
+#: strategy.KEY, by StrategyPlan class (a class's table adds to its bases')
+STRATEGY: dict[str, dict[str, Field]] = {
+    "StrategyPlan": {"_target_": Str("a StrategyPlan class"), "name": Str()},
+    "DDP": {
+        "bucket_cap_mb": Float("MB per gradient bucket", lo=0, lo_open=True),
+        "find_unused_parameters": Bool(),
+        "gradient_as_bucket_view": Bool(),
+        "static_graph": Bool(),
+        "comm_hook": Choice(("none", "fp16", "bf16", "powersgd"), null=True),
+        "powersgd_rank": Int("matrix approximation rank", lo=1),
+        "powersgd_start_iter": Int("plain all-reduce steps before PowerSGD starts", lo=2),
+        "local_sgd_period": Int("steps between parameter averagings; null: no local SGD", lo=1, null=True),
+        "local_sgd_start_step": Int("plain DDP steps before local SGD", lo=0),
+    },
+    "MeshParallelPlan": {"save_distributed_checkpoint": Bool("one shard file per rank")},
+    "FSDP": {"reshard_after_forward": Bool("true: FULL_SHARD, false: SHARD_GRAD_OP")},
+    "TensorParallel": {
+        "tensor_parallel_size": Int(rule="must be a positive integer or auto (all ranks)", lo=1, also=("auto",)),
+        "reshard_after_forward": Bool("FULL_SHARD across the data-parallel groups (fsdp_tp)"),
+    },
+    "ZeRO": {
+        "stage": Choice((1, 2, 3), rule="is not a ZeRO stage: choose one of 1, 2, 3"),
+        "offload_optimizer": Choice(("none", "cpu", "nvme"), rule="is not an offload device: choose one of none, "
+                                    "cpu, nvme"),
+        "offload_params": Choice(("none", "cpu", "nvme"), rule="is not an offload device: choose one of none, "
+                                 "cpu, nvme"),
+        "pin_memory": Bool(),
+        "nvme_path": Str("a folder on a local NVMe drive", null=True),
+        "cpu_adam": Bool("DeepSpeedCPUAdam for Adam/AdamW under offload"),
+        "overlap_comm": Bool(),
+        "contiguous_gradients": Bool(),
+        "reduce_scatter": Bool(),
+        "allgather_partitions": Bool(),
+        "reduce_bucket_size": _ZERO_BUCKET,
+        "allgather_bucket_size": _ZERO_BUCKET,
+        "round_robin_gradients": Bool(),
+        "stage3_prefetch_bucket_size": _ZERO_STAGE3,
+        "stage3_param_persistence_threshold": _ZERO_STAGE3,
+        "stage3_max_live_parameters": _ZERO_STAGE3,
+        "stage3_max_reuse_distance": _ZERO_STAGE3,
+        "sub_group_size": _ZERO_STAGE3,
+    },
+    "Pipeline": {
+        "schedule": Choice(("gpipe", "1f1b"), fold=True),
+        "microbatches": Int("micro-batches per optimizer step", lo=1),
+        "dp": Int("data-parallel replicas of the pipeline", lo=1),
+    },
+}
+
+
+def fail(key: str, value: Any, field: Field) -> ConfigError:
+    desc = f" ({field.desc})" if field.desc and field.desc not in field.what() else ""
+    return ConfigError(f"{key}={value!r} {field.what()}{desc}")
+
+
+def check_fields(values: dict, table: dict[str, Field], prefix: str) -> None:
+    for key, field in table.items():
+        if key in values and not field.ok(values[key]):
+            raise fail(f"{prefix}{key}", values[key], field)
+
+
+def _class_tables(target: Any, tables: dict[str, dict[str, Field]]) -> dict[str, Field]:
+    """The merged tables of target's class and its bases (by class name)."""
+    import hydra.utils
+
+    merged: dict[str, Field] = {}
+    try:
+        cls = hydra.utils.get_class(str(target))
+    except Exception:  # noqa: BLE001 - an unknown _target_ is reported where it is built
+        return merged
+    for klass in reversed(cls.__mro__):
+        merged.update(tables.get(klass.__name__, {}))
+    return merged
+
+
+def check(c: dict) -> None:
+    """Check a resolved config (a plain dict, OmegaConf.to_container(cfg, resolve=True))."""
+    for group, table in GROUPS.items():
+        if group == "":
+            check_fields(c, table, "")
+            continue
+        node: Any = c
+        for part in group.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"{group}={node!r} must be a mapping of the {group} group's keys (choose the group with "
+                              f"{group}=NAME and set its keys with {group}.KEY=VALUE)")
+        check_fields(node, table, group + ".")
+    # which hardware profile, and that a resume path exists (the rank would only fail on it)
+    _hardware_profile(c.get("hardware_profile", "auto"))
+    resume = (c.get("checkpoint") or {}).get("resume_from")
+    if resume and not Path(str(resume)).expanduser().exists():
+        raise ConfigError(f"checkpoint.resume_from={resume!r} does not exist: give a checkpoint (file or folder) "
+                          "saved by a run of the same strategy and world size, or null")
+    warm = (c.get("lr_scaling") or {}).get("warmup_steps")
+    if isinstance(warm, float) and warm >= 1 and not warm.is_integer():
+        raise ConfigError(f"lr_scaling.warmup_steps={warm!r} {GROUPS['lr_scaling']['warmup_steps'].what()}: "
+                          f"{warm:g} is neither")
+    arch = (c.get("model") or {}).get("arch")
+    if isinstance(arch, dict):
+        table = _class_tables(arch.get("_target_"), ARCH)
+        check_fields(arch, table, "model.arch.")
+        d, h = arch.get("d_model"), arch.get("n_heads")
+        if "d_model" in table and isinstance(d, int) and isinstance(h, int) and d % h:
+            valid = [k for k in range(1, min(d, 64) + 1) if d % k == 0]
+            raise ConfigError(f"model.arch.n_heads={h} does not divide model.arch.d_model={d}: choose n_heads in "
+                              f"{', '.join(map(str, valid))} or a d_model that is a multiple of {h}")
+    strategy = c.get("strategy")
+    if isinstance(strategy, dict):
+        check_fields(strategy, _class_tables(strategy.get("_target_"), STRATEGY), "strategy.")
+
+
+def _hardware_profile(value: Any) -> None:
+    if value in (None, "auto"):
+        return
+    from scalelab.plan.hardware import list_hardware
+
+    valid = list_hardware()
+    if isinstance(value, str) and (value in valid or (value.endswith((".yaml", ".yml")) and Path(value).is_file())):
+        return
+    raise ConfigError(f"hardware_profile={value!r} is not valid: choose one of auto, {', '.join(valid)} "
+                      "(conf/hardware/) or a path to a .yaml profile")
+
+
+def describe() -> str:
+    """Every key of the schema with what is valid, one line each (for docs and `--help`-like use)."""
+    lines = []
+    for group, table in [*GROUPS.items(), *((f"model.arch ({k})", t) for k, t in ARCH.items()),
+                         *((f"strategy ({k})", t) for k, t in STRATEGY.items())]:
+        for key, f in table.items():
+            lines.append(f"{group + '.' if group else ''}{key}: {f.what()}" + (f" ({f.desc})" if f.desc else ""))
+    return "\n".join(lines)

@@ -1,0 +1,159 @@
+"""Start a local job's ranks as forks of a pre-imported server (`launcher=local`).
+
+Why: a 2-rank gpt_nano job spent ~9 s of its ~20 s importing (torch, Lightning, datasets) in each
+rank, and ~1 s in torchrun's own start, before the first step (run.json timing.phases_s).
+Python's multiprocessing forkserver imports the worker's modules once, in a server process the
+command starts first thing (so the import overlaps with preflight), and forks every rank from it:
+each rank is still a fresh process (no state passes between jobs of a sweep: every fork starts
+from the server's just-imported state), but it pays no import. The server lives for the whole
+command, so a sweep's jobs run back to back without paying it again.
+
+What torchrun did that this keeps: each rank gets RANK / LOCAL_RANK / WORLD_SIZE /
+LOCAL_WORLD_SIZE / GROUP_RANK / MASTER_ADDR / MASTER_PORT (Lightning reads them as a
+TorchElasticEnvironment and launches nothing), one rank dying ends its peers (the job's result is
+the first failure), a timeout kills them all, and the ranks' output is teed live to the console
+and ranks.log. Each rank is a session leader: killing its process group also ends anything it
+started (DataLoader workers).
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+PRELOAD = ["scalelab.worker"]
+_CTX = None
+
+
+def start_server(env: dict[str, str] | None = None) -> None:
+    """Start the fork server now (it imports PRELOAD in the background while the caller goes on)."""
+    global _CTX
+    if _CTX is not None:
+        return
+    _CTX = mp.get_context("forkserver")
+    _CTX.set_forkserver_preload(PRELOAD)
+    saved = dict(os.environ)
+    try:  # the server's own environment: what every rank starts from, before its rank variables
+        os.environ.update(env or {})
+        from multiprocessing import forkserver
+        forkserver.ensure_running()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def stop_server() -> None:
+    """End the fork server now: a command that stops before any rank (the server may still be
+    importing and would linger until done), or one that is finished (the server would hold the
+    command's stdout open through its own interpreter teardown, ~1 s, for whoever reads it)."""
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if _CTX is not None and pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(job_dir: str, env: dict[str, str], out_path: str) -> None:
+    """A rank, in its forked process: its own session, environment and output, then the worker."""
+    os.setsid()
+    # ps and /proc/PID/cmdline name the job and the rank, not the fork server. Before the
+    # environment is replaced: setproctitle needs the process's original environ block.
+    import setproctitle
+
+    setproctitle.setproctitle(f"{sys.executable} -m scalelab.worker {job_dir} (rank {env['RANK']}, forked)")
+    os.environ.clear()
+    os.environ.update(env)
+    fd = os.open(out_path, os.O_WRONLY)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    from scalelab import worker
+
+    sys.exit(worker.rank_entry(Path(job_dir)))
+
+
+def run_ranks(job_dir: Path, n: int, env: dict[str, str], log_path: Path, timeout_s: float) -> int:
+    """Run n ranks of the job in job_dir; tee their output to log_path and stdout. The exit code:
+    0 when every rank exits 0, else the first failure's (negative: killed by that signal; 124:
+    timed out)."""
+    start_server(env)
+    fifo = job_dir / ".ranks.pipe"
+    fifo.unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    keep_open = os.open(fifo, os.O_WRONLY)  # EOF only once the launcher says so (after the ranks)
+    port = str(_free_port())
+    procs = []
+    try:
+        for r in range(n):
+            renv = {**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),
+                    "GROUP_RANK": "0", "ROLE_RANK": str(r), "ROLE_WORLD_SIZE": str(n),
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+            p = _CTX.Process(target=_rank_main, args=(str(job_dir), renv, str(fifo)), name=f"rank{r}")
+            p.start()
+            procs.append(p)
+        return _watch(procs, read_fd, keep_open, log_path, time.monotonic() + timeout_s)
+    finally:
+        for p in procs:
+            _kill(p)
+        os.close(read_fd)
+        fifo.unlink(missing_ok=True)
+
+
+def _watch(procs, read_fd: int, keep_open: int, log_path: Path, deadline: float) -> int:
+    code = 0
+    with open(log_path, "ab", buffering=0) as log:
+        def pump(wait: float) -> bool:
+            ready, _, _ = select.select([read_fd], [], [], wait)
+            chunk = os.read(read_fd, 65536) if ready else b""
+            if chunk:
+                log.write(chunk)
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+            return bool(chunk)
+
+        while any(p.exitcode is None for p in procs):
+            pump(0.2)
+            failed = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if failed and not code:
+                rank, code = failed[0]            # a dead rank ends its peers (as torchrun does)
+                how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+                log.write(f"\n[scalelab] rank {rank} failed first ({how}); ending the other ranks\n".encode())
+                for p in procs:
+                    _kill(p)
+            if time.monotonic() > deadline:
+                for p in procs:
+                    _kill(p)
+                log.write(b"\njob exceeded trainer.timeout_s\n")
+                code = 124
+        os.close(keep_open)
+        while pump(0.05):                         # what the ranks wrote last
+            pass
+    return code or next((p.exitcode for p in procs if p.exitcode), 0)
+
+
+def _kill(p) -> None:
+    if p.exitcode is not None or p.pid is None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(p.pid, sig)                 # the rank is its session's leader
+        except (ProcessLookupError, PermissionError):
+            return
+        p.join(timeout=5)
+        if p.exitcode is not None:
+            return
