@@ -37,3 +37,21 @@ class UnscaledPipeline(Pipeline):
     def _build_schedule(self, pl_module) -> None:
         super()._build_schedule(pl_module)
         self._schedule.scale_grads = False
+
+
+class HangingDDP(DDP):
+    """`ddp` whose rank 1 stops answering at step 3 (a hung process: alive, in no collective), so
+    rank 0 waits in the gradient all-reduce until trainer.collective_timeout_s ends it."""
+
+    def lightning_strategy(self, run):
+        import time
+
+        from lightning.pytorch.strategies import DDPStrategy
+
+        class _Hang(DDPStrategy):
+            def training_step(self, *args, **kwargs):
+                if self.global_rank == 1 and self.lightning_module.trainer.global_step == 3:
+                    time.sleep(600)
+                return super().training_step(*args, **kwargs)
+
+        return _Hang(**self.ddp_kwargs)

@@ -47,7 +47,8 @@ def rank_env(cache_dir: Path, threads: int, job_dir: Path, verbose: bool = False
     return env
 
 
-def rank_command(launcher: str, nodes: int, devices: int, job_dir: Path, extra: list[str] = ()) -> list[str]:
+def rank_command(launcher: str, nodes: int, devices: int, job_dir: Path, extra: list[str] = (),
+                 max_restarts: int = 0) -> list[str]:
     worker = [sys.executable, "-m", "scalelab.worker", str(job_dir)]
     if launcher == "srun":
         return ["srun", f"--nodes={nodes}", f"--ntasks={nodes * devices}", f"--ntasks-per-node={devices}",
@@ -55,7 +56,7 @@ def rank_command(launcher: str, nodes: int, devices: int, job_dir: Path, extra: 
     # launcher=torchrun_local: torchrun on this machine (launcher=local forks a pre-imported
     # server instead: scalelab.spawn)
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={devices}",
-            "-m", "scalelab.worker", str(job_dir)]
+            f"--max-restarts={max_restarts}", "-m", "scalelab.worker", str(job_dir)]
 
 
 def run_ranks(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> int:

@@ -145,6 +145,9 @@ GROUPS: dict[str, dict[str, Field]] = {
         "resume_from": Str("an existing checkpoint file or folder saved by a run of the same strategy and world "
                            "size", null=True),
         "export_consolidated": Bool("also write model_consolidated.pt"),
+        "every_n_steps": Int("optimizer steps between periodic checkpoints; null: off", lo=1, null=True),
+        "keep_last": Int("periodic checkpoints kept", lo=1),
+        "resume": Choice(("auto", "never"), "auto: continue from the job dir's newest valid periodic checkpoint"),
     },
     "trainer": {
         "devices": Int("ranks per node", lo=1),
@@ -162,6 +165,8 @@ GROUPS: dict[str, dict[str, Field]] = {
         "val_batches": Int("global batches per validation", lo=1),
         "enable_progress_bar": Bool(),
         "timeout_s": Float("seconds for the whole job, launch to exit", lo=0, lo_open=True),
+        "max_restarts": Int("times a failed job's ranks are restarted (they resume from the newest checkpoint)", lo=0),
+        "collective_timeout_s": Float("seconds a collective may wait for its peers", lo=0, lo_open=True),
     },
     "data": {
         "source": Choice(("stdlib", "files", "hub")),
@@ -290,6 +295,12 @@ STRATEGY: dict[str, dict[str, Field]] = {
         "schedule": Choice(("gpipe", "1f1b"), fold=True),
         "microbatches": Int("micro-batches per optimizer step", lo=1),
         "dp": Int("data-parallel replicas of the pipeline", lo=1),
+    },
+    "ND": {
+        "tp": Int("tensor-parallel degree, inside a node", lo=1),
+        "pp": Int("pipeline stages", lo=1),
+        "dp_replicate": Int("replicated data-parallel groups (HSDP); the rest of dp is sharded", lo=1),
+        "reshard_after_forward": Bool("FULL_SHARD over the data-parallel ranks"),
     },
 }
 

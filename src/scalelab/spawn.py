@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from scalelab.checkpointing import PROGRESS, RESUMED
+
 PRELOAD = ["scalelab.worker"]
 _CTX = None
 
@@ -84,6 +86,36 @@ def _rank_main(job_dir: str, env: dict[str, str], out_path: str) -> None:
     from scalelab import worker
 
     sys.exit(worker.rank_entry(Path(job_dir)))
+
+
+def run_job(job_dir: Path, n: int, env: dict[str, str], log_path: Path, timeout_s: float,
+            max_restarts: int = 0) -> tuple[int, dict]:
+    """Run the job's n ranks; when one fails and restarts remain, end them all and start them
+    again (elastic restart: they resume from the newest valid checkpoint by themselves,
+    checkpoint.resume=auto). Returns (exit code, {"restarts", "steps_redone"})."""
+    deadline = time.monotonic() + timeout_s
+    restarts = redone = failed_at = 0
+    while True:
+        (job_dir / PROGRESS).unlink(missing_ok=True)
+        (job_dir / RESUMED).unlink(missing_ok=True)
+        code = run_ranks(job_dir, n, env, log_path, max(1.0, deadline - time.monotonic()))
+        if restarts:                       # steps this attempt did again: from its resume point
+            redone += max(0, failed_at - _read_int(job_dir / RESUMED, 0))
+        if code in (0, 124) or restarts >= max_restarts:
+            return code, {"restarts": restarts, "steps_redone": redone}
+        failed_at = _read_int(job_dir / PROGRESS, 0)
+        restarts += 1
+        with open(log_path, "ab") as log:
+            log.write(f"[scalelab] restart {restarts} of {max_restarts} after step {failed_at}: every rank "
+                      "starts again and resumes from the newest valid checkpoint\n".encode())
+        print(f"[scalelab] restart {restarts} of {max_restarts} after step {failed_at}", flush=True)
+
+
+def _read_int(path: Path, default: int) -> int:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return default
 
 
 def run_ranks(job_dir: Path, n: int, env: dict[str, str], log_path: Path, timeout_s: float) -> int:

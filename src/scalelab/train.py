@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -63,18 +64,20 @@ def run_job(cfg: DictConfig) -> dict:
              f"batch={spec.batch.global_batch_size} (micro {spec.batch.per_device_batch_size} x acc "
              f"{spec.batch.accumulate_grad_batches}) -> {job_dir}")
     cmd = launch.rank_command(cfg.launcher.name, spec.run.num_nodes, spec.run.devices_per_node, job_dir,
-                              list(cfg.launcher.get("extra_args") or []))  # torchrun / srun
+                              list(cfg.launcher.get("extra_args") or []),
+                              int(cfg.trainer.get("max_restarts", 0)))  # torchrun / srun
     env = launch.rank_env(cache, threads, job_dir, bool(cfg.get("verbose", False)))
     spawned = timing.now()
     if cfg.launcher.name == "local":   # forks of a pre-imported server (scalelab.spawn)
         from scalelab import spawn
 
-        rc = spawn.run_ranks(job_dir, spec.run.devices_per_node, env, job_dir / "ranks.log",
-                             float(cfg.trainer.timeout_s))
+        rc, elastic = spawn.run_job(job_dir, spec.run.devices_per_node, env, job_dir / "ranks.log",
+                                    float(cfg.trainer.timeout_s), int(cfg.trainer.get("max_restarts", 0)))
     else:
-        rc = launch.run_ranks(cmd, env, job_dir / "ranks.log", float(cfg.trainer.timeout_s))
+        rc, elastic = launch.run_ranks(cmd, env, job_dir / "ranks.log", float(cfg.trainer.timeout_s)), {}
     exited = timing.now()
     record = _collect(job_dir, rc, resolved, spec, threads)
+    record.update(elastic)                   # restarts and steps redone (launcher=local)
     t = record.setdefault("timing", {})
     # The whole command's start for the first job of a command; later jobs of a sweep start at
     # their own job_start (the launcher's start-up is paid once per sweep).
@@ -120,14 +123,24 @@ def _collect(job_dir: Path, rc: int, resolved: dict, spec, threads: int) -> dict
 
 
 def _error_message(job_dir: Path, rc: int) -> str:
+    """The first failure: the rank the launcher saw fail first (scalelab.spawn notes it in
+    ranks.log; its peers were ended after it and their errors are consequences), else any
+    rank's error file, else the exit code and the log's last line."""
+    log = job_dir / "ranks.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    first = re.findall(r"\[scalelab\] rank (\d+) failed first \(([^)]*)\)", text)
+    if first:
+        rank, how = first[-1]
+        err = job_dir / f"error-rank{rank}.txt"
+        lines = [ln for ln in err.read_text().splitlines() if ln.strip()] if err.exists() else []
+        return f"rank {rank} failed first ({how})" + (f": {lines[-1]}" if lines else "; its peers were ended")
     for f in sorted(job_dir.glob("error-rank*.txt")):
         lines = [ln for ln in f.read_text().splitlines() if ln.strip()]
         if lines:
             return f"{f.stem}: {lines[-1]}"
     if rc == 124:
         return "timed out (trainer.timeout_s)"
-    log = job_dir / "ranks.log"
-    tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-1:] if log.exists() else []
+    tail = [ln for ln in text.splitlines() if ln.strip()][-1:]
     signal_note = f" (killed by signal {-rc if rc < 0 else rc - 128})" if rc < 0 or rc > 128 else ""
     return f"ranks exited with code {rc}{signal_note}" + (f": {tail[0][:300]}" if tail else "")
 

@@ -11,6 +11,7 @@ import os
 import sys
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
 
 import hydra.utils
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from scalelab import timing
+from scalelab.checkpointing import RESUMED, find_resume, periodic_checkpoint
 from scalelab.config import validate
 from scalelab.console import StepProgressBar, quiet_rank
 from scalelab.data.datamodule import ByteCorpusDataModule, ValidationCurve, validation_trainer_args
@@ -158,13 +160,19 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     val_curve = ValidationCurve.for_config(cfg.trainer)  # None unless trainer.val_every_n_steps
     if val_curve is not None:
         callbacks.append(val_curve)
-    window = _profile_window(cfg, spec)
+    resume, resumed_at = _resume_point(cfg, job_dir, rank)
+    callbacks.append(periodic_checkpoint(job_dir, cfg.checkpoint.get("every_n_steps"),
+                                         int(cfg.checkpoint.get("keep_last", 2))))
+    window = _profile_window(cfg, spec, resumed=resume is not None)
     if window is not None:
         callbacks.append(window)
     logger = build_logger(cfg, job_dir)
+    strategy = without_teardown_copies(plan.lightning_strategy(spec.run))
+    if hasattr(strategy, "_timeout"):  # collectives fail after this instead of Lightning's 30 min
+        strategy._timeout = timedelta(seconds=float(cfg.trainer.get("collective_timeout_s", 1800)))
     trainer = L.Trainer(
         accelerator=spec.run.accelerator, devices=spec.run.devices_per_node, num_nodes=spec.run.num_nodes,
-        strategy=without_teardown_copies(plan.lightning_strategy(spec.run)), precision=cfg.trainer.precision,
+        strategy=strategy, precision=cfg.trainer.precision,
         max_steps=cfg.trainer.max_steps, max_epochs=-1, accumulate_grad_batches=spec.batch.accumulate_grad_batches,
         gradient_clip_val=cfg.trainer.gradient_clip_val, logger=logger, callbacks=callbacks,
         log_every_n_steps=cfg.trainer.log_every_n_steps, enable_checkpointing=False,
@@ -173,7 +181,6 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         num_sanity_val_steps=0, default_root_dir=str(job_dir),
         **validation_trainer_args(cfg.trainer, spec.batch.accumulate_grad_batches))
     t0 = time.time()
-    resume = cfg.checkpoint.resume_from
     trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
     fit_s = time.time() - t0
     if cfg.checkpoint.save:
@@ -207,6 +214,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
                                     load_profile(cfg.get("hardware_profile", "auto"), spec.run.accelerator,
                                                  cfg.get("cache_dir")))
         record["resumed_from"] = str(resume) if resume else None
+        record["resumed_at_step"] = resumed_at
         record["status"] = "completed"
         marks.update(first_step=metrics.first_step_at, last_step=metrics.last_step_at,
                      record_written=timing.now())
@@ -221,11 +229,34 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     return 0
 
 
-def _profile_window(cfg, spec) -> ProfileWindow | None:
+def _resume_point(cfg, job_dir: Path, rank: int) -> tuple[str | None, int | None]:
+    """(checkpoint to resume, its step): checkpoint.resume_from when given; else, with
+    checkpoint.resume=auto, the newest valid periodic checkpoint in this job dir (a restarted or
+    re-run job continues), saying which and why any newer one was passed over."""
+    if cfg.checkpoint.resume_from:
+        return str(cfg.checkpoint.resume_from), None
+    if cfg.checkpoint.get("resume", "auto") != "auto":
+        return None, None
+    path, step, problems = find_resume(job_dir)
+    if path is not None and step >= cfg.trainer.max_steps:   # a finished job run again: start over
+        if rank == 0:
+            print(f"[scalelab] newest checkpoint {path} is at trainer.max_steps={cfg.trainer.max_steps}: "
+                  "starting over", flush=True)
+        return None, None
+    if rank == 0:
+        for p in problems:
+            print(f"[scalelab] checkpoint {p}: not used", flush=True)
+        if path is not None:
+            print(f"[scalelab] resuming from {path} (step {step})", flush=True)
+            (job_dir / RESUMED).write_text(str(step))
+    return (str(path), step) if path is not None else (None, None)
+
+
+def _profile_window(cfg, spec, resumed: bool = False) -> ProfileWindow | None:
     """The last trainer.profile_steps steps of this run, if enough steady steps remain outside it.
     Not for resumed runs (their step count is known only after the checkpoint loads)."""
     steps = int(cfg.trainer.get("profile_steps", 0) or 0)
-    if steps <= 0 or cfg.checkpoint.resume_from or cfg.trainer.max_steps - cfg.trainer.warmup_steps < steps + 3:
+    if steps <= 0 or resumed or cfg.trainer.max_steps - cfg.trainer.warmup_steps < steps + 3:
         return None
     return ProfileWindow(cfg.trainer.max_steps - steps, steps, spec.batch.accumulate_grad_batches)
 

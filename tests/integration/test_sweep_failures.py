@@ -50,6 +50,8 @@ def test_killed_rank_fails_its_job_not_the_sweep(tmp_path):
     assert recs[1]["status"] == "completed"     # the job after the failed one still ran
     assert recs[0]["config"]["trainer"]["max_steps"] == LONG and recs[1]["steps"] == SHORT
     assert recs[0]["status"] == "failed" and recs[0]["error"]
+    # the first failure is named, not its peers' "connection closed" that followed it
+    assert "failed first (killed by signal 9)" in recs[0]["error"], recs[0]["error"]
     assert recs[0]["world_size"] == 2 and recs[0]["strategy"] == "ddp"  # what was known before the crash
     summary = json.loads((sweep / "sweep.json").read_text())
     assert summary["num_failed"] == 1 and summary["failed"][0]["job"] == recs[0]["job"]["name"]

@@ -1,0 +1,120 @@
+"""Periodic checkpoints that a crash cannot half-write, and finding the one to resume from.
+
+Layout: JOB_DIR/checkpoints/step-00000010.ckpt (a file or, for sharded strategies, a folder: the
+strategy's own format via trainer.save_checkpoint) and step-00000010.ckpt.manifest.json beside it.
+A save goes to a `.tmp` name first; after every rank has written its part (barrier), rank 0
+records each file's size in the manifest and renames the checkpoint to its final name, so a
+checkpoint with a final name and a manifest was complete when written. Validation before a
+resume re-checks the sizes: a checkpoint truncated or partly deleted since is reported and the
+one before it used. The last `keep_last` checkpoints are kept.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+_NAME = re.compile(r"^step-(\d{8})\.ckpt$")
+MANIFEST = ".manifest.json"
+PROGRESS = ".progress"  # JOB_DIR/.progress: the last optimizer step rank 0 finished (restarts count steps redone)
+RESUMED = ".resumed"    # JOB_DIR/.resumed: the step this attempt resumed at (rank 0 writes it at start)
+
+
+def _files(path: Path) -> dict[str, int]:
+    if path.is_file():
+        return {"": path.stat().st_size}
+    return {str(p.relative_to(path)): p.stat().st_size for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def valid_checkpoints(ckpt_dir: Path) -> tuple[list[tuple[int, Path]], list[str]]:
+    """([(step, path)] newest first, [problem lines]) for the complete, unchanged checkpoints."""
+    good, problems = [], []
+    if not ckpt_dir.is_dir():
+        return good, problems
+    for p in sorted(ckpt_dir.iterdir(), reverse=True):
+        m = _NAME.match(p.name)
+        if not m:
+            continue
+        manifest = p.with_name(p.name + MANIFEST)
+        try:
+            want = json.loads(manifest.read_text())["files"]
+        except (OSError, ValueError, KeyError):
+            problems.append(f"{p}: no manifest (a save that did not finish)")
+            continue
+        have = _files(p)
+        bad = [f"{name or p.name}: {have.get(name, 'missing')} of {size} bytes" for name, size in want.items()
+               if have.get(name) != size]
+        if bad:
+            problems.append(f"{p} is truncated or partial ({'; '.join(bad[:3])})")
+            continue
+        good.append((int(m.group(1)), p))
+    return good, problems
+
+
+def find_resume(job_dir: Path) -> tuple[Path | None, int, list[str]]:
+    """The newest valid checkpoint of this job dir: (path, step, problems); (None, 0, ...) if none."""
+    good, problems = valid_checkpoints(job_dir / "checkpoints")
+    if good:
+        return good[0][1], good[0][0], problems
+    return None, 0, problems
+
+
+def periodic_checkpoint(job_dir: Path, every: int | None, keep: int):
+    """The Lightning callback (built here so that the launcher can use this module's functions
+    without importing Lightning)."""
+    import lightning as L
+
+    class _Periodic(PeriodicCheckpoint, L.Callback):
+        pass
+
+    return _Periodic(job_dir, every, keep)
+
+
+class PeriodicCheckpoint:
+    """Saves every `every` optimizer steps (collective: every rank calls trainer.save_checkpoint),
+    atomically, keeping the newest `keep` checkpoints; rank 0 also notes each finished step in
+    JOB_DIR/.progress."""
+
+    def __init__(self, job_dir: Path, every: int | None, keep: int):
+        self.job_dir, self.every, self.keep = Path(job_dir), every, max(1, keep)
+        self.dir = self.job_dir / "checkpoints"
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if trainer.is_global_zero:
+            (self.job_dir / PROGRESS).write_text(str(step))
+        if not self.every or step == 0 or step % self.every or getattr(self, "_last", None) == step:
+            return
+        self._last = step            # with accumulation, several micro-batches end one step
+        self.save(trainer, step)
+
+    def save(self, trainer: Any, step: int) -> Path:
+        final = self.dir / f"step-{step:08d}.ckpt"
+        tmp = self.dir / f"step-{step:08d}.ckpt.tmp"
+        if trainer.is_global_zero:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            _remove(tmp)
+        trainer.strategy.barrier()
+        trainer.save_checkpoint(str(tmp))
+        trainer.strategy.barrier()   # every rank's part is on disk
+        if trainer.is_global_zero:
+            _remove(final)
+            os.replace(tmp, final)
+            manifest = final.with_name(final.name + MANIFEST)
+            manifest.with_suffix(".tmp").write_text(json.dumps({"step": step, "files": _files(final)}))
+            os.replace(manifest.with_suffix(".tmp"), manifest)
+            for _, old in valid_checkpoints(self.dir)[0][self.keep:]:
+                _remove(old)
+                _remove(old.with_name(old.name + MANIFEST))
+        trainer.strategy.barrier()
+        return final
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir():
+        shutil.rmtree(p, ignore_errors=True)
+    elif p.exists():
+        p.unlink()

@@ -1,0 +1,98 @@
+"""Reliability: periodic checkpoints, elastic restarts and auto-resume, as a user runs them.
+
+A rank killed (SIGKILL) at step 12 of 20 with trainer.max_restarts=1 and
+checkpoint.every_n_steps=5: the launcher restarts every rank, they resume from the step-10
+checkpoint by themselves, the job completes, and its final loss equals an uninterrupted run's
+(SGD, no dropout, the same data order: deterministic). A truncated newest checkpoint is reported
+and the one before it used."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ..conftest import FAST, train
+
+pytestmark = pytest.mark.integration
+ELASTIC = ["trainer.devices=2", "trainer.max_steps=20", "logger=none", "checkpoint.every_n_steps=5",
+           "trainer.max_restarts=1"]
+
+
+def _kill_rank1_at(job: Path, step: int, killed: list, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            now = int((job / ".progress").read_text())
+        except (OSError, ValueError):
+            now = -1
+        if now >= step:
+            for d in Path("/proc").iterdir():
+                try:
+                    cmd = (d / "cmdline").read_bytes() if d.name.isdigit() else b""
+                except OSError:
+                    continue
+                if b"-m scalelab.worker" in cmd and str(job).encode() in cmd and b"(rank 1" in cmd:
+                    os.kill(int(d.name), signal.SIGKILL)
+                    killed.append(now)
+                    return
+        time.sleep(0.002)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "pipeline", pytest.param("fsdp", marks=pytest.mark.slow),
+                                      pytest.param("zero2", marks=pytest.mark.slow)])
+def test_killed_rank_restarts_and_ends_on_the_uninterrupted_loss(tmp_path, strategy):
+    killed, stop = [], threading.Event()
+    job = tmp_path / "killed"
+    watcher = threading.Thread(target=_kill_rank1_at, args=(job, 12, killed, stop), daemon=True)
+    watcher.start()
+    try:
+        train([*FAST, f"strategy={strategy}", *ELASTIC, f"hydra.run.dir={job}"], tmp_path, timeout=900)
+    finally:
+        stop.set()
+    rec = json.loads((job / "run.json").read_text())
+    assert killed and 12 <= killed[0] < 15, killed          # killed after the step-10 checkpoint
+    assert rec["status"] == "completed" and rec["restarts"] == 1
+    assert rec["resumed_at_step"] == 10 and rec["steps_redone"] == killed[0] - 10
+    assert [s for s, _ in rec["loss"]["curve"]] == list(range(11, 21))
+    ref = tmp_path / "uninterrupted"
+    train([*FAST, f"strategy={strategy}", *ELASTIC, f"hydra.run.dir={ref}"], tmp_path, timeout=900)
+    want = json.loads((ref / "run.json").read_text())["loss"]["final"]
+    assert rec["loss"]["final"] == pytest.approx(want, rel=1e-6), (rec["loss"]["final"], want)
+    assert "restart 1 of 1" in (job / "ranks.log").read_text()
+
+
+def test_truncated_newest_checkpoint_is_passed_over(tmp_path):
+    job = tmp_path / "job"
+    args = [*FAST, "strategy=single", "trainer.devices=1", "logger=none", "checkpoint.every_n_steps=5",
+            "checkpoint.keep_last=3", f"hydra.run.dir={job}"]
+    train([*args, "trainer.max_steps=20"], tmp_path)
+    ckpts = sorted(p.name for p in (job / "checkpoints").glob("step-*.ckpt"))
+    assert ckpts == ["step-00000010.ckpt", "step-00000015.ckpt", "step-00000020.ckpt"]   # keep_last=3
+    newest = job / "checkpoints" / "step-00000020.ckpt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])               # a torn write
+    proc = train([*args, "trainer.max_steps=25"], tmp_path)                              # the same job, rerun
+    out = proc.stdout + proc.stderr
+    assert "step-00000020.ckpt is truncated or partial" in out
+    assert "resuming from" in out and "step-00000015.ckpt (step 15)" in out
+    rec = json.loads((job / "run.json").read_text())
+    assert rec["status"] == "completed" and rec["resumed_at_step"] == 15
+    assert [s for s, _ in rec["loss"]["curve"]] == list(range(16, 26))
+
+
+def test_a_hung_rank_ends_the_job_within_the_collective_timeout(tmp_path):
+    """Rank 1 hangs at step 3 (tests/mutations.py HangingDDP); rank 0's all-reduce gives up after
+    trainer.collective_timeout_s=5, the launcher ends the hung rank, and the job is recorded
+    failed with the first rank's error, long before trainer.timeout_s (600 s here)."""
+    job = tmp_path / "job"
+    proc = train([*FAST, "strategy=ddp", "strategy._target_=tests.mutations.HangingDDP", "trainer.devices=2",
+                  "trainer.max_steps=10", "logger=none", "trainer.collective_timeout_s=5", "trainer.timeout_s=600",
+                  f"hydra.run.dir={job}"], tmp_path, check=False)
+    rec = json.loads((job / "run.json").read_text())
+    assert proc.returncode == 1 and rec["status"] == "failed"
+    # rank 0's collective gave up after the configured 5 s (gloo says so), not the job's 600 s
+    assert rec["error"].startswith("rank 0 failed first"), rec["error"]
+    assert "Timed out waiting 5000ms" in rec["error"], rec["error"]
