@@ -249,11 +249,13 @@ def _train_command(a, terms, hardware: str) -> str | None:
           f"optim={'adamw' if terms.optimizer == 'adam' else 'sgd'}", f"hardware_profile={hardware}"]
     if L.nodes > 1:
         ov += [f"trainer.num_nodes={L.nodes}", "launcher=srun"]
-    if terms.strategy.pipeline:      # stages = world / strategy.dp: the trainer names the replicas
+    if terms.strategy.pipeline and terms.strategy.tensor_parallel:   # nd: the degrees by name
+        ov += [f"strategy.tp={L.tp}", f"strategy.pp={L.pp}", f"strategy.microbatches={L.micro_batches}"]
+    elif terms.strategy.pipeline:    # stages = world / strategy.dp: the trainer names the replicas
         ov += [f"strategy.dp={L.dp}", f"strategy.microbatches={L.micro_batches}"]
     elif L.micro_batches > 1:
         ov.append(f"data.micro_batch_size={L.micro_batch}")
-    if terms.strategy.tensor_parallel:
+    if terms.strategy.tensor_parallel and not terms.strategy.pipeline:
         ov.append(f"strategy.tensor_parallel_size={L.tp}")
     if terms.checkpointing != "none":
         ov.append(f"model.arch.activation_checkpointing={terms.checkpointing}")

@@ -31,8 +31,8 @@ strategies/deepspeed.py `state_bytes`, and checked in tests/unit/test_plan_model
 from __future__ import annotations
 
 from dataclasses import dataclass, asdict
-import math
 
+from .flops import stage_layers
 from .spec import Layout, ModelSpec, Strategy
 
 # Lightning's DeepSpeedStrategy default reduce_bucket_size (elements).
@@ -86,17 +86,37 @@ class ModelStates:
         return d
 
 
+def stage_params(model: ModelSpec, pp: int) -> list[tuple[float, float]]:
+    """(parameters, of which replicated under tensor parallelism) of each pipeline stage: its
+    blocks (split as flops.stage_layers does); the first stage also holds the token and position
+    embeddings, the last the final LayerNorm and the output head (scalelab's untied head; with a
+    tied one Megatron keeps a copy of the embedding there: the same V x h either way). TP splits
+    the weight matrices and the vocabulary; LayerNorms (4h a block, 2h at the end) and the
+    position embedding stay whole on every TP rank (strategies/tensor_parallel.py)."""
+    h, V, s = model.hidden, model.vocab, model.seq_len
+    head = V * h if pp > 1 or not tied(model) else 0.0    # one model with a tied head holds it once
+    out = [(float(n * model.layer_params), float(n * 4 * h)) for n in stage_layers(model.n_layers, pp)]
+    out[0] = (out[0][0] + V * h + s * h, out[0][1] + s * h)
+    out[-1] = (out[-1][0] + head + 2 * h, out[-1][1] + 2 * h)
+    return out
+
+
+def tied(model: ModelSpec) -> bool:
+    """No room in n_params for an output head apart from the token embedding."""
+    return len(model.weight_matrices()) == 4
+
+
 def local_params(model: ModelSpec, layout: Layout) -> float:
-    """Parameters of the largest model chunk one device works on: a pipeline stage holds
-    ceil(L / pp) blocks plus the (tied) embedding, which Megatron keeps on the first and the last
-    stage; tensor parallelism splits every weight matrix t ways (LayerNorms, replicated, ignored)."""
-    if layout.pp == 1:
-        share = 1.0
-    else:
-        full = model.n_layers * model.layer_params + model.embedding_params
-        stage = math.ceil(model.n_layers / layout.pp) * model.layer_params + model.embedding_params
-        share = stage / full
-    return model.n_params * share / layout.tp
+    """Parameters one device holds before data-parallel sharding: of the largest pipeline stage
+    (stage_params), the split part / tp plus the replicated part; scaled to the model's n_params
+    (the shape's formula and a model's real count differ by biases and a tied head)."""
+    if model.kind != "gpt":
+        return model.n_params / layout.tp
+    stages = stage_params(model, layout.pp)
+    copy = model.vocab * model.hidden if layout.pp > 1 and tied(model) else 0   # Megatron's copy: no parameter
+    whole = sum(c for c, _ in stages) - copy
+    largest = max((c - r) / layout.tp + r for c, r in stages)
+    return model.n_params * largest / whole
 
 
 def persistent_params(model: ModelSpec, strategy: Strategy, psi: float) -> float:

@@ -48,6 +48,7 @@ class Strategy:
     powersgd_rank: int = 0              # DDP PowerSGD hook (Vogels et al. 2019), 0 = off
     local_sgd_period: int = 0           # post-local SGD: params averaged every N steps, 0 = off
     default_tp: int = 0                 # tensor_parallel_size from the strategy config (0: auto)
+    default_pp: int = 0                 # nd: pp from the strategy config (0: as many stages as fit)
     # ZeRO-3 keeps parameter tensors of fewer elements than this whole on every rank
     # (stage3_param_persistence_threshold; DeepSpeed's and Lightning's default 1e5)
     param_persistence_elements: int = 0
@@ -71,6 +72,8 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     Strategy("fsdp_tp", "fsdp", True, True, True, tensor_parallel=True,
              note="2D: tensor parallel inside, FSDP over the data-parallel dimension"),
     Strategy("pipeline", "torch", pipeline=True, note="1F1B pipeline (+ DDP over dp)"),
+    Strategy("nd", "fsdp", True, True, True, tensor_parallel=True, pipeline=True,
+             note="3D: pipeline stages x tensor parallel inside a node x FSDP over dp, one mesh"),
     Strategy("ddp_compress", "torch", grad_comm_bytes=2, note="DDP, buckets cast to bf16 for the all-reduce"),
     Strategy("ddp_powersgd", "torch", powersgd_rank=1, note="DDP, PowerSGD low-rank gradients"),
     Strategy("local_sgd", "torch", local_sgd_period=4, note="no gradient sync; params averaged every N steps"),
@@ -79,7 +82,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
 # A config in conf/strategy/ that the table above does not name maps by its _target_ class.
 _TARGETS = {"single.Single": "single", "ddp.DDP": "ddp", "fsdp.FSDP": "fsdp",
             "deepspeed.ZeRO": "zero2", "tensor_parallel.TensorParallel": "tp",
-            "tensor_parallel.FSDPTensorParallel": "fsdp_tp"}
+            "tensor_parallel.FSDPTensorParallel": "fsdp_tp", "nd.ND": "nd"}
 
 
 def strategy_names() -> list[str]:
@@ -147,6 +150,11 @@ def _apply_options(st: Strategy, cfg: dict) -> Strategy:
         kw["reshard_after_forward"] = bool(cfg["reshard_after_forward"])
     if st.tensor_parallel and isinstance(cfg.get("tensor_parallel_size"), int):
         kw["default_tp"] = cfg["tensor_parallel_size"]
+    if st.tensor_parallel and st.pipeline:   # nd: its degrees are `tp` and `pp`
+        if isinstance(cfg.get("tp"), int) and not isinstance(cfg.get("tp"), bool):
+            kw["default_tp"] = cfg["tp"]
+        if isinstance(cfg.get("pp"), int) and not isinstance(cfg.get("pp"), bool):
+            kw["default_pp"] = cfg["pp"]
     return replace(st, **kw) if kw else st
 
 
@@ -377,16 +385,18 @@ def resolve_layout(strategy: Strategy, model: ModelSpec, devices: int, nodes: in
         if strategy.tensor_parallel:
             tp = strategy.default_tp or (devices if (not strategy.shard_params or nodes > 1)
                                          else min(2, world))
+    if pp is None and strategy.default_pp:   # nd: the strategy config's pp
+        pp = strategy.default_pp
     if pp is None:   # pipeline: as many stages as devices allow (a divisor of them, <= layers)
         pp = max(d for d in _divisors(world // tp) if d <= model.n_layers) if strategy.pipeline else 1
     tp, pp = int(tp), int(pp)
     if tp < 1 or pp < 1:
         raise PlanError(f"--tp and --pp must be >= 1, got tp={tp} pp={pp}")
     if tp > 1 and not strategy.tensor_parallel:
-        raise PlanError(f"--tp {tp} needs a tensor-parallel strategy; valid: tp, fsdp_tp "
+        raise PlanError(f"--tp {tp} needs a tensor-parallel strategy; valid: tp, fsdp_tp, nd "
                         f"(got --strategy {strategy.name})")
     if pp > 1 and not strategy.pipeline:
-        raise PlanError(f"--pp {pp} needs --strategy pipeline (got --strategy {strategy.name})")
+        raise PlanError(f"--pp {pp} needs --strategy pipeline or nd (got --strategy {strategy.name})")
     if model.kind == "gpt" and model.heads % tp:
         raise PlanError(f"--tp {tp} does not divide --heads {model.heads}; valid tp: "
                         f"{', '.join(str(d) for d in _divisors(model.heads) if world % d == 0)}")

@@ -243,9 +243,13 @@ class Pipeline(StrategyPlan):
             loss = torch.tensor(float("nan"), device=device)  # no loss on this stage (see loss_ranks)
         if pl_module.trainer.loggers:  # rank 0 logs; it is stage 0, so it gets the last stage's loss
             shown = loss.clone()
-            dist.broadcast(shown, src=(self._pp - 1) * self.dp)
+            dist.broadcast(shown, src=self._loss_src())
             pl_module.log("train/loss", shown, prog_bar=True, on_step=True, on_epoch=False)
         return {"loss": loss, "raw_loss": loss}
+
+    def _loss_src(self) -> int:
+        """The global rank whose loss rank 0 logs: the first rank of the last stage."""
+        return (self._pp - 1) * self.dp
 
     def _all_reduce_grads(self, pl_module) -> None:
         """Average this stage's gradients over its dp replicas (one flat all-reduce)."""

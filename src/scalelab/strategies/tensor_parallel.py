@@ -110,6 +110,8 @@ def tensor_parallel_plan(net: nn.Module) -> dict[str, Any]:
         "tok_emb": _vocab_parallel_style(),                       # vocab-parallel embedding
         "lm_head": ColwiseParallel(output_layouts=Replicate()),   # vocab-sharded head, gathered logits
     }
+    # a pipeline stage (strategies/pipeline.py make_stage) has set the ends it does not own to None
+    plan = {k: v for k, v in plan.items() if getattr(net, k, None) is not None}
     for i in net.layers:
         b = f"layers.{i}"
         plan.update({f"{b}.attn.q_proj": ColwiseParallel(), f"{b}.attn.k_proj": ColwiseParallel(),
@@ -131,8 +133,9 @@ def apply_tensor_parallel(net: nn.Module, tp_mesh: Any) -> nn.Module:
     return net
 
 
-def check_tp_degree(name: str, tp: int, run: RunSpec) -> None:
-    """Preflight: the TP degree must divide the world size, heads, width, MLP width and vocab."""
+def check_tp_degree(name: str, tp: int, run: RunSpec, option: str = "tensor_parallel_size") -> None:
+    """Preflight: the TP degree must divide the world size, heads, width, MLP width and vocab
+    (`option`: the strategy's key for the degree, named in the error)."""
     from scalelab.models.gpt import GPTConfig
 
     arch = run.model_arch
@@ -144,7 +147,7 @@ def check_tp_degree(name: str, tp: int, run: RunSpec) -> None:
     valid = [d for d in divisors(run.world_size) if all(v % d == 0 for v in sizes.values())]
     for what, v in sizes.items():
         if v % tp:
-            raise ConfigError(f"strategy={name}: strategy.tensor_parallel_size={tp} does not divide {what} {v}: "
+            raise ConfigError(f"strategy={name}: strategy.{option}={tp} does not divide {what} {v}: "
                               f"choose one of {', '.join(map(str, valid))}")
 
 
