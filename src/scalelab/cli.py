@@ -115,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     sl = sub.add_parser("slurm", help="render or submit an sbatch script for a run (multi-node via srun)")
     slurm.add_arguments(sl)
     sl.set_defaults(func=slurm.run)
+    from scalelab import k8s
+
+    kube = sub.add_parser("k8s", help="render a Kubeflow PyTorchJob for a multi-node run (launcher=torchrun)")
+    k8s.add_arguments(kube)
+    kube.set_defaults(func=k8s.run)
     from scalelab.plan import cli as plan_cli  # part of the package: a failed import is a bug, not optional
 
     plan = sub.add_parser("plan", help="predict memory, communication, step time and cost")
@@ -126,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command == "slurm" and not any(e.startswith("-") for e in extra):
+    if extra and args.command in ("slurm", "k8s") and not any(e.startswith("-") for e in extra):
         args.overrides += extra  # overrides given after the options
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -25,7 +25,7 @@ if not OmegaConf.has_resolver("mul"):
 
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true")
 LOGGERS = ("wandb", "csv", "none")
-LAUNCHERS = ("local", "torchrun_local", "srun")
+LAUNCHERS = ("local", "torchrun_local", "srun", "torchrun")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 
 
@@ -159,7 +159,12 @@ def _validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
     _one_of(cfg.launcher.name, "launcher.name", LAUNCHERS)
     if nodes > 1 and cfg.launcher.name in ("local", "torchrun_local") and target is None:
         raise ConfigError(f"trainer.num_nodes={nodes} needs launcher=srun (inside a SLURM allocation; "
-                          "see `scalelab slurm render`): the local launcher starts ranks on this machine only")
+                          "see `scalelab slurm render`) or launcher=torchrun (plain hosts, Kubernetes: README "
+                          "\"Several nodes without SLURM\"): the local launcher starts ranks on this machine only")
+    if cfg.launcher.name == "torchrun":  # endpoint HOST:PORT, node rank in [0, nodes): from keys or environment
+        from scalelab.launch import torchrun_layout
+
+        torchrun_layout(cfg.launcher, nodes, require=target is None)
     accelerator = target or resolve_accelerator(cfg.trainer.accelerator)
     from scalelab.scaling.mfu import profile_name
 
@@ -184,6 +189,10 @@ def _validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
                           "trainer.val_every_n_steps=null")
     world = devices * nodes
     degrees = plan.parallel_degrees(world)
+    if nodes > 1 and degrees.get("tp", 1) > 1 and devices % degrees["tp"]:
+        raise ConfigError(f"strategy={cfg.strategy.name}: tensor-parallel degree {degrees['tp']} does not divide "
+                          f"trainer.devices={devices} (devices per node): a TP group must stay inside a node; "
+                          f"use a TP degree that divides {devices}")
     micro = cfg.data.get("micro_batch_size")
     batch = derive_batch(_int(cfg, "data.global_batch_size", 1), degrees["dp"], micro)
     run = RunSpec(world_size=world, num_nodes=nodes, devices_per_node=devices, accelerator=accelerator,

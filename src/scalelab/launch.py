@@ -6,6 +6,7 @@ Hydra never runs inside a rank (Lightning's own re-launch re-runs sys.argv, whic
 """
 from __future__ import annotations
 
+import math
 import os
 import select
 import signal
@@ -47,12 +48,104 @@ def rank_env(cache_dir: Path, threads: int, job_dir: Path, verbose: bool = False
     return env
 
 
+RDZV_BACKENDS = ("static", "c10d")
+# Where a node finds the rendezvous when launcher.rdzv_endpoint / node_rank are null, in order:
+# a Kubernetes PyTorchJob sets MASTER_ADDR, MASTER_PORT, RANK (the pod's = node's rank) and
+# WORLD_SIZE (pods); PET_* are the operator's torchrun variables; NODE_RANK / GROUP_RANK the usual.
+_ADDR_VARS, _PORT_VARS = ("PET_MASTER_ADDR", "MASTER_ADDR"), ("PET_MASTER_PORT", "MASTER_PORT")
+_NODE_RANK_VARS = ("PET_NODE_RANK", "NODE_RANK", "GROUP_RANK", "RANK")
+
+
+def parse_endpoint(value, key: str) -> tuple[str, int]:
+    """HOST:PORT (an IPv6 host in brackets) -> (host, port); ConfigError naming `key` otherwise."""
+    from scalelab.errors import ConfigError
+
+    text = str(value).strip() if isinstance(value, str) else None
+    host, sep, port = (text or "").rpartition(":")
+    ok = bool(text) and bool(sep) and bool(host.strip("[]")) and port.isdigit() and 1 <= int(port) <= 65535 \
+        and not any(c.isspace() for c in text)
+    if not ok:
+        raise ConfigError(f"{key}={value!r} must be HOST:PORT with a port in 1-65535 (node 0's address, the same "
+                          "on every node, e.g. node0.example.com:29500)")
+    return host, int(port)
+
+
+def torchrun_layout(launcher, nodes: int, environ=None, require: bool = True) -> dict:
+    """launcher=torchrun: this node's rendezvous {"endpoint", "node_rank", "backend", "timeout_s",
+    "rdzv_id"}, from the launcher keys or, where they are null, the environment. require=False
+    (checking a job for another machine: `scalelab plan`, `scalelab k8s render`): check only the
+    values given. Any bad or missing value is a one-line ConfigError."""
+    from scalelab.errors import ConfigError
+
+    env = os.environ if environ is None else environ
+    get = (lambda k, d=None: launcher.get(k, d)) if hasattr(launcher, "get") else (lambda k, d=None: d)
+    backend = get("rdzv_backend", "static")
+    if backend not in RDZV_BACKENDS:
+        raise ConfigError(f"launcher.rdzv_backend={backend!r} is not valid: choose one of {', '.join(RDZV_BACKENDS)}")
+    timeout = get("rdzv_timeout_s", 900)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ConfigError(f"launcher.rdzv_timeout_s={timeout!r} must be a number > 0 (seconds a node waits for "
+                          "the others to join)")
+    endpoint = get("rdzv_endpoint")
+    if endpoint is not None:
+        parse_endpoint(endpoint, "launcher.rdzv_endpoint")
+    elif require:
+        addr = next((env[k] for k in _ADDR_VARS if env.get(k)), None)
+        port = next((env[k] for k in _PORT_VARS if env.get(k)), None)
+        if addr and port:
+            endpoint = f"{addr}:{port}"
+            parse_endpoint(endpoint, "MASTER_ADDR:MASTER_PORT")
+        elif nodes == 1:
+            endpoint = f"127.0.0.1:{_free_port()}"
+        else:
+            raise ConfigError(f"launcher=torchrun with trainer.num_nodes={nodes} needs the rendezvous endpoint: set "
+                              "launcher.rdzv_endpoint=HOST:PORT (node 0's address, the same on every node) or "
+                              "MASTER_ADDR and MASTER_PORT")
+    node_rank, key = get("node_rank"), "launcher.node_rank"
+    if node_rank is None and require:
+        var = next((k for k in _NODE_RANK_VARS if env.get(k, "").strip()), None)
+        if var is not None:
+            node_rank, key = env[var].strip(), var
+            node_rank = int(node_rank) if node_rank.isdigit() else node_rank
+        elif nodes == 1:
+            node_rank = 0
+        else:
+            raise ConfigError(f"launcher=torchrun with trainer.num_nodes={nodes} needs this node's rank: set "
+                              "launcher.node_rank=K (0 on the endpoint's host, 1..N-1 on the others) or NODE_RANK")
+    if node_rank is not None and (isinstance(node_rank, bool) or not isinstance(node_rank, int)
+                                  or not 0 <= node_rank < nodes):
+        raise ConfigError(f"{key}={node_rank!r} must be an integer in [0, {nodes}) (trainer.num_nodes={nodes})")
+    return {"endpoint": endpoint, "node_rank": node_rank, "backend": backend, "timeout_s": timeout,
+            "rdzv_id": get("rdzv_id")}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def rank_command(launcher: str, nodes: int, devices: int, job_dir: Path, extra: list[str] = (),
-                 max_restarts: int = 0) -> list[str]:
+                 max_restarts: int = 0, layout: dict | None = None) -> list[str]:
     worker = [sys.executable, "-m", "scalelab.worker", str(job_dir)]
     if launcher == "srun":
         return ["srun", f"--nodes={nodes}", f"--ntasks={nodes * devices}", f"--ntasks-per-node={devices}",
                 "--kill-on-bad-exit=1", *extra, *worker]
+    if launcher == "torchrun":  # one node of a multi-node job (layout: torchrun_layout's, resolved)
+        lay = layout or {}
+        static = lay.get("backend", "static") == "static"
+        timeout = int(math.ceil(float(lay.get("timeout_s", 900))))
+        # static: node K holds global ranks K*devices.. and node 0 hosts the store; c10d orders the
+        # nodes itself (is_host: node 0 hosts the rendezvous store, as with static)
+        conf = f"timeout={timeout}" if static else \
+            f"join_timeout={timeout},is_host={'true' if lay.get('node_rank') == 0 else 'false'}"
+        return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
+                f"--node-rank={lay.get('node_rank', 0)}", f"--nproc-per-node={devices}",
+                f"--rdzv-backend={lay.get('backend', 'static')}", f"--rdzv-endpoint={lay['endpoint']}",
+                f"--rdzv-id={lay.get('rdzv_id') or 'scalelab'}", f"--rdzv-conf={conf}",
+                f"--max-restarts={max_restarts}", *extra, "-m", "scalelab.worker", str(job_dir)]
     # launcher=torchrun_local: torchrun on this machine (launcher=local forks a pre-imported
     # server instead: scalelab.spawn)
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={devices}",

@@ -58,6 +58,12 @@ def run_job(cfg: DictConfig) -> dict:
         "threads_per_rank": threads,
         "data_prepared": str(prepare_for_run(resolved, spec)),  # preflight prepared it: a cache hit
     }
+    layout = None
+    if cfg.launcher.name == "torchrun":  # this node of a multi-node job: resolved here, read by the ranks
+        layout = launch.torchrun_layout(cfg.launcher, spec.run.num_nodes)
+        layout["rdzv_id"] = layout["rdzv_id"] or _rdzv_id(resolved["job"]["overrides"], layout, resolved["job"]["num"])
+        resolved["launcher"].update(rdzv_endpoint=layout["endpoint"], node_rank=layout["node_rank"],
+                                    rdzv_id=layout["rdzv_id"])
     OmegaConf.save(OmegaConf.create(scrub(resolved)), job_dir / "config_resolved.yaml")
     (job_dir / RUN_FILE).unlink(missing_ok=True)
     log.info(f"[scalelab] {resolved['job']['name']}: strategy={cfg.strategy.name} world={spec.run.world_size} "
@@ -65,7 +71,7 @@ def run_job(cfg: DictConfig) -> dict:
              f"{spec.batch.accumulate_grad_batches}) -> {job_dir}")
     cmd = launch.rank_command(cfg.launcher.name, spec.run.num_nodes, spec.run.devices_per_node, job_dir,
                               list(cfg.launcher.get("extra_args") or []),
-                              int(cfg.trainer.get("max_restarts", 0)))  # torchrun / srun
+                              int(cfg.trainer.get("max_restarts", 0)), layout)  # torchrun / srun
     env = launch.rank_env(cache, threads, job_dir, bool(cfg.get("verbose", False)))
     spawned = timing.now()
     if cfg.launcher.name == "local":   # forks of a pre-imported server (scalelab.spawn)
@@ -76,7 +82,12 @@ def run_job(cfg: DictConfig) -> dict:
     else:
         rc, elastic = launch.run_ranks(cmd, env, job_dir / "ranks.log", float(cfg.trainer.timeout_s)), {}
     exited = timing.now()
-    record = _collect(job_dir, rc, resolved, spec, threads)
+    if layout is not None and rc == 0 and not (job_dir / RUN_FILE).exists():
+        record = _node_record(resolved, spec, threads, layout)  # global rank 0 ran on another node
+    else:
+        record = _collect(job_dir, rc, resolved, spec, threads)
+        if layout is not None and rc != 0 and not any(job_dir.glob("error-rank*.txt")):
+            record["error"] = _rendezvous_error(job_dir, layout) or record.get("error")
     record.update(elastic)                   # restarts and steps redone (launcher=local)
     t = record.setdefault("timing", {})
     # The whole command's start for the first job of a command; later jobs of a sweep start at
@@ -97,6 +108,45 @@ def run_job(cfg: DictConfig) -> dict:
     # To the console and the job's train.log (Hydra's job logging): a sweep prints its table at the end.
     log.info(_one_line(record) if multirun else render([record]))
     return record
+
+
+def _rdzv_id(overrides: list[str], layout: dict, num: int) -> str:
+    """The same id on every node of a job: from what the nodes share (the overrides but the node's
+    own rank, the endpoint, the job's number in a sweep)."""
+    import hashlib
+
+    shared = sorted(o for o in overrides if not o.lstrip("+~").startswith("launcher.node_rank="))
+    key = "\n".join([*shared, str(layout["endpoint"]), str(num)])
+    return "scalelab-" + hashlib.sha1(key.encode()).hexdigest()[:12]
+
+
+def _node_record(resolved: dict, spec, threads: int, layout: dict) -> dict:
+    """A node whose ranks exited 0 but did not hold global rank 0: it has only its logs; the run
+    record is on rank 0's node."""
+    import socket
+
+    record = base_record(resolved, spec.batch, spec.lr, spec.run.world_size,
+                         spec.plan.parallel_degrees(spec.run.world_size), spec.run.model_arch, None,
+                         spec.run.accelerator, threads)
+    record.update(status="completed", returncode=0, node_rank=layout["node_rank"], hostname=socket.gethostname(),
+                  record_on_node=0, rdzv_endpoint=layout["endpoint"],
+                  note="this node's ranks completed; the run record (figures, losses, placement) is written by "
+                       "global rank 0's node")
+    return record
+
+
+def _rendezvous_error(job_dir: Path, layout: dict) -> str | None:
+    """launcher=torchrun whose ranks never started: the rendezvous failed (a node did not join in
+    time, the endpoint is unreachable). One line naming the endpoint, the node and the cause."""
+    log = job_dir / "ranks.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    causes = [ln.strip() for ln in text.splitlines()
+              if re.match(r"\s*(torch\.distributed\.\S*(Dist\w*Error|Rendezvous\w*Error)|\S*TimeoutError)\b", ln)]
+    if not causes:
+        return None
+    return (f"rendezvous at {layout['endpoint']} failed on node {layout['node_rank']}: {causes[-1][:300]} "
+            f"(every node must run the same command with its own launcher.node_rank within "
+            f"launcher.rdzv_timeout_s={layout['timeout_s']:g})")
 
 
 def _one_line(record: dict) -> str:

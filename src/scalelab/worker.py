@@ -192,6 +192,9 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     summary = metrics.rank_summary()
     summary["strategy_metrics"] = plan.rank_metrics()  # e.g. a pipeline's per-stage step/compute times
     summary["breakdown"] = window.result if window is not None else None
+    # which node each rank ran on (GROUP_RANK: torchrun's node; SLURM_NODEID under srun)
+    summary["placement"] = {"rank": rank, "node_rank": int(os.environ.get("GROUP_RANK", os.environ.get(
+        "SLURM_NODEID", 0))), "local_rank": _local_rank(), "hostname": os.uname().nodename}
     per_rank = gather_all(summary)
     real_world = dist.get_world_size() if dist.is_initialized() else 1
     if rank == 0:
@@ -204,6 +207,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         record.update(plan.record_fields([r["strategy_metrics"] for r in per_rank], cfg.trainer.warmup_steps,
                                          profiled))
         record["breakdown"] = combine([r["breakdown"] for r in per_rank])
+        record["placement"] = [r.get("placement") for r in per_rank]
         if record["short_run"]:
             st = record["step_time_s"]
             print(f"[scalelab] warning: only {st['measured_steps']} measured step(s) (max_steps "

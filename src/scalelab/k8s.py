@@ -1,0 +1,110 @@
+"""`scalelab k8s render`: a Kubeflow PyTorchJob manifest for a multi-node run (launcher=torchrun).
+
+One Master pod (node 0, hosts the rendezvous) and nodes - 1 Worker pods. Every pod runs the same
+`scalelab-train ... launcher=torchrun trainer.num_nodes=N trainer.devices=D`; the training operator
+gives each pod MASTER_ADDR / MASTER_PORT (the master's service) and RANK (the pod's index: Master 0,
+Worker i -> i + 1, i.e. the node rank, as no nprocPerNode is set), which launcher=torchrun reads when
+launcher.rdzv_endpoint / launcher.node_rank are null. The container command is a list (no shell):
+an override's spaces, quotes or `$()` reach scalelab-train as written. Rendered with
+yaml.safe_dump, so every string is quoted where YAML needs it.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import yaml
+
+_LAYOUT_KEYS = ("trainer.devices=", "trainer.num_nodes=", "launcher=", "launcher.rdzv_endpoint=",
+                "launcher.node_rank=")
+
+
+def manifest(nodes: int, devices: int, image: str, overrides: list[str], name: str = "scalelab",
+             namespace: str | None = None, port: int = 29500, gpus: bool = True, rdzv_timeout_s: int | None = None,
+             cpu: str | None = None, memory: str | None = None) -> dict:
+    """The PyTorchJob as a dict (render() dumps it)."""
+    command = ["scalelab-train", *[o for o in overrides if not o.startswith(_LAYOUT_KEYS)], "launcher=torchrun",
+               f"trainer.num_nodes={nodes}", f"trainer.devices={devices}",
+               *([f"launcher.rdzv_timeout_s={rdzv_timeout_s}"] if rdzv_timeout_s else [])]
+    limits = {**({"nvidia.com/gpu": str(devices)} if gpus else {}), **({"cpu": str(cpu)} if cpu else {}),
+              **({"memory": str(memory)} if memory else {})}
+    container = {"name": "pytorch", "image": image, "imagePullPolicy": "IfNotPresent", "command": command,
+                 "ports": [{"name": "pytorchjob-port", "containerPort": port}],
+                 **({"resources": {"limits": limits}} if limits else {})}
+
+    def replica(count: int) -> dict:
+        return {"replicas": count, "restartPolicy": "Never",
+                "template": {"spec": {"containers": [container]}}}
+
+    specs = {"Master": replica(1)}
+    if nodes > 1:
+        specs["Worker"] = replica(nodes - 1)
+    meta = {"name": name, **({"namespace": namespace} if namespace else {})}
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": meta,
+            "spec": {"pytorchReplicaSpecs": specs}}
+
+
+class _Dumper(yaml.SafeDumper):
+    """safe_dump's dumper, with every string value double-quoted (numbers stay numbers: Kubernetes
+    wants `replicas: 1`, not "1") and no anchors / aliases between the replicas."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
+
+
+_Dumper.add_representer(str, lambda d, v: d.represent_scalar("tag:yaml.org,2002:str", v, style='"'))
+
+
+def render(*args, **kw) -> str:
+    """The manifest as YAML: yaml.safe_dump's safe representer (_Dumper is a SafeDumper), strings
+    quoted, keys in the order built."""
+    return yaml.dump(manifest(*args, **kw), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=10_000)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["render"])
+    p.add_argument("--nodes", type=int, required=True, help="pods (nodes): 1 Master + nodes - 1 Workers")
+    p.add_argument("--devices", type=int, required=True, help="ranks (GPUs) per pod")
+    p.add_argument("--image", required=True, help="container image with scalelab installed (scalelab-train on PATH)")
+    p.add_argument("--name", default="scalelab", help="the PyTorchJob's name")
+    p.add_argument("--namespace")
+    p.add_argument("--port", type=int, default=29500, help="the master's rendezvous port (MASTER_PORT)")
+    p.add_argument("--cpu", action="store_true", help="no GPUs (gloo ranks on CPU cores): no nvidia.com/gpu limit")
+    p.add_argument("--rdzv-timeout", type=int, help="launcher.rdzv_timeout_s (pods start at different times)")
+    p.add_argument("--out", help="write the manifest here instead of stdout")
+    p.add_argument("overrides", nargs="*", help="scalelab-train overrides, e.g. strategy=fsdp model=gpt_small")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from scalelab.errors import ConfigError
+    from scalelab.preflight import preflight
+
+    if args.nodes < 1 or args.devices < 1:
+        print(f"error: --nodes {args.nodes} / --devices {args.devices}: both must be >= 1", file=sys.stderr)
+        return 2
+    if not 1 <= args.port <= 65535:
+        print(f"error: --port {args.port} must be in 1-65535", file=sys.stderr)
+        return 2
+    clash = [o for o in args.overrides if o.startswith(_LAYOUT_KEYS)]
+    if clash:
+        print(f"error: {clash[0]}: the layout comes from --nodes / --devices and the pods' environment (MASTER_ADDR, "
+              "RANK); drop it", file=sys.stderr)
+        return 2
+    try:  # the same validation as any run, for this layout (node 0 and a placeholder endpoint stand in for
+        # the pods' environment); no data preparation: the pods prepare it
+        preflight([*args.overrides, "launcher=torchrun", f"trainer.num_nodes={args.nodes}",
+                   f"trainer.devices={args.devices}", f"launcher.rdzv_endpoint=master:{args.port}",
+                   "launcher.node_rank=0", *(["trainer.accelerator=cpu"] if args.cpu else [])], data=False)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    text = render(args.nodes, args.devices, args.image, args.overrides, name=args.name, namespace=args.namespace,
+                  port=args.port, gpus=not args.cpu, rdzv_timeout_s=args.rdzv_timeout)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}")
+    else:
+        print(text, end="")
+    return 0

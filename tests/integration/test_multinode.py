@@ -1,0 +1,113 @@
+"""launcher=torchrun: two "nodes" on this machine (two scalelab-train processes, 2 ranks each,
+rendezvous on 127.0.0.1), as two hosts over SSH or two pods of a PyTorchJob would run them.
+
+The 2-node ddp run must equal a 1-node 4-rank run (launcher=local) step by step: the same global
+batch over the same 4 data-parallel ranks, only the launch differs, so the curves agree to float
+rounding (1e-5 relative). A node whose peer never joins must fail within launcher.rdzv_timeout_s
+with one line naming the rendezvous, and leave nothing running.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from ..conftest import BASE, SGD, TRAIN, env, losses_by_step, train, worker_pids
+
+pytestmark = pytest.mark.integration
+
+STEPS = 6
+COMMON = [*BASE, *SGD, "logger=none", f"trainer.max_steps={STEPS}", "data.global_batch_size=16"]
+REL = 1e-5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node(k: int, port: int, job: Path, cwd: Path, extra: list[str], nodes: int = 2) -> subprocess.Popen:
+    args = [*COMMON, *extra, "launcher=torchrun", f"trainer.num_nodes={nodes}", "trainer.devices=2",
+            f"launcher.rdzv_endpoint=127.0.0.1:{port}", f"launcher.node_rank={k}", f"hydra.run.dir={job}"]
+    return subprocess.Popen(TRAIN + args, cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def _two_nodes(tmp_path: Path, extra: list[str], timeout: float = 150) -> tuple[dict, dict]:
+    port = _free_port()
+    jobs = [tmp_path / "node0", tmp_path / "node1"]
+    procs = [_node(k, port, jobs[k], tmp_path, [*extra, "launcher.rdzv_timeout_s=60"]) for k in (1, 0)][::-1]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for k, p in enumerate(procs):
+        assert p.returncode == 0, f"node {k} exited {p.returncode}\n{outs[k][-4000:]}"
+    return tuple(json.loads((j / "run.json").read_text()) for j in jobs)
+
+
+@pytest.fixture(scope="module")
+def local4(tmp_path_factory) -> dict:
+    cwd = tmp_path_factory.mktemp("local4")
+    train([*COMMON, "strategy=ddp", "launcher=local", "trainer.devices=4", f"hydra.run.dir={cwd / 'job'}"], cwd)
+    return json.loads((cwd / "job" / "run.json").read_text())
+
+
+def test_two_nodes_ddp_equal_one_node(tmp_path, local4):
+    t0 = time.monotonic()
+    rec, other = _two_nodes(tmp_path, ["strategy=ddp"])
+    print(f"two-node ddp: {time.monotonic() - t0:.1f} s")
+    assert rec["status"] == "completed" and rec["world_size"] == 4 and rec["num_nodes"] == 2
+    assert rec["devices_per_node"] == 2
+    # node 1 holds no rank 0: its record says so and points at node 0's
+    assert other["status"] == "completed" and other["record_on_node"] == 0 and other["node_rank"] == 1
+    assert [(p["rank"], p["node_rank"], p["local_rank"]) for p in rec["placement"]] == \
+        [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    got, want = losses_by_step(rec), losses_by_step(local4)
+    assert sorted(got) == sorted(want) and len(got) == STEPS
+    diffs = {s: abs(got[s] - want[s]) / abs(want[s]) for s in want}
+    print(f"max relative loss difference vs launcher=local 4 ranks: {max(diffs.values()):.2e}")
+    assert max(diffs.values()) <= REL, diffs
+    assert not worker_pids(tmp_path)
+
+
+@pytest.mark.slow  # ~35 s more: the default suite keeps the ddp and never-joins checks (~80 s)
+def test_two_nodes_fsdp_tp_groups_stay_inside_a_node(tmp_path):
+    rec, _ = _two_nodes(tmp_path, ["strategy=fsdp_tp", "strategy.tensor_parallel_size=2"])
+    assert rec["status"] == "completed" and rec["world_size"] == 4 and rec["parallel"]["tp"] == 2
+    node = {p["rank"]: p["node_rank"] for p in rec["placement"]}
+    assert node == {0: 0, 1: 0, 2: 1, 3: 1}
+    tp = rec["parallel"]["tp"]  # TP groups: consecutive ranks (the mesh's fastest dimension)
+    groups = [set(range(g, g + tp)) for g in range(0, 4, tp)]
+    assert groups == [{0, 1}, {2, 3}]
+    assert all(len({node[r] for r in g}) == 1 for g in groups)
+
+
+def test_node_that_never_joins_fails_the_other_in_time(tmp_path):
+    port = _free_port()
+    job = tmp_path / "node0"
+    t0 = time.monotonic()
+    p = _node(0, port, job, tmp_path, ["strategy=ddp", "launcher.rdzv_timeout_s=10"])
+    try:
+        out = p.communicate(timeout=90)[0]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    took = time.monotonic() - t0
+    print(f"lonely node failed after {took:.1f} s")
+    assert p.returncode != 0, out[-3000:]
+    rec = json.loads((job / "run.json").read_text())
+    assert rec["status"] == "failed"
+    err = rec["error"]
+    assert "\n" not in err and err.startswith(f"rendezvous at 127.0.0.1:{port} failed on node 0"), err
+    assert "launcher.rdzv_timeout_s=10" in err
+    assert not worker_pids(tmp_path)

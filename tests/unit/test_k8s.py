@@ -1,0 +1,127 @@
+"""launcher=torchrun's validation (one line, before anything starts) and `scalelab k8s render`."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from scalelab import k8s
+from scalelab.errors import ConfigError
+from scalelab.launch import rank_command, torchrun_layout
+from scalelab.preflight import preflight
+
+from ..conftest import env
+
+TR = ["launcher=torchrun", "trainer.num_nodes=2", "trainer.devices=2"]
+
+
+@pytest.mark.parametrize("args,expected", [
+    ([], r"needs the rendezvous endpoint: set launcher.rdzv_endpoint=HOST:PORT"),
+    (["launcher.rdzv_endpoint=node0"], r"launcher.rdzv_endpoint='node0' must be HOST:PORT with a port in 1-65535"),
+    (["launcher.rdzv_endpoint=node0:0"], r"must be HOST:PORT with a port in 1-65535"),
+    (["launcher.rdzv_endpoint=node0:65536"], r"must be HOST:PORT with a port in 1-65535"),
+    (["launcher.rdzv_endpoint=':29500'"], r"must be HOST:PORT"),
+    (["launcher.rdzv_endpoint=n0:29500"], r"needs this node's rank: set launcher.node_rank=K"),
+    (["launcher.rdzv_endpoint=n0:29500", "launcher.node_rank=2"], r"launcher.node_rank=2 must be an integer in \[0, 2\)"),
+    (["launcher.rdzv_endpoint=n0:29500", "launcher.node_rank=-1"], r"launcher.node_rank=-1 must be an integer >= 0"),
+    (["launcher.rdzv_endpoint=n0:29500", "launcher.node_rank=0", "launcher.rdzv_backend=etcd"],
+     r"launcher.rdzv_backend='etcd' is not valid: choose one of static, c10d"),
+    (["launcher.rdzv_endpoint=n0:29500", "launcher.node_rank=0", "launcher.rdzv_timeout_s=0"],
+     r"launcher.rdzv_timeout_s=0 must be a number > 0"),
+    (["launcher.rdzv_endpoint=n0:29500", "launcher.node_rank=0", "trainer.num_nodes=0"],
+     r"trainer.num_nodes=0 must be an integer >= 1"),
+    (["launcher.rdzv_endpoint=n0:29500", "launcher.node_rank=0", "trainer.devices=3", "strategy=fsdp_tp",
+      "data.global_batch_size=12"],
+     r"tensor-parallel degree 2 does not divide trainer.devices=3 \(devices per node\)"),
+    (["launcher.rdzv_endpoint=n0:29500", "launcher.node_rank=0", "strategy=nd", "strategy.tp=4"],
+     r"strategy=nd: tensor-parallel degree 4 does not divide trainer.devices=2 \(devices per node\)"),
+])
+def test_torchrun_preflight_rejects(args, expected, monkeypatch):
+    for var in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK", "RANK", "PET_NODE_RANK",
+                "PET_MASTER_ADDR", "PET_MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ConfigError, match=expected) as e:
+        preflight([*TR, *args], data=False)
+    assert "\n" not in str(e.value)
+
+
+def test_local_launchers_still_refuse_several_nodes():
+    with pytest.raises(ConfigError, match=r"trainer.num_nodes=2 needs launcher=srun .* or launcher=torchrun"):
+        preflight(["trainer.num_nodes=2"], data=False)
+
+
+def test_layout_from_the_environment():
+    lay = torchrun_layout({"rdzv_endpoint": None, "node_rank": None}, 4,
+                          {"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "RANK": "3", "WORLD_SIZE": "4"})
+    assert (lay["endpoint"], lay["node_rank"]) == ("job-master-0:23456", 3)
+    lay = torchrun_layout({}, 2, {"MASTER_ADDR": "h", "MASTER_PORT": "1", "NODE_RANK": "1", "RANK": "7"})
+    assert lay["node_rank"] == 1  # NODE_RANK before RANK
+    with pytest.raises(ConfigError, match=r"MASTER_ADDR:MASTER_PORT='h:99999' must be HOST:PORT"):
+        torchrun_layout({}, 2, {"MASTER_ADDR": "h", "MASTER_PORT": "99999", "NODE_RANK": "0"})
+    with pytest.raises(ConfigError, match=r"NODE_RANK='x' must be an integer in \[0, 2\)"):
+        torchrun_layout({}, 2, {"MASTER_ADDR": "h", "MASTER_PORT": "1", "NODE_RANK": "x"})
+    assert torchrun_layout({}, 1, {})["node_rank"] == 0  # one node: a local endpoint, node 0
+    # keys win over the environment; IPv6 in brackets
+    lay = torchrun_layout({"rdzv_endpoint": "[::1]:29500", "node_rank": 0}, 2, {"MASTER_ADDR": "x", "NODE_RANK": "1"})
+    assert (lay["endpoint"], lay["node_rank"]) == ("[::1]:29500", 0)
+
+
+def test_rank_command_is_torchrun_with_the_rendezvous(tmp_path):
+    lay = {"endpoint": "n0:29500", "node_rank": 1, "backend": "static", "timeout_s": 20, "rdzv_id": "abc"}
+    cmd = rank_command("torchrun", 2, 8, tmp_path, [], 0, lay)
+    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    for arg in ("--nnodes=2", "--node-rank=1", "--nproc-per-node=8", "--rdzv-backend=static",
+                "--rdzv-endpoint=n0:29500", "--rdzv-id=abc", "--rdzv-conf=timeout=20"):
+        assert arg in cmd
+    assert cmd[-3:] == ["-m", "scalelab.worker", str(tmp_path)]
+    c10d = rank_command("torchrun", 2, 8, tmp_path, [], 0, {**lay, "backend": "c10d", "node_rank": 0})
+    assert "--rdzv-conf=join_timeout=20,is_host=true" in c10d
+
+
+NASTY = "logger.project='my \"proj\" $(rm -rf /) `id` a: b # c'"
+
+
+def test_render_round_trips_and_the_command_is_a_list():
+    text = k8s.render(3, 8, "reg.example.com/scalelab:1.0", ["strategy=fsdp", NASTY, "trainer.devices=4"],
+                      name="run-1", rdzv_timeout_s=600)
+    doc = yaml.safe_load(text)
+    assert doc["apiVersion"] == "kubeflow.org/v1" and doc["kind"] == "PyTorchJob"
+    specs = doc["spec"]["pytorchReplicaSpecs"]
+    assert specs["Master"]["replicas"] == 1 and specs["Worker"]["replicas"] == 2
+    for role in ("Master", "Worker"):
+        c = specs[role]["template"]["spec"]["containers"][0]
+        assert c["image"] == "reg.example.com/scalelab:1.0"
+        cmd = c["command"]
+        assert isinstance(cmd, list) and all(isinstance(a, str) for a in cmd)
+        assert cmd[0] == "scalelab-train" and NASTY in cmd  # unchanged, one argument
+        assert "trainer.devices=4" not in cmd  # the layout comes from --nodes/--devices
+        assert cmd[-4:] == ["launcher=torchrun", "trainer.num_nodes=3", "trainer.devices=8",
+                            "launcher.rdzv_timeout_s=600"]
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    # every string value is quoted in the text
+    for line in text.splitlines():
+        item = line.strip()
+        item = item[2:] if item.startswith("- ") else item
+        value = item if item.startswith('"') and item.endswith('"') and not item.endswith('":') else \
+            (item.split('": ', 1)[1] if '": ' in item else "")
+        assert value == "" or value.startswith('"') or value.isdigit(), line
+
+
+def test_render_single_node_has_no_workers():
+    doc = yaml.safe_load(k8s.render(1, 2, "img", [], gpus=False))
+    assert list(doc["spec"]["pytorchReplicaSpecs"]) == ["Master"]
+    assert "resources" not in doc["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+
+
+def test_cli_render_validates_and_prints(tmp_path):
+    run = lambda *a: subprocess.run([sys.executable, "-m", "scalelab.cli", "k8s", "render", *a], cwd=tmp_path,
+                                    env=env(), capture_output=True, text=True, timeout=120)
+    ok = run("--nodes", "2", "--devices", "2", "--image", "img", "--cpu", "strategy=ddp", NASTY)
+    assert ok.returncode == 0, ok.stderr
+    cmd = yaml.safe_load(ok.stdout)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert NASTY in cmd["command"]
+    bad = run("--nodes", "2", "--devices", "3", "--image", "img", "strategy=fsdp_tp", "data.global_batch_size=12")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "devices per node" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
