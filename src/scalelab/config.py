@@ -189,15 +189,16 @@ def _validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
                           "trainer.val_every_n_steps=null")
     world = devices * nodes
     degrees = plan.parallel_degrees(world)
-    if nodes > 1 and degrees.get("tp", 1) > 1 and devices % degrees["tp"]:
-        raise ConfigError(f"strategy={cfg.strategy.name}: tensor-parallel degree {degrees['tp']} does not divide "
-                          f"trainer.devices={devices} (devices per node): a TP group must stay inside a node; "
-                          f"use a TP degree that divides {devices}")
     micro = cfg.data.get("micro_batch_size")
     batch = derive_batch(_int(cfg, "data.global_batch_size", 1), degrees["dp"], micro)
     run = RunSpec(world_size=world, num_nodes=nodes, devices_per_node=devices, accelerator=accelerator,
                   precision=str(cfg.trainer.precision), model_arch=arch, batch=batch)
     plan.validate(run)
+    # after the strategy's own checks (nd names its tp option); for those that have none (tp, fsdp_tp)
+    if nodes > 1 and degrees.get("tp", 1) > 1 and devices % degrees["tp"]:
+        raise ConfigError(f"strategy={cfg.strategy.name}: tensor-parallel degree {degrees['tp']} does not divide "
+                          f"trainer.devices={devices} (devices per node): a TP group must stay inside a node; "
+                          f"use a TP degree that divides {devices}")
     ls = cfg.lr_scaling
     _one_of(ls.rule, "lr_scaling.rule", RULES)
     _one_of(ls.decay, "lr_scaling.decay", DECAYS)
