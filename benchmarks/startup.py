@@ -138,7 +138,7 @@ def main() -> int:
           f"torchrun launcher / bare: {q['torchrun_first']:.2f}")
     print(f"whole {a.steps}-step job, platform / bare: {q['whole']:.2f} (goal <= 1.3); "
           f"torchrun launcher / bare: {q['torchrun_whole']:.2f}")
-    print(f"median step (s): " + ", ".join(f"{v} {q['step_s'][v] * 1e3:.1f} ms" for v in variants))
+    print("median step (s): " + ", ".join(f"{v} {q['step_s'][v] * 1e3:.1f} ms" for v in variants))
     if a.json:
         Path(a.json).write_text(json.dumps(raw, indent=2))
     return 0
