@@ -36,7 +36,7 @@ from torch import nn
 
 from scalelab.errors import ConfigError
 from scalelab.strategies.base import RunSpec
-from scalelab.strategies.pipeline import SCHEDULES, Pipeline, make_stage, split_layers
+from scalelab.strategies.pipeline import SCHEDULES, Pipeline, make_stage, merge_on_rank0, split_layers
 
 #: as the pipeline: 16-mixed needs a loss scaler that the schedule's own backward bypasses
 PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16-true")
@@ -238,17 +238,7 @@ class ND(Pipeline):
         plain GPT's names. Collective: every rank calls it."""
         full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu()
                 for k, v in pl_module.net.state_dict().items()}
-        local = full if self._coords[1:] == (0, 0) else {}
-        if not dist.is_initialized() or dist.get_world_size() == 1:
-            return local
-        parts: list | None = [None] * dist.get_world_size() if trainer.global_rank == 0 else None
-        dist.gather_object(local, parts, dst=0)
-        if trainer.global_rank != 0:
-            return None
-        merged: dict = {}
-        for part in parts:
-            merged.update(part)
-        return merged
+        return merge_on_rank0(trainer, full if self._coords[1:] == (0, 0) else {})
 
     # -- run.json ----------------------------------------------------------------------------
     def rank_metrics(self) -> dict:

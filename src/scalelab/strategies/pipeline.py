@@ -81,6 +81,21 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def merge_on_rank0(trainer: Any, local: dict) -> dict | None:
+    """Each rank's share of the plain model's state_dict (its stage; {} for replicas that repeat
+    one) merged on rank 0; None elsewhere. Collective: every rank calls it."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return local
+    parts: list | None = [None] * dist.get_world_size() if trainer.global_rank == 0 else None
+    dist.gather_object(local, parts, dst=0)
+    if trainer.global_rank != 0:
+        return None
+    merged: dict = {}
+    for part in parts:
+        merged.update(part)
+    return merged
+
+
 class Pipeline(StrategyPlan):
     name = "pipeline"
 
@@ -288,16 +303,7 @@ class Pipeline(StrategyPlan):
         """Every stage's parameters gathered to rank 0, under the plain GPT's names."""
         local = {} if self.dp_rank(trainer.global_rank, trainer.world_size) else \
             {k: v.detach().cpu() for k, v in pl_module.net.state_dict().items()}
-        if not dist.is_initialized() or dist.get_world_size() == 1:
-            return local
-        parts: list | None = [None] * dist.get_world_size() if trainer.global_rank == 0 else None
-        dist.gather_object(local, parts, dst=0)
-        if trainer.global_rank != 0:
-            return None
-        merged: dict = {}
-        for part in parts:
-            merged.update(part)
-        return merged
+        return merge_on_rank0(trainer, local)
 
     # -- measurements for run.json (see the report: worker.py / metrics.py glue) -------------
     def rank_metrics(self) -> dict:
