@@ -29,6 +29,13 @@ from pathlib import Path
 from scalelab.checkpointing import PROGRESS, RESUMED
 
 PRELOAD = ["scalelab.worker"]
+# The server must have one thread when it forks (a fork copies only the calling thread, and a
+# library thread caught inside malloc leaves the child's heap corrupt: a forked ddp_powersgd rank
+# once died of "malloc(): unsorted double linked list corrupted"). Importing the worker starts
+# numpy's OpenBLAS pool and pyarrow's jemalloc background thread unless told not to; every rank
+# sets its own torch threads after the fork (worker: torch.set_num_threads).
+SERVER_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+              "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 _CTX = None
 
 
@@ -41,7 +48,7 @@ def start_server(env: dict[str, str] | None = None) -> None:
     _CTX.set_forkserver_preload(PRELOAD)
     saved = dict(os.environ)
     try:  # the server's own environment: what every rank starts from, before its rank variables
-        os.environ.update(env or {})
+        os.environ.update({**(env or {}), **SERVER_ENV})
         from multiprocessing import forkserver
         forkserver.ensure_running()
     finally:
