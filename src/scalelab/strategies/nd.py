@@ -128,17 +128,7 @@ class ND(Pipeline):
         if pp > arch.n_layers:
             raise ConfigError(f"strategy.pp={pp} pipeline stages but the model has {arch.n_layers} layers: use "
                               f"pp <= {arch.n_layers} or raise model.arch.n_layers")
-        batch = run.batch
-        if batch is not None:
-            if batch.accumulate_grad_batches != 1:
-                raise ConfigError(f"data.micro_batch_size={batch.per_device_batch_size} means gradient accumulation, "
-                                  "which strategy=nd does with its pipeline micro-batches: leave "
-                                  "data.micro_batch_size null and set strategy.microbatches")
-            per = batch.per_device_batch_size
-            if per % self.microbatches:
-                raise ConfigError(f"strategy.microbatches={self.microbatches} does not divide the batch per "
-                                  f"data-parallel rank ({per} = data.global_batch_size / dp {dp}): use a divisor "
-                                  f"of {per}")
+        self._check_batch(run.batch, "data-parallel rank")
         if self.schedule == "1f1b" and self.microbatches < pp:
             raise ConfigError(f"strategy.microbatches={self.microbatches} is fewer than the {pp} stages, which "
                               f"schedule=1f1b needs at least: use >= {pp} micro-batches or schedule=gpipe")

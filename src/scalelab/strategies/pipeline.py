@@ -146,22 +146,27 @@ class Pipeline(StrategyPlan):
             raise ConfigError(f"strategy=pipeline: {pp} pipeline stages (world size {world} / dp {self.dp}) but the "
                               f"model has {n_layers} layers: use at most {n_layers * self.dp} devices, or raise "
                               "strategy.dp or model.arch.n_layers")
-        batch = run.batch
-        if batch is not None:
-            if batch.accumulate_grad_batches != 1:
-                raise ConfigError(f"data.micro_batch_size={batch.per_device_batch_size} means gradient accumulation, "
-                                  "which strategy=pipeline does with its micro-batches: leave data.micro_batch_size "
-                                  "null and set strategy.microbatches")
-            per = batch.per_device_batch_size
-            if per % self.microbatches:
-                raise ConfigError(f"strategy.microbatches={self.microbatches} does not divide the batch per pipeline "
-                                  f"replica ({per} = data.global_batch_size / dp): use a divisor of {per}")
+        self._check_batch(run.batch, "pipeline replica")
         if self.schedule == "1f1b" and self.microbatches < pp:
             raise ConfigError(f"strategy.microbatches={self.microbatches} is fewer than the {pp} stages, which "
                               f"schedule=1f1b needs at least: use >= {pp} micro-batches or schedule=gpipe")
         if run.precision == "16-mixed":
             raise ConfigError("trainer.precision=16-mixed needs a loss scaler, which the pipeline schedule's own "
                               "backward bypasses: use bf16-mixed, bf16-true or 32-true with strategy=pipeline")
+
+    def _check_batch(self, batch, per: str) -> None:
+        """Accumulation is the schedule's own micro-batches, which must divide the batch `per`
+        (pipeline replica, data-parallel rank) that one schedule step runs."""
+        if batch is None:
+            return
+        if batch.accumulate_grad_batches != 1:
+            raise ConfigError(f"data.micro_batch_size={batch.per_device_batch_size} means gradient accumulation, "
+                              f"which strategy={self.name} does with its pipeline micro-batches: leave "
+                              "data.micro_batch_size null and set strategy.microbatches")
+        n = batch.per_device_batch_size
+        if n % self.microbatches:
+            raise ConfigError(f"strategy.microbatches={self.microbatches} does not divide the batch per {per} "
+                              f"({n} = data.global_batch_size / dp): use a divisor of {n}")
 
     # -- inside a rank -----------------------------------------------------------------------
     def dp_rank(self, global_rank: int, world_size: int) -> int:
