@@ -105,16 +105,8 @@ def logged_config(cfg) -> dict:
         flat["world_size"] = int(trainer["devices"]) * int(trainer["num_nodes"])
     except (KeyError, TypeError, ValueError):
         pass
-    key = os.environ.get("WANDB_API_KEY")
-
-    def hide(v):
-        if isinstance(v, dict):
-            return {k: hide(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [hide(x) for x in v]
-        return "<redacted>" if key and isinstance(v, str) and key in v else v
-
-    return hide(scrub({**c, **{k: v for k, v in flat.items() if v is not None and k not in c}}))
+    # scrub also redacts the values of secret-named env variables (WANDB_API_KEY) inside strings
+    return scrub({**c, **{k: v for k, v in flat.items() if v is not None and k not in c}})
 
 
 def shutdown_process_group() -> None:
