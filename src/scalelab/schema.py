@@ -185,6 +185,7 @@ GROUPS: dict[str, dict[str, Field]] = {
         "name": Str(),
         "lr": Float("the base LR at lr_scaling.base_batch_size", lo=0, lo_open=True),
         "optimizer": Field("any", "a torch.optim class with _target_ and _partial_: true"),
+        "fused_on_gpu": Bool(),
     },
     # torch.optim keyword arguments (optim.optimizer.KEY); preflight also builds the optimizer.
     "optim.optimizer": {

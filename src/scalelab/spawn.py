@@ -81,9 +81,12 @@ def _rank_main(job_dir: str, env: dict[str, str], out_path: str) -> None:
     os.setsid()
     # ps and /proc/PID/cmdline name the job and the rank, not the fork server. Before the
     # environment is replaced: setproctitle needs the process's original environ block.
-    import setproctitle
+    try:  # a nicety: a host without it (a GPU image with no registry access) still runs the ranks
+        import setproctitle
 
-    setproctitle.setproctitle(f"{sys.executable} -m scalelab.worker {job_dir} (rank {env['RANK']}, forked)")
+        setproctitle.setproctitle(f"{sys.executable} -m scalelab.worker {job_dir} (rank {env['RANK']}, forked)")
+    except ImportError:
+        pass
     os.environ.clear()
     os.environ.update(env)
     fd = os.open(out_path, os.O_WRONLY)

@@ -132,7 +132,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     with plan.init_device(spec.run, _local_rank()):  # on the GPU itself where it can
         module = LitModule(spec.run.model_arch, cfg.model.task, hydra.utils.instantiate(cfg.optim.optimizer),
                            spec.lr, cfg.trainer.max_steps, cfg.lr_scaling.warmup_steps, cfg.lr_scaling.decay,
-                           cfg.lr_scaling.min_lr_ratio, plan)
+                           cfg.lr_scaling.min_lr_ratio, plan, fused_on_gpu=bool(cfg.optim.get("fused_on_gpu", False)))
     marks["model_built"] = timing.now()
     n_params = num_params(module.net)
     data = ByteCorpusDataModule(cfg.job.data_prepared, spec.batch.global_batch_size,

@@ -80,8 +80,9 @@ def test_the_flag_forms_train_command_plans_the_same_job(capsys):
     # builds scalelab's (no biases, untied head): 0.3 % more parameters here, nothing else differs.
     assert again["inputs"]["model"]["n_params"] == pytest.approx(flags["inputs"]["model"]["n_params"], rel=0.01)
     assert again["time"]["step_s"] == pytest.approx(flags["time"]["step_s"], rel=1e-3)
+    # (the parameter-count difference reaches the states and FSDP's gathered unit: 0.1 % of the total)
     assert again["memory"]["total_bytes_per_device"] == pytest.approx(flags["memory"]["total_bytes_per_device"],
-                                                                      rel=1e-3)
+                                                                      rel=3e-3)
 
 
 def test_strategies_as_rows(capsys):

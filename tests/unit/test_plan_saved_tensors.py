@@ -19,7 +19,9 @@ from scalelab.plan import ModelSpec, activation_bytes_per_device, get_strategy, 
 TOLERANCE = 0.10
 # (layers, d_model, heads, seq_len, batch): seq_len 128-256 so the s x s scores would matter.
 SHAPES = [(2, 64, 4, 128, 2), (1, 96, 2, 256, 1), (3, 32, 4, 160, 2), (2, 128, 8, 128, 1)]
-PRECISIONS = {"32": contextlib.nullcontext, "bf16-mixed": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}
+# "bf16-weights": the model itself in bf16, no autocast: how DeepSpeed runs a bf16-mixed job
+PRECISIONS = {"32": contextlib.nullcontext, "bf16-mixed": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+              "bf16-weights": contextlib.nullcontext}
 
 
 def _from_parameter(t: torch.Tensor) -> bool:
@@ -39,6 +41,8 @@ def _from_parameter(t: torch.Tensor) -> bool:
 def measure_saved_bytes(cfg: GPTConfig, batch: int, precision: str) -> int:
     torch.manual_seed(0)
     model = GPT(cfg).train()
+    if precision == "bf16-weights":
+        model = model.to(torch.bfloat16)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     storages: dict[int, int] = {}
 
@@ -60,6 +64,9 @@ def predict(cfg: GPTConfig, batch: int, precision: str, **model_kw) -> float:
     spec = ModelSpec.from_shape(cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.vocab_size, cfg.seq_len,
                                 cfg.mlp_ratio * cfg.d_model, **model_kw)
     layout = resolve_layout(get_strategy("single"), spec, 1, micro_batch=batch)
+    if precision == "bf16-weights":
+        return activation_bytes_per_device(spec, layout, "bf16-mixed", cfg.activation_checkpointing,
+                                           weights_16bit=True)
     return activation_bytes_per_device(spec, layout, precision, cfg.activation_checkpointing)
 
 

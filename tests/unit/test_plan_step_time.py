@@ -28,6 +28,19 @@ def test_single_device_compute_bound():
     assert doc["throughput"]["tokens_per_s"] == pytest.approx(4 * 1024 / doc["time"]["step_s"])
 
 
+def test_a_host_bound_strategy_takes_its_host_floor():
+    """strategy_host_layer_s: the host needs 5 ms per layer x micro-batch to issue an fsdp step:
+    8 layers x 4 micro-batches = 160 ms, longer than the device's compute here, so the step is
+    160 ms; a strategy without a floor (ddp) keeps its device time, and a tiny floor changes nothing."""
+    hw = ideal(strategy_host_layer_s={"fsdp": 5e-3, "ddp": 1e-9})
+    base = plan(M, "single", ideal(), micro_batch=1, global_batch=4, precision="bf16-mixed")["time"]["step_s"]
+    assert base < 0.160
+    fsdp = plan(M, "fsdp", hw, micro_batch=1, global_batch=4, precision="bf16-mixed")["time"]
+    assert fsdp["step_s"] == pytest.approx(0.160) and fsdp["host_floor_s"] == pytest.approx(0.160)
+    ddp = plan(M, "ddp", hw, micro_batch=1, global_batch=4, precision="bf16-mixed")["time"]
+    assert ddp["step_s"] == pytest.approx(base)
+
+
 def test_pipeline_bubble_is_p_minus_1_over_m():
     doc = plan(M, "pipeline", ideal(), devices=4, micro_batch=1, global_batch=8)  # m = 8
     t = doc["time"]

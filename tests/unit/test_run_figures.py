@@ -14,7 +14,7 @@ from scalelab.models.gpt import GPT, GPTConfig, flops_per_token, non_embedding_p
 from scalelab.models.mlp import MLPClassifier, MLPConfig, mlp_params
 from scalelab.plan import hardware
 from scalelab.scaling import mfu as mfu_mod
-from scalelab.scaling.breakdown import combine, gpu_comm
+from scalelab.scaling.breakdown import combine, device_anatomy, gpu_comm
 from scalelab.scaling.metrics import StepMetrics, p90, read_peaks, summarize
 
 NANO = GPTConfig(n_layers=2, n_heads=4, d_model=64, seq_len=64, vocab_size=256)
@@ -266,6 +266,26 @@ def test_gpu_breakdown_reads_nccl_kernels_from_a_trace():
     assert out == {"total_us": 150.0, "exposed_us": 90.0, "kernels": 2}
 
 
+def test_device_anatomy_splits_a_step_into_busy_and_idle_and_names_the_top_kernels():
+    """Two profiled steps of 1000 us: kernels and a memcpy cover [0,300] + [400,500] + [1000,1200]
+    (overlaps counted once) = 600 us busy in 2 steps: 0.3 ms busy, 0.7 ms idle per step."""
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 2000},        # host: not device time
+        {"ph": "X", "cat": "kernel", "name": "sm90_gemm", "ts": 0, "dur": 200},
+        {"ph": "X", "cat": "kernel", "name": "elementwise", "ts": 100, "dur": 200},  # overlaps the gemm
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 400, "dur": 100},
+        {"ph": "X", "cat": "kernel", "name": "sm90_gemm", "ts": 1000, "dur": 200},
+    ]}
+    out = device_anatomy(json.loads(json.dumps(trace)), steps=2, step_s=1e-3)
+    assert out["busy_s"] == pytest.approx(300e-6) and out["idle_s"] == pytest.approx(700e-6)
+    assert out["kernels_per_step"] == 2.0
+    assert out["top_kernels_ms"][0] == {"name": "sm90_gemm", "ms": pytest.approx(0.2), "calls": 1.0}
+    assert [k["name"] for k in out["top_kernels_ms"]] == ["sm90_gemm", "elementwise", "Memcpy HtoD"]
+    # and the per-rank breakdown keeps it
+    r = combine([{"step_s": 1e-3, "comm_s": 0.0, "steps": 2, "device": out}])
+    assert r["per_rank"][0]["device"]["busy_s"] == pytest.approx(300e-6)
+
+
 def test_sweep_efficiency_and_counts(tmp_path):
     from scalelab.results.sweep import aggregate
 
@@ -286,3 +306,38 @@ def test_sweep_efficiency_and_counts(tmp_path):
     (g,) = [g for g in out["groups"] if g["kind"] == "strong"]
     assert [r["scaling_efficiency"] for r in g["runs"]] == pytest.approx([1.0, 0.75, 0.5])
     assert out["num_completed"] == 4 and out["num_failed"] == 1 and out["unmeasured"] == ["3"]
+
+
+def test_cuda_step_times_come_from_events_read_once_after_training(monkeypatch):
+    """On CUDA a step's time is the interval between consecutive events on the stream, read after
+    training: no host sync per step (it would drain the queue each step). Fake events at device
+    times 0, 40, 75, 115 ms give steps of 40, 35 and 40 ms; losses stay tensors until then."""
+    from scalelab.scaling import metrics
+
+    class Event:
+        clock = iter([0.0, 40.0, 75.0, 115.0])
+        synced = 0
+
+        def __init__(self):
+            self.t = next(Event.clock)
+
+        def elapsed_time(self, end):          # ms, as torch.cuda.Event.elapsed_time
+            return end.t - self.t
+
+        def synchronize(self):
+            Event.synced += 1
+
+    monkeypatch.setattr(metrics, "_record_event", lambda device: Event())
+    monkeypatch.setattr(metrics, "_sync", lambda device: None)
+    cb = StepMetrics(accumulate=1, plan=SimpleNamespace(state_bytes=lambda *a: {}, grad_bytes=lambda *a: 0))
+    module = SimpleNamespace(device=torch.device("cuda"))
+    trainer = SimpleNamespace(global_step=0)
+    cb.on_train_start(trainer, module)
+    for step, loss in enumerate([3.0, 2.5, 2.0], start=1):
+        trainer.global_step = step
+        cb.on_train_batch_end(trainer, module, {"raw_loss": torch.tensor(loss)}, None, step - 1)
+    assert cb.step_times == [] and cb.losses == [] and Event.synced == 0   # nothing read during training
+    summary = cb.rank_summary()
+    assert summary["step_times"] == pytest.approx([0.040, 0.035, 0.040])
+    assert summary["losses"] == [3.0, 2.5, 2.0] and summary["global_steps"] == [1, 2, 3]
+    assert Event.synced == 1

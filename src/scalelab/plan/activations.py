@@ -82,13 +82,16 @@ def layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, *, e: int
 
 def gpt_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, *, e: int = 2,
                                ffn: int | None = None, sequence_parallel: bool = False,
-                               checkpointing: str = "none", attention: str = "flash") -> float:
+                               checkpointing: str = "none", attention: str = "flash",
+                               weights_16bit: bool = False) -> float:
     """Bytes one block of scalelab's GPT saves for backward (no dropout, or flash attention),
-    per micro-batch, on one TP rank. Formula 2 of the module docstring."""
-    f, r = ffn or 4 * h, RESIDUAL_BYTES
+    per micro-batch, on one TP rank. Formula 2 of the module docstring. weights_16bit: the model
+    itself is 16-bit (DeepSpeed's bf16/fp16 modes, bf16-true): no autocast, so the residual
+    stream and LayerNorms are 16-bit too (r = e) and q, k, v share one LayerNorm output (c = 1)."""
+    f, r = ffn or 4 * h, (e if weights_16bit else RESIDUAL_BYTES)
     if checkpointing == "full":
         return r * s * b * h / (t if sequence_parallel else 1)
-    ln_out_copies = 3 if e < 4 else 1
+    ln_out_copies = 3 if e < 4 and not weights_16bit else 1
     replicated = s * b * h * (2 * r + (ln_out_copies + 1) * e) + 16 * s * b
     split = s * b * h * 4 * e + 2 * e * f * s * b
     core = 4 * a * s * b if attention == "flash" else e * a * s * s * b
@@ -105,8 +108,12 @@ def uses_paper_formula(model: ModelSpec) -> bool:
 
 
 def activation_bytes_per_device(model: ModelSpec, layout: Layout, precision: str,
-                                checkpointing: str = "none") -> float:
+                                checkpointing: str = "none", weights_16bit: bool = False) -> float:
+    """weights_16bit: see gpt_layer_activation_bytes (DeepSpeed runs a mixed-precision job with
+    16-bit weights and no autocast: the caller passes strategy family == deepspeed)."""
     e = 4 if precision == "32" else 2
+    weights_16bit = weights_16bit and e == 2
+    r = e if weights_16bit else RESIDUAL_BYTES
     b, t, p = layout.micro_batch, layout.tp, layout.pp
     if model.kind == "mlp":
         # Per linear layer: its input, the pre-activation and the activation output.
@@ -121,9 +128,9 @@ def activation_bytes_per_device(model: ModelSpec, layout: Layout, precision: str
     else:
         per_layer = gpt_layer_activation_bytes(s, b, h, model.heads, t, e=e, ffn=model.ffn,
                                                sequence_parallel=sp, checkpointing=checkpointing,
-                                               attention=model.attention)
+                                               attention=model.attention, weights_16bit=weights_16bit)
         embedding = 8 * s * b                           # int64 token ids
-        final_ln = s * b * h * (RESIDUAL_BYTES + e) + 8 * s * b
+        final_ln = s * b * h * (r + e) + 8 * s * b
         output = final_ln / (t if sp else 1) + 4 * s * b * V / t + 8 * s * b
     per_stage = stage_layers(model.n_layers, p)         # first stage gets any extra layer
     in_flight = min(p, layout.micro_batches)            # 1F1B warm-up depth on the first stage

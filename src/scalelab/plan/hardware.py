@@ -29,6 +29,8 @@ A profile describes one device and its links. Keys (all plain YAML, SI units):
                                       VM, where per-micro-batch costs explain the idle time)
   comm_overlap                        fraction of bucketed gradient/prefetch comm hidden behind compute
   step_overhead_s, strategy_overhead_s {name: s}   per-step framework cost (fitted by --calibrate)
+  strategy_host_layer_s {name: s}     GPU: the host's time per layer x micro-batch to issue a
+                                      strategy's step; the step is at least that (host-bound)
   strategy_layer_overhead_s {name: s} a strategy's extra cost per layer x micro-batch (DTensor
                                       dispatch for tp, FSDP's per-unit hooks; fitted)
   micro_batch_overhead_s, layer_overhead_s   per micro-batch and per layer x micro-batch (Python,
@@ -76,6 +78,7 @@ class Hardware:
     layer_overhead_s: float = 0.0            # per layer per micro-batch (op dispatch)
     strategy_overhead_s: dict = field(default_factory=dict)
     strategy_layer_overhead_s: dict = field(default_factory=dict)
+    strategy_host_layer_s: dict = field(default_factory=dict)   # host floor: a step >= this x layers x micro-batches
     collectives: dict = field(default_factory=dict)    # op -> Link as a dict (intra-node, measured)
     runtime_memory_bytes: float = 0.0
     host: dict = field(default_factory=lambda: {"link_bandwidth_bytes_per_s": 25e9,
@@ -164,6 +167,7 @@ def parse_hardware(d: dict, source: str = "") -> Hardware:
     kw["strategy_overhead_s"] = {k: float(v) for k, v in (d.get("strategy_overhead_s") or {}).items()}
     kw["strategy_layer_overhead_s"] = {k: float(v) for k, v in
                                        (d.get("strategy_layer_overhead_s") or {}).items()}
+    kw["strategy_host_layer_s"] = {k: float(v) for k, v in (d.get("strategy_host_layer_s") or {}).items()}
     kw["collectives"] = {}
     for op, v in (d.get("collectives") or {}).items():
         link = _link(v, f"collectives.{op}", source)

@@ -158,7 +158,13 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
     # (ZeRO-3 gathers only what does not persist: nothing at all on a tiny model)
     largest = min(model.largest_layer_params / layout.tp, psi - persistent_elems)
     buffers = 0.0
-    if strategy.shard_params and n > 1:
+    if strategy.family == "torch" and not strategy.shard_params and precision != "32":
+        # Autocast's 16-bit copies of the fp32 weights: autograd keeps them for backward, so they
+        # live from forward to the end of backward (2 bytes per parameter; measured on an H200:
+        # the 1.2B GPT's single run holds 2.25 GiB more than its states and activations).
+        buffers += 2 * psi
+    if strategy.shard_params:
+        # (also at world size 1: FSDP2 and ZeRO-3 still gather each unit into its own buffer)
         if strategy.reshard_after_forward:
             # One unit in use + one prefetched, plus that unit's unsharded gradient before its
             # reduce-scatter (DeepSpeed's own ZeRO-3 estimate uses 4 bytes x largest layer).
@@ -166,6 +172,10 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
         else:
             # SHARD_GRAD_OP keeps the whole gathered model from forward to the end of backward.
             buffers = psi * gathered_b + largest * g_b
-    elif strategy.family == "deepspeed" and n > 1:
-        buffers = min(psi, DS_REDUCE_BUCKET_ELEMENTS) * g_b   # gradient reduce bucket
+    elif strategy.family == "deepspeed" and strategy.zero_stage in (1, 2):
+        # ZeRO-1/2 with contiguous_gradients allocate the gradient reduce bucket whole, twice
+        # with overlap_comm (double buffering), at any world size (deepspeed stage_1_and_2.py
+        # setup_buckets): 2 x reduce_bucket_size elements, 16-bit for ZeRO-2, fp32 for ZeRO-1.
+        # A device allocator counts all of it (on a CPU only the pages written reach the RSS).
+        buffers = 2 * DS_REDUCE_BUCKET_ELEMENTS * (g_b if strategy.zero_stage == 2 else 4)
     return ModelStates(params, grads, opt, buffers, offloaded, psi, updated)

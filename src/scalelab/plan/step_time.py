@@ -85,7 +85,7 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
     layout = resolve_layout(strat, model, devices, nodes, tp, pp, micro_batch, global_batch, micro_batches)
     layout = replace(layout, sequence_parallel=sequence_parallel)
     states = model_states(model, strat, layout, prec, opt)
-    acts = act_mod.activation_bytes_per_device(model, layout, prec, ckpt)
+    acts = act_mod.activation_bytes_per_device(model, layout, prec, ckpt, weights_16bit=strat.family == "deepspeed")
     colls = collectives(model, strat, layout, prec)
     samples = layout.global_batch
     per_replica = flops_mod.hardware_flops(model, samples / layout.dp, ckpt)
@@ -217,7 +217,11 @@ def step_time(terms: Terms, hw: Hardware) -> dict[str, float]:
     f = hw.slowdown(busy_per_node(terms))
     parts = {k: v * f for k, v in parts.items()}
     step = sum(v for k, v in parts.items() if k != "comm_total_s")
-    return {"step_s": step, **parts}
+    # A GPU step cannot be shorter than the host's time to issue it: a strategy whose hooks and
+    # per-parameter dispatch (FSDP2, DeepSpeed) take longer than the device's work leaves the
+    # device idle (host-bound; the profile window's `device.idle_s` in run.json shows it).
+    host = hw.strategy_host_layer_s.get(name, 0.0) * m * _local_layers(terms)
+    return {"step_s": max(step, host), **parts, "host_floor_s": host}
 
 
 def plan(model: ModelSpec, strategy: str | Strategy, hardware: Hardware | str, *, devices: int = 1,

@@ -83,11 +83,14 @@ class ProfileWindow(L.Callback):
 
             with tempfile.NamedTemporaryFile(suffix=".json") as f:
                 self._prof.export_chrome_trace(f.name)
-                g = gpu_comm(json.loads(Path(f.name).read_text()))
+                trace = json.loads(Path(f.name).read_text())
+            g = gpu_comm(trace)
             self.result = {"step_s": step_s, "comm_s": min(g["exposed_us"] / 1e6 / self.steps, step_s),
                            "comm_total_s": g["total_us"] / 1e6 / self.steps,
                            "overlapped_s": (g["total_us"] - g["exposed_us"]) / 1e6 / self.steps,
-                           "steps": self.steps, "source": "cuda kernels"}
+                           "steps": self.steps, "source": "cuda kernels",
+                           "device": device_anatomy(trace, self.steps, step_s),
+                           "top_host_ops_ms": top_host_ops(self._prof, self.steps)}
         else:
             comm = [(e.time_range.start, e.time_range.end) for e in self._prof.events() if _COMM.search(e.name)]
             comm_s = _union_length(comm) / 1e6 / self.steps  # profiler times are in microseconds
@@ -113,6 +116,37 @@ def gpu_comm(trace: dict) -> dict:
     return {"total_us": total, "exposed_us": total - overlap, "kernels": len(comm)}
 
 
+def device_anatomy(trace: dict, steps: int, step_s: float, top: int = 12) -> dict:
+    """Where a CUDA step's wall time goes: device busy (the union of all kernel and memcpy/memset
+    intervals) vs idle (the device waited for the host: launch overhead, host syncs, Python),
+    and the kernels that take the most device time, per step. A strategy slower than `single` at
+    world size 1 shows here as more idle time (host-bound) or as extra kernels (casts, copies)."""
+    busy, per_name = [], {}
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") != "X" or str(e.get("cat", "")).lower() not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        a, d = float(e["ts"]), float(e.get("dur", 0))
+        busy.append((a, a + d))
+        name = str(e.get("name", ""))[:90]
+        n = per_name.setdefault(name, [0.0, 0])
+        n[0] += d
+        n[1] += 1
+    busy_s = _union_length(busy) / 1e6 / steps
+    kernels = sorted(per_name.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"busy_s": busy_s, "idle_s": max(step_s - busy_s, 0.0), "kernels_per_step": sum(
+        n[1] for n in per_name.values()) / steps, "top_kernels_ms": [
+        {"name": k, "ms": v[0] / 1e3 / steps, "calls": v[1] / steps} for k, v in kernels]}
+
+
+def top_host_ops(prof, steps: int, top: int = 12) -> list[dict]:
+    """The host-side ops with the most self CPU time per step (what keeps a host-bound step busy)."""
+    try:
+        rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
+    except Exception:  # noqa: BLE001 - a summary only; the breakdown stands without it
+        return []
+    return [{"name": e.key[:90], "ms": e.self_cpu_time_total / 1e3 / steps, "calls": e.count / steps} for e in rows]
+
+
 def _sync(pl_module) -> None:
     if pl_module.device.type == "cuda":
         torch.cuda.synchronize()
@@ -125,7 +159,8 @@ def combine(per_rank: list[dict | None]) -> dict | None:
     min_comm = min(r["comm_s"] for r in per_rank)
     ranks = [{"step_s": r["step_s"], "compute_s": r["step_s"] - r["comm_s"], "comm_s": r["comm_s"],
               "transfer_s": min_comm, "wait_s": r["comm_s"] - min_comm,
-              **{k: r[k] for k in ("comm_total_s", "overlapped_s") if k in r}} for r in per_rank]
+              **{k: r[k] for k in ("comm_total_s", "overlapped_s", "device", "top_host_ops_ms") if k in r}}
+             for r in per_rank]
     computes = [r["compute_s"] for r in ranks]
     mean_compute = sum(computes) / len(computes)
     return {

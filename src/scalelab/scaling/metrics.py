@@ -21,6 +21,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _record_event(device: torch.device):
+    """A timing CUDA event recorded on the current stream of `device`; None off CUDA."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
 def host_speed(seconds: float = 0.1, n: int = 256) -> float:
     """FLOP/s this process gets from repeated fp32 n x n matmuls for `seconds` (mean, not best:
     it includes what the host takes away, as training would feel it).
@@ -52,14 +61,24 @@ class StepMetrics(L.Callback):
         self.host_flops: list[float] = []    # host_speed() at the start and end of training
         self.peaks: dict | None = None       # read_peaks() at the end of training
         self.first_step_at = self.last_step_at = None  # epoch s at the end of the first / last step
+        # On CUDA, step boundaries are CUDA events read after training (not a host sync per step,
+        # which drains the device queue and leaves the device idle while the host prepares the
+        # next step; a plain training loop lets the host run ahead). Intervals between
+        # consecutive events on the stream are the steps' device-timeline durations, idle gaps
+        # included. Losses stay device tensors until then.
+        self._events: list = []              # (start, end) event per optimizer step, unread
+        self._last_event = None
+        self._pending_losses: list[torch.Tensor] = []
 
     def on_train_start(self, trainer, pl_module) -> None:
         if pl_module.device.type == "cpu":
             self.host_flops.append(host_speed())
         _sync(pl_module.device)
         self._t_last = time.perf_counter()
+        self._last_event = _record_event(pl_module.device)
 
     def on_train_end(self, trainer, pl_module) -> None:
+        self.resolve()
         if pl_module.device.type == "cpu":
             self.host_flops.append(host_speed())
         # Peaks of training itself: read now, before Lightning's teardown and before any
@@ -71,6 +90,7 @@ class StepMetrics(L.Callback):
         # next step's time starts when it ends, so validation is in no step's time.
         _sync(pl_module.device)
         self._t_last = time.perf_counter()
+        self._last_event = _record_event(pl_module.device)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if not self.grad_bytes:  # gradients exist only between backward and the optimizer step
@@ -80,22 +100,37 @@ class StepMetrics(L.Callback):
         self._micro.append(outputs["raw_loss"])
         if len(self._micro) < self.accumulate:
             return
-        _sync(pl_module.device)
-        now = time.perf_counter()
-        self.step_times.append(now - self._t_last)
-        self._t_last = now
+        loss = torch.stack(self._micro).float().mean()   # this rank's step loss (mean over micro-batches)
+        event = _record_event(pl_module.device)
+        if event is not None:
+            self._events.append((self._last_event, event))
+            self._last_event = event
+            self._pending_losses.append(loss.detach())
+        else:
+            now = time.perf_counter()
+            self.step_times.append(now - self._t_last)
+            self._t_last = now
+            self.losses.append(loss.item())
         self.last_step_at = time.time()
         if self.first_step_at is None:
             self.first_step_at = self.last_step_at
-        # .item() syncs the device; on CPU it is free. Mean over micro-batches = this rank's step loss.
-        self.losses.append(torch.stack(self._micro).float().mean().item())
         self.global_steps.append(trainer.global_step)
         self._micro = []
-        if len(self.step_times) == 1:  # optimizer state exists after the first step
+        if len(self.global_steps) == 1:  # optimizer state exists after the first step
             self.state = self.plan.state_bytes(trainer, pl_module)
+
+    def resolve(self) -> None:
+        """Read the CUDA step events and losses recorded so far (one device sync)."""
+        if not self._events:
+            return
+        self._events[-1][1].synchronize()
+        self.step_times.extend(a.elapsed_time(b) / 1e3 for a, b in self._events)  # ms -> s
+        self.losses.extend(float(t) for t in self._pending_losses)
+        self._events, self._pending_losses = [], []
 
     def rank_summary(self) -> dict:
         """This rank's measurements, gathered to rank 0 after fit."""
+        self.resolve()
         return {"step_times": self.step_times, "losses": self.losses, "global_steps": self.global_steps,
                 "params": self.state.get("params", 0), "grads": self.grad_bytes,
                 "optimizer": self.state.get("optimizer", 0), "host_flops": self.host_flops,

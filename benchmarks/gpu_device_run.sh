@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One device session for issue 11, in stages that each write what they found before the next:
+#   1. benchmarks/gpu_check.py: hand-written loop, single/ddp/fsdp/zero2/zero3/tp at world 1, plans (86M GPT);
+#   2. `single` with torch's default (foreach) AdamW instead of the fused kernel the platform picks on CUDA;
+#   3. the 1.2B GPT (24 x 2048): every strategy again at size (host RSS, device memory, the planner).
+# Stages 2 and 3 run only while the elapsed time leaves room (a device session has 15 minutes).
+#   source .gpu/env.sh && bash benchmarks/gpu_device_run.sh "$OUT"      (shared/notes/gpu-device.md)
+set -u
+OUT=${1:?usage: gpu_device_run.sh OUT_DIR}
+W=/tmp/gpu_run
+mkdir -p "$W" "$OUT"
+T0=$(date +%s)
+el() { echo $(( $(date +%s) - T0 )); }
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; free -g | head -2
+  python3 -c "import sys,torch,lightning,deepspeed;print(sys.version.split()[0],torch.__version__,torch.version.cuda,lightning.__version__,deepspeed.__version__)"
+} > "$OUT/env.txt" 2>&1
+stage() {  # stage NAME BUDGET_END_S ARGS...: run gpu_check with a deadline at BUDGET_END_S elapsed
+  local name=$1 end=$2; shift 2
+  local left=$(( end - $(el) ))
+  if [ "$left" -lt 60 ]; then echo "[device_run] $name skipped at $(el) s"; return; fi
+  echo "[device_run] $name: start at $(el) s, up to $left s"
+  timeout "$left" python3 benchmarks/gpu_check.py --out "$W/$name" "$@" > "$W/$name.txt" 2>&1
+  echo "[device_run] $name: exit $? at $(el) s"
+  # a stage cut by its deadline leaves its sweep and ranks (own sessions) on the GPU: end them
+  pkill -9 -f 'scalelab[.](train|worker|cli)|forkserver' 2>/dev/null; sleep 1
+  tail -30 "$W/$name.txt"
+  cp "$W/$name/gpu_check.md" "$OUT/$name.md" 2>/dev/null
+}
+stage main ${MAIN_END:-210}
+[ -z "${SKIP_FOREACH:-}" ] && stage foreach 250 --no-hand --strategies single optim.fused_on_gpu=false
+stage big ${BIG_END:-430} --big --no-hand --steps 20 ${BIG_STRATEGIES:+--strategies $BIG_STRATEGIES}
+# everything small that explains the figures: logs, run.json, plans (no checkpoints, no weights)
+(cd "$W" && find . -name '*.json' -o -name '*.log' -o -name '*.txt' -o -name '*.md' -o -name '*.yaml' \
+  | grep -v -e checkpoints -e '/wandb/' | tar czf "$OUT/results.tgz" -T -)
+echo "[device_run] done at $(el) s"; ls -la "$OUT"
