@@ -75,6 +75,7 @@ class ModelStates:
     offloaded_bytes: float       # kept in host memory instead (ZeRO-Offload)
     params_per_device: float     # parameters this device holds a shard of (Psi / (tp pp))
     updated_params_per_device: float  # parameters whose optimizer step this device runs
+    unwritten_buffer_bytes: float = 0.0  # of buffers_bytes: allocated, never written (not in a CPU's RSS)
 
     @property
     def total_bytes(self) -> float:
@@ -176,6 +177,9 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
         # ZeRO-1/2 with contiguous_gradients allocate the gradient reduce bucket whole, twice
         # with overlap_comm (double buffering), at any world size (deepspeed stage_1_and_2.py
         # setup_buckets): 2 x reduce_bucket_size elements, 16-bit for ZeRO-2, fp32 for ZeRO-1.
-        # A device allocator counts all of it (on a CPU only the pages written reach the RSS).
+        # A device allocator counts all of it; on a CPU only the pages written reach the RSS (at
+        # most one bucket's worth of gradients).
         buffers = 2 * DS_REDUCE_BUCKET_ELEMENTS * (g_b if strategy.zero_stage == 2 else 4)
+        unwritten = buffers - min(psi, DS_REDUCE_BUCKET_ELEMENTS) * g_b
+        return ModelStates(params, grads, opt, buffers, offloaded, psi, updated, unwritten)
     return ModelStates(params, grads, opt, buffers, offloaded, psi, updated)
