@@ -172,7 +172,7 @@ def _watch(procs, read_fd: int, keep_open: int, log_path: Path, deadline: float)
             pump(0.2)
             failed = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
             if failed and not code:
-                rank, code = failed[0]            # a dead rank ends its peers (as torchrun does)
+                rank, code = _first_failure(procs, failed, pump)   # a dead rank ends its peers (as torchrun does)
                 how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
                 log.write(f"\n[scalelab] rank {rank} failed first ({how}); ending the other ranks\n".encode())
                 for p in procs:
@@ -186,6 +186,20 @@ def _watch(procs, read_fd: int, keep_open: int, log_path: Path, deadline: float)
         while pump(0.05):                         # what the ranks wrote last
             pass
     return code or next((p.exitcode for p in procs if p.exitcode), 0)
+
+
+def _first_failure(procs, failed: list[tuple[int, int]], pump, grace_s: float = 1.0) -> tuple[int, int]:
+    """The rank whose failure came first. A rank killed by a signal (the OOM killer, a SIGKILL)
+    makes its peers fail next with "connection reset" errors, and the fork server may report the
+    peers' exits before its own: so a rank that exited with an error code waits up to `grace_s`
+    for a signal death among the others, which is then named as the cause."""
+    end = time.monotonic() + grace_s
+    while True:
+        killed = [(i, c) for i, c in failed if c < 0]
+        if killed or time.monotonic() > end or all(p.exitcode is not None for p in procs):
+            return (killed or failed)[0]
+        pump(0.05)
+        failed = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
 
 
 def _kill(p) -> None:
