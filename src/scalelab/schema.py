@@ -275,6 +275,7 @@ STRATEGY: dict[str, dict[str, Field]] = {
     "TensorParallel": {
         "tensor_parallel_size": Int(rule="must be a positive integer or auto (all ranks)", lo=1, also=("auto",)),
         "reshard_after_forward": Bool("FULL_SHARD across the data-parallel groups (fsdp_tp)"),
+        "sequence_parallel": Bool("shard the LayerNorm regions along the sequence"),
     },
     "ZeRO": {
         "stage": Choice((1, 2, 3), rule="is not a ZeRO stage: choose one of 1, 2, 3"),
@@ -299,15 +300,18 @@ STRATEGY: dict[str, dict[str, Field]] = {
         "sub_group_size": _ZERO_STAGE3,
     },
     "Pipeline": {
-        "schedule": Choice(("gpipe", "1f1b"), fold=True),
+        "schedule": Choice(("gpipe", "1f1b", "interleaved_1f1b"), fold=True),
         "microbatches": Int("micro-batches per optimizer step", lo=1),
         "dp": Int("data-parallel replicas of the pipeline", lo=1),
+        "stages_per_rank": Int("virtual pipeline stages per rank (interleaved_1f1b)", lo=1),
+        "split": Choice(("uniform", "balanced"), fold=True),
     },
     "ND": {
         "tp": Int("tensor-parallel degree, inside a node", lo=1),
         "pp": Int("pipeline stages", lo=1),
         "dp_replicate": Int("replicated data-parallel groups (HSDP); the rest of dp is sharded", lo=1),
         "reshard_after_forward": Bool("FULL_SHARD over the data-parallel ranks"),
+        "sequence_parallel": Bool("shard the LayerNorm regions along the sequence (tp > 1)"),
     },
 }
 

@@ -26,17 +26,25 @@ saved_tensors_hooks in tests/unit/test_plan_saved_tensors.py. e = 2 bytes (16-bi
 in fp32), so r = 4 either way. Per layer:
 
     LayerNorm inputs (ln1, ln2)           2 r s b h       replicated (/ t with sequence parallel)
-    LayerNorm mean + rstd (fp32)          16 s b          replicated
-    LayerNorm outputs                     (c + 1) e s b h replicated; c = 3 under autocast: q, k and
-                                                          v each cast ln1's fp32 output themselves
-                                                          (c = 1 in fp32: one shared tensor)
+    LayerNorm mean + rstd (fp32)          16 s b          replicated (/ t with sequence parallel)
+    LayerNorm outputs                     (c + 1) e s b h replicated, also with sequence parallel
+                                                          (see below); c = 3 under autocast: q, k
+                                                          and v each cast ln1's fp32 output
+                                                          themselves (c = 1 in fp32: one tensor)
     q, k, v; attention output             4 e s b h       split (/ t); out_proj's input is a view
                                                           of the kernel's output, counted once
     MLP up output, GELU output            2 e f s b       split
     attention core, flash                 4 a s b         fp32 logsumexp per head and position
     attention core, math                  e a s^2 b       the softmax output (s x s per head)
 
-i.e. with f = 4h: s b (40 h + 16 + 4 a) under autocast, s b (64 h + 16 + 4 a) in fp32. Flash and
+i.e. with f = 4h: s b (40 h + 16 + 4 a) under autocast, s b (64 h + 16 + 4 a) in fp32.
+Sequence parallel as scalelab's tp/fsdp_tp/nd apply it (torch's SequenceParallel on the
+LayerNorms, PrepareModuleInput all-gathering the attention and MLP inputs, as torchtitan): the
+LayerNorm inputs and statistics are sequence shards (/ t), but the gathered LayerNorm outputs are
+saved whole by the column-parallel matmuls, so only (2 r h + 16) s b of the replicated part
+shrinks (Korthikanti's "everything / t" needs Megatron's re-gather in backward). Measured with
+saved_tensors_hooks on 2 gloo ranks (tests/integration/test_sequence_parallel.py; fp32, h 64,
+s 128, b 2, t 2): 593,920 bytes per layer with SP vs 661,504 without, both exactly this formula. Flash and
 memory-efficient kernels (Dao et al. 2022) recompute the scores in backward and regenerate a
 dropout mask from the RNG state, so flash + dropout stores no mask. (On CPU, torch runs dropout > 0
 with the math kernel; plan such a run with attention="math".) Selective recompute drops the
@@ -47,11 +55,14 @@ Per micro-batch: the token ids (int64, 8 s b) for the embedding's backward on th
 the last stage the final LayerNorm's input (r s b h), stats (8 s b) and output (e s b h, the
 lm_head input), the fp32 log-softmax of the logits (4 s b V: LitModule's cross entropy runs on
 logits.float()) and the int64 targets (8 s b). Not activations, so not here: autocast's 16-bit
-copies of the weights, which autograd also keeps until backward (2 bytes per parameter).
+copies of the weights, which autograd also keeps until backward (2 bytes per parameter: counted with
+the buffers in model_states.py).
 
 Pipeline (Narayanan et al. 2021, 1F1B schedule): the first stage holds activations of min(p, m)
 in-flight micro-batches of its L/p layers, i.e. about L layers' worth in total; the last stage
-holds the output layer's. Both formulas divide the logits by t (vocabulary-parallel loss, Sec. 4.3).
+holds the output layer's. Korthikanti's formula divides the logits by t (vocabulary-parallel loss, Sec. 4.3); scalelab's GPT
+gathers the logits whole on every TP rank (lm_head ColwiseParallel, Replicate output) for its plain
+cross entropy, so its formula keeps 4 s b V (measured: 262,144 bytes at h 64, s 128, b 2, V 256, t 2).
 """
 from __future__ import annotations
 
@@ -92,14 +103,18 @@ def gpt_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, *, e:
     if checkpointing == "full":
         return r * s * b * h / (t if sequence_parallel else 1)
     ln_out_copies = 3 if e < 4 and not weights_16bit else 1
-    replicated = s * b * h * (2 * r + (ln_out_copies + 1) * e) + 16 * s * b
+    ln_in = s * b * h * 2 * r + 16 * s * b               # LayerNorm inputs + fp32 mean/rstd
+    ln_out = s * b * h * (ln_out_copies + 1) * e         # the matmuls' inputs (LayerNorm outputs)
     split = s * b * h * 4 * e + 2 * e * f * s * b
     core = 4 * a * s * b if attention == "flash" else e * a * s * s * b
     if checkpointing == "selective":
         core = 0.0                                       # recomputed in backward
     if sequence_parallel:
-        return (replicated + split + core) / t
-    return replicated + (split + core) / t
+        # torch's SequenceParallel / PrepareModuleInput: the LayerNorms run on s/t positions, but the
+        # all-gathered LayerNorm output is what q/k/v and the MLP's up save: full size on every rank
+        # (Megatron re-gathers it in backward instead; Korthikanti's 34/t assumes that).
+        return ln_in / t + ln_out + (split + core) / t
+    return ln_in + ln_out + (split + core) / t
 
 
 def uses_paper_formula(model: ModelSpec) -> bool:
@@ -130,9 +145,25 @@ def activation_bytes_per_device(model: ModelSpec, layout: Layout, precision: str
                                                sequence_parallel=sp, checkpointing=checkpointing,
                                                attention=model.attention, weights_16bit=weights_16bit)
         embedding = 8 * s * b                           # int64 token ids
-        final_ln = s * b * h * (r + e) + 8 * s * b
-        output = final_ln / (t if sp else 1) + 4 * s * b * V / t + 8 * s * b
-    per_stage = stage_layers(model.n_layers, p)         # first stage gets any extra layer
+        final_ln = (s * b * h * r + 8 * s * b) / (t if sp else 1) + s * b * h * e   # SP: the input and
+        output = final_ln + 4 * s * b * V + 8 * s * b  # logits gathered whole (no vocab-parallel loss)                            # stats; output gathered
+    v = max(getattr(layout, "stages_per_rank", 1), 1) if p > 1 else 1
+    split = getattr(layout, "split", "uniform")
+    per_stage = stage_layers(model.n_layers, p * v, split, model)   # per (virtual) stage, as the run splits
+    if v > 1:
+        # interleaved 1F1B (torch's ScheduleInterleaved1F1B, Narayanan et al. 2021 Sec. 2.2.2): rank
+        # r runs (v-1) m/R + 2 (p-1-r) warm-up forwards of its chunks (R = max(1, m // p) rounds),
+        # then one more before its first backward; each chunk holds one virtual stage's layers.
+        # Rank 0: a little more than 1F1B's p micro-batches of L/p layers.
+        m = layout.micro_batches
+        per_round = m // max(1, m // p)
+        worst = 0.0
+        for r in range(p):
+            chunks = min((v - 1) * per_round + 2 * (p - 1 - r) + 1, m * v)
+            layers = sum(per_stage[k] for k in range(r, p * v, p)) / v     # mean layers of its chunks
+            bytes_r = per_layer * layers * chunks + (embedding * min(-(-chunks // v), m) if r == 0 else 0.0)
+            worst = max(worst, bytes_r + (output if r == p - 1 else 0.0))
+        return worst
     in_flight = min(p, layout.micro_batches)            # 1F1B warm-up depth on the first stage
     first = (per_layer * per_stage[0] + embedding) * in_flight
     if p == 1:
@@ -161,7 +192,7 @@ def activation_traffic_bytes(model: ModelSpec, layout: Layout, precision: str,
         sp = layout.sequence_parallel and t > 1
         per_layer = layer_activation_bytes(s, b, h, model.heads, t, e=e, ffn=model.ffn,
                                            sequence_parallel=sp)
-        layers, has_head = slowest_stage(model, layout.pp)     # the stage that paces a pipeline
+        layers, has_head = slowest_stage(model, layout.pp, getattr(layout, "split", "uniform"))
         if checkpointing == "full":
             per_layer *= 2
         elif checkpointing == "selective":

@@ -128,8 +128,8 @@ def terms_from_run(run: dict) -> Terms:
         precision=run.get("precision", "32"), optimizer=run.get("optimizer", "adam"),
         activation_checkpointing=run.get("activation_checkpointing") or "none",  # older records: a bool
         threads=int(hw.get("threads_per_rank") or 1),
-        # scalelab's tp keeps LayerNorms and the residual stream replicated (no sequence parallel)
-        sequence_parallel=bool(par.get("sequence_parallel", False)))
+        # scalelab's tp/fsdp_tp/nd shard the LayerNorm regions only with strategy.sequence_parallel
+        sequence_parallel=bool(par.get("sequence_parallel", options.get("sequence_parallel", False))))
 
 
 def measured(run: dict) -> dict:

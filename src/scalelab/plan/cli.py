@@ -257,6 +257,12 @@ def _train_command(a, terms, hardware: str) -> str | None:
         ov.append(f"data.micro_batch_size={L.micro_batch}")
     if terms.strategy.tensor_parallel and not terms.strategy.pipeline:
         ov.append(f"strategy.tensor_parallel_size={L.tp}")
+    if terms.strategy.tensor_parallel and L.tp > 1 and L.sequence_parallel:
+        ov.append("strategy.sequence_parallel=true")          # the trainer's default is off
+    if terms.strategy.pipeline and L.stages_per_rank > 1:
+        ov += ["strategy.schedule=interleaved_1f1b", f"strategy.stages_per_rank={L.stages_per_rank}"]
+    if terms.strategy.pipeline and L.split != "uniform":
+        ov.append(f"strategy.split={L.split}")
     if terms.checkpointing != "none":
         ov.append(f"model.arch.activation_checkpointing={terms.checkpointing}")
     return "scalelab-train " + " ".join(map(shlex.quote, ov))

@@ -56,15 +56,67 @@ def hardware_flops(model: ModelSpec, samples: float, checkpointing: str = "none"
     return f + model.n_layers * 4 * tokens * model.seq_len * model.hidden  # selective: attention core
 
 
-def stage_layers(n_layers: int, pp: int) -> list[int]:
-    """Layers per pipeline stage, contiguous and balanced: the first n_layers % pp stages get one
-    more (scalelab.strategies.pipeline.split_layers; torch.distributed.pipelining splits alike).
+SPLITS = ("uniform", "balanced")
+
+
+def uniform_counts(n_layers: int, stages: int) -> list[int]:
+    base, extra = divmod(n_layers, stages)
+    return [base + (1 if s < extra else 0) for s in range(stages)]
+
+
+def split_costs(h: int, f: int, s: int, vocab: int) -> tuple[float, float, float]:
+    """(per block, stage 0's extra, last stage's extra) forward FLOPs per token, the cost model of
+    the balanced split (scalelab.strategies.pipeline_split explains each term)."""
+    block = 2 * (4 * h * h + 2 * h * f) + 4 * s * h
+    return float(block), float(h), float(8 * h + 2 * h * vocab + 4 * vocab)
+
+
+def balanced_counts(n_layers: int, stages: int, block: float, first: float, last: float) -> list[int]:
+    """Layer counts per stage (each >= 1) minimising the costliest stage, then the sum of squared
+    stage costs, then preferring more layers on earlier stages. Exact: dynamic programmes over the
+    cut points (stages x layers^2, trivial for any real model)."""
+    if stages == 1:
+        return [n_layers]
+
+    def cost(stage: int, n: int) -> float:
+        return n * block + (first if stage == 0 else 0.0) + (last if stage == stages - 1 else 0.0)
+
+    # 1. the smallest achievable bottleneck: best[k][i] = min over splits of i layers into k stages
+    inf = float("inf")
+    best = [[inf] * (n_layers + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for i in range(k, n_layers - (stages - k) + 1):
+            best[k][i] = min(max(best[k - 1][i - n], cost(k - 1, n)) for n in range(1, i - k + 2))
+    bound = best[stages][n_layers] * (1 + 1e-12)
+    # 2. under that bound, the most even split (smallest sum of squares); ties: earlier stages heavier
+    sq: dict[tuple[int, int], tuple[float, tuple[int, ...]]] = {(0, 0): (0.0, ())}
+    for k in range(1, stages + 1):
+        for i in range(k, n_layers - (stages - k) + 1):
+            options = []
+            for n in range(1, i - k + 2):
+                c = cost(k - 1, n)
+                prev = sq.get((k - 1, i - n))
+                if prev is None or c > bound:
+                    continue
+                options.append((prev[0] + c * c, tuple(-x for x in prev[1]) + (-n,), prev[1] + (n,)))
+            if options:
+                s, _, counts = min(options)
+                sq[(k, i)] = (s, counts)
+    return list(sq[(stages, n_layers)][1])
+
+
+def stage_layers(n_layers: int, pp: int, split: str = "uniform", model: ModelSpec | None = None) -> list[int]:
+    """Layers per pipeline stage, as the pipeline / nd strategies split them (`strategy.split`):
+    uniform: contiguous, equal counts, the first n_layers % pp stages get one more (torch's
+    pipelining splits alike); balanced: equal modelled FLOPs (balanced_counts; needs the model).
     Stage 0 also holds the embeddings (cheap lookups), the last stage the LM head."""
-    base, extra = divmod(n_layers, pp)
-    return [base + (1 if s < extra else 0) for s in range(pp)]
+    if split == "balanced" and model is not None and model.kind == "gpt":
+        return balanced_counts(n_layers, pp, *split_costs(model.hidden, model.ffn, model.seq_len, model.vocab))
+    return uniform_counts(n_layers, pp)
 
 
-def slowest_stage(model: ModelSpec, pp: int) -> tuple[int, bool]:
+def slowest_stage(model: ModelSpec, pp: int, split: str = "uniform") -> tuple[int, bool]:
     """(layers, holds the LM head) of the stage with the most forward FLOPs, which paces a
     pipeline. With 3 layers on 2 stages that is stage 0's two layers, not 2 layers + the head."""
     if pp <= 1:
@@ -72,6 +124,6 @@ def slowest_stage(model: ModelSpec, pp: int) -> tuple[int, bool]:
     layer = layer_forward_flops(model, model.seq_len)
     head = 2 * model.seq_len * model.hidden * model.vocab if model.kind == "gpt" else 0.0
     loads = [(n * layer + (head if s == pp - 1 else 0.0), n, s == pp - 1)
-             for s, n in enumerate(stage_layers(model.n_layers, pp))]
+             for s, n in enumerate(stage_layers(model.n_layers, pp, split, model))]
     _, n, last = max(loads)
     return n, last

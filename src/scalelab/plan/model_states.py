@@ -87,7 +87,7 @@ class ModelStates:
         return d
 
 
-def stage_params(model: ModelSpec, pp: int) -> list[tuple[float, float]]:
+def stage_params(model: ModelSpec, pp: int, split: str = "uniform") -> list[tuple[float, float]]:
     """(parameters, of which replicated under tensor parallelism) of each pipeline stage: its
     blocks (split as flops.stage_layers does); the first stage also holds the token and position
     embeddings, the last the final LayerNorm and the output head (scalelab's untied head; with a
@@ -96,7 +96,7 @@ def stage_params(model: ModelSpec, pp: int) -> list[tuple[float, float]]:
     position embedding stay whole on every TP rank (strategies/tensor_parallel.py)."""
     h, V, s = model.hidden, model.vocab, model.seq_len
     head = V * h if pp > 1 or not tied(model) else 0.0    # one model with a tied head holds it once
-    out = [(float(n * model.layer_params), float(n * 4 * h)) for n in stage_layers(model.n_layers, pp)]
+    out = [(float(n * model.layer_params), float(n * 4 * h)) for n in stage_layers(model.n_layers, pp, split, model)]
     out[0] = (out[0][0] + V * h + s * h, out[0][1] + s * h)
     out[-1] = (out[-1][0] + head + 2 * h, out[-1][1] + 2 * h)
     return out
@@ -113,7 +113,7 @@ def local_params(model: ModelSpec, layout: Layout) -> float:
     (the shape's formula and a model's real count differ by biases and a tied head)."""
     if model.kind != "gpt":
         return model.n_params / layout.tp
-    stages = stage_params(model, layout.pp)
+    stages = stage_params(model, layout.pp, getattr(layout, "split", "uniform"))
     copy = model.vocab * model.hidden if layout.pp > 1 and tied(model) else 0   # Megatron's copy: no parameter
     whole = sum(c for c, _ in stages) - copy
     largest = max((c - r) / layout.tp + r for c, r in stages)

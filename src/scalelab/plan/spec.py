@@ -49,6 +49,8 @@ class Strategy:
     local_sgd_period: int = 0           # post-local SGD: params averaged every N steps, 0 = off
     default_tp: int = 0                 # tensor_parallel_size from the strategy config (0: auto)
     default_pp: int = 0                 # nd: pp from the strategy config (0: as many stages as fit)
+    pipeline_split: str = "uniform"     # pipeline / nd `split`: uniform | balanced (flops.stage_layers)
+    stages_per_rank: int = 1            # pipeline / nd interleaved_1f1b: virtual stages per rank
     # ZeRO-3 keeps parameter tensors of fewer elements than this whole on every rank
     # (stage3_param_persistence_threshold; DeepSpeed's and Lightning's default 1e5)
     param_persistence_elements: int = 0
@@ -155,6 +157,10 @@ def _apply_options(st: Strategy, cfg: dict) -> Strategy:
             kw["default_tp"] = cfg["tp"]
         if isinstance(cfg.get("pp"), int) and not isinstance(cfg.get("pp"), bool):
             kw["default_pp"] = cfg["pp"]
+    if st.pipeline and cfg.get("split") in ("uniform", "balanced"):
+        kw["pipeline_split"] = cfg["split"]
+    if st.pipeline and isinstance(cfg.get("stages_per_rank"), int) and not isinstance(cfg["stages_per_rank"], bool):
+        kw["stages_per_rank"] = max(int(cfg["stages_per_rank"]), 1)
     return replace(st, **kw) if kw else st
 
 
@@ -352,6 +358,8 @@ class Layout:
     global_batch: int
     micro_batches: int           # per optimizer step per data-parallel replica (accumulation or pipeline m)
     sequence_parallel: bool = field(default=True)
+    split: str = "uniform"       # how pipeline stages split the layers (Strategy.pipeline_split)
+    stages_per_rank: int = 1     # interleaved 1F1B's virtual stages per pipeline rank
 
     def group_spans_nodes(self, group: str) -> bool:
         """Megatron rank order: tp fastest, then dp, then pp. A group crosses a node boundary when
@@ -416,4 +424,5 @@ def resolve_layout(strategy: Strategy, model: ModelSpec, devices: int, nodes: in
         raise PlanError(f"--global-batch {global_batch} is not divisible by dp x micro-batch = "
                         f"{dp} x {micro_batch} = {per_step}; valid: multiples of {per_step}")
     return Layout(world, nodes, devices, dp, tp, pp, micro_batch, global_batch,
-                  global_batch // per_step)
+                  global_batch // per_step, split=strategy.pipeline_split,
+                  stages_per_rank=strategy.stages_per_rank if pp > 1 else 1)

@@ -68,7 +68,7 @@ def _stage_share(model: ModelSpec, layout: Layout) -> float:
     layer = flops_mod.layer_forward_flops(model, tok)
     head = 2 * tok * model.hidden * model.vocab
     total = model.n_layers * layer + head
-    layers, has_head = flops_mod.slowest_stage(model, layout.pp)
+    layers, has_head = flops_mod.slowest_stage(model, layout.pp, layout.split)
     return (layers * layer + (head if has_head else 0.0)) / total
 
 
@@ -94,7 +94,8 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
     p_b, g_b, o_b = bytes_per_param(strat, prec, opt)
     traffic = states.updated_params_per_device * (2 * p_b + g_b + 2 * o_b)
     dev, host = (0.0, traffic) if strat.offload_optimizer else (traffic, 0.0)
-    bubble = (layout.pp - 1) / layout.micro_batches if layout.pp > 1 else 0.0
+    # interleaved 1F1B with v virtual stages per rank: (p - 1) / (v m) (Narayanan et al. 2021 Sec. 2.2.2)
+    bubble = (layout.pp - 1) / (layout.micro_batches * layout.stages_per_rank) if layout.pp > 1 else 0.0
     traffic_acts = act_mod.activation_traffic_bytes(model, layout, prec, ckpt)
     return Terms(model, strat, layout, prec, opt, ckpt, states, acts, colls,
                  flops_mod.model_flops(model, samples), hw_flops, bubble, traffic_acts, dev, host,
@@ -114,7 +115,7 @@ def _link_params(hw: Hardware, c: Collective) -> tuple[float, float]:
 
 
 def _local_layers(terms: Terms) -> int:
-    return flops_mod.slowest_stage(terms.model, terms.layout.pp)[0]
+    return flops_mod.slowest_stage(terms.model, terms.layout.pp, terms.layout.split)[0]
 
 
 def busy_per_node(terms: Terms) -> int:
@@ -316,7 +317,8 @@ def plan_terms(terms: Terms, hw: Hardware, tokens: float | None = None) -> dict:
             "parallel": {"world_size": L.world, "nodes": L.nodes, "devices_per_node": L.devices_per_node,
                          "dp": L.dp, "tp": L.tp, "pp": L.pp, "micro_batch": L.micro_batch,
                          "global_batch": L.global_batch, "micro_batches_per_step": L.micro_batches,
-                         "sequence_parallel": L.sequence_parallel and L.tp > 1},
+                         "sequence_parallel": L.sequence_parallel and L.tp > 1,
+                         "split": L.split, "stages_per_rank": L.stages_per_rank},
         },
         "memory": {
             "parameters_bytes_per_device": float(st.params_bytes),

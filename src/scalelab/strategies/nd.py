@@ -21,6 +21,13 @@ all stages of one pipeline replica read the same batch (stage 0 uses the inputs,
 targets). Loss: on the last stage; `loss_ranks` are the last stage's ranks (their mean = the mean
 over the dp replicas; TP peers hold the same loss).
 
+Options shared with the pipeline and tp strategies: `split` (uniform | balanced layer counts,
+pipeline_split.py), `stages_per_rank` with schedule=interleaved_1f1b (each rank runs virtual stages
+pp_i, pp_i + pp, ...; with dp > 1 every virtual stage is its own FSDP root, since the schedule
+calls the stages, never the trimmed GPT's forward), and `sequence_parallel` (tp > 1: the LayerNorm
+regions sharded along the sequence, tensor_parallel.tensor_parallel_plan; between pipeline stages
+each TP rank then sends its sequence shard to the same TP rank of the next stage).
+
 Every degree may be 1: pp=1 is FSDP x TP through a one-stage schedule, tp=1 is pipeline x FSDP.
 Checkpoints: the pipeline strategy's DCP folder (every rank writes its shards under the plain
 GPT's names; see nd_lightning.py). Export: every stage's DTensors gathered to full tensors and
@@ -36,7 +43,7 @@ from torch import nn
 
 from scalelab.errors import ConfigError
 from scalelab.strategies.base import RunSpec
-from scalelab.strategies.pipeline import SCHEDULES, Pipeline, make_stage, merge_on_rank0, split_layers
+from scalelab.strategies.pipeline import SCHEDULES, Pipeline, merge_on_rank0
 
 #: as the pipeline: 16-mixed needs a loss scaler that the schedule's own backward bypasses
 PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16-true")
@@ -76,14 +83,20 @@ def _positive_int(key: str, v: Any, what: str) -> int:
 
 class ND(Pipeline):
     """pp x dp x tp on one device mesh (module docstring). Options: tp, pp, dp_replicate (the rest
-    of the world is dp_shard), schedule, microbatches, reshard_after_forward."""
+    of the world is dp_shard), schedule, microbatches, stages_per_rank, split, sequence_parallel,
+    reshard_after_forward."""
 
     name = "nd"
 
     def __init__(self, name: str = "nd", tp: int = 1, pp: int = 1, dp_replicate: int = 1,
                  schedule: str = "1f1b", microbatches: int = 4, reshard_after_forward: bool = True,
+                 stages_per_rank: int = 1, split: str = "uniform", sequence_parallel: bool = False,
                  **options: Any):
-        super().__init__(name, schedule=schedule, microbatches=microbatches, dp=1, **options)
+        from scalelab.strategies.tensor_parallel import check_sequence_parallel
+
+        super().__init__(name, schedule=schedule, microbatches=microbatches, dp=1,
+                         stages_per_rank=stages_per_rank, split=split, **options)
+        self.sequence_parallel = check_sequence_parallel(sequence_parallel)
         self.tp = _positive_int("tp", tp, "tensor-parallel degree, inside a node")
         self.pp = _positive_int("pp", pp, "pipeline stages")
         self.dp_replicate = _positive_int("dp_replicate", dp_replicate, "replicated data-parallel groups (HSDP)")
@@ -105,7 +118,7 @@ class ND(Pipeline):
     # -- before any rank starts ------------------------------------------------------------
     def validate(self, run: RunSpec) -> None:
         from scalelab.models.gpt import GPTConfig
-        from scalelab.strategies.tensor_parallel import check_tp_degree
+        from scalelab.strategies.tensor_parallel import check_sequence_length, check_tp_degree
 
         world, tp, pp = run.world_size, self.tp, self.pp
         if world % (tp * pp):
@@ -125,13 +138,13 @@ class ND(Pipeline):
                               f"node): use a tp that divides trainer.devices={devs}")
         if tp > 1:
             check_tp_degree("nd", tp, run, option="tp")
+            if self.sequence_parallel:
+                check_sequence_length("nd", tp, run, option="tp")
         if pp > arch.n_layers:
             raise ConfigError(f"strategy.pp={pp} pipeline stages but the model has {arch.n_layers} layers: use "
                               f"pp <= {arch.n_layers} or raise model.arch.n_layers")
         self._check_batch(run.batch, "data-parallel rank")
-        if self.schedule == "1f1b" and self.microbatches < pp:
-            raise ConfigError(f"strategy.microbatches={self.microbatches} is fewer than the {pp} stages, which "
-                              f"schedule=1f1b needs at least: use >= {pp} micro-batches or schedule=gpipe")
+        self._check_schedule(pp, arch.n_layers, "stages (strategy.pp)")
         if run.precision not in PRECISIONS:
             raise ConfigError(f"trainer.precision={run.precision} is not supported by strategy=nd (the pipeline "
                               f"schedule's backward bypasses a loss scaler): choose one of {', '.join(PRECISIONS)}")
@@ -156,7 +169,8 @@ class ND(Pipeline):
         self.precision = run.precision
         return NDStrategy(layout={"stages": self.pp, "tp": self.tp, "dp": self.dp_size(run.world_size),
                                   "dp_replicate": self.dp_replicate, "schedule": self.schedule,
-                                  "microbatches": self.microbatches})
+                                  "microbatches": self.microbatches, "stages_per_rank": self.stages_per_rank,
+                                  "split": self.split, "sequence_parallel": self.sequence_parallel})
 
     def build_mesh(self, device_type: str, world: int):
         from torch.distributed.device_mesh import init_device_mesh
@@ -170,7 +184,7 @@ class ND(Pipeline):
     def parallelize(self, net: nn.Module, device_mesh: Any) -> nn.Module:
         """Stage of this rank's pp coordinate -> TP on the tp sub-mesh -> FSDP2 on the dp sub-mesh
         (called in configure_model, before the optimizer is built over what remains)."""
-        from scalelab.strategies.fsdp import apply_fsdp
+        from scalelab.strategies.fsdp import apply_fsdp, fsdp_units, mixed_precision_policy
         from scalelab.strategies.tensor_parallel import apply_tensor_parallel
 
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -178,7 +192,6 @@ class ND(Pipeline):
         self._world, dp = world, self.dp_size(world)
         self._coords = rank_coordinates(rank, self.pp, dp, self.tp)
         self._pp, self._stage_idx = self.pp, self._coords[0]
-        self._n_layers = len(net.layers)
         device_type = "cuda" if dist.is_initialized() and "nccl" in str(dist.get_backend()) else "cpu"
         mesh = self.build_mesh(device_type, world)
         self.mesh = mesh
@@ -192,12 +205,24 @@ class ND(Pipeline):
             raise RuntimeError(f"rank {rank}: device mesh coordinate {got} != expected {want}")
         if device_type == "cuda":
             net = net.to(torch.device("cuda", torch.cuda.current_device()))
-        net = make_stage(net, self._stage_idx, self.pp)
+        net = self._trim(net)   # this rank's stage, or its virtual stages' union + self._chunks
         if self.tp > 1:
-            apply_tensor_parallel(net, mesh["tp"])
+            apply_tensor_parallel(net, mesh["tp"], self.sequence_parallel)
         if dp > 1:
             dp_mesh = mesh["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else mesh["dp"]
-            apply_fsdp(net, dp_mesh, self.precision, self.reshard_after_forward)
+            if not self._chunks:
+                apply_fsdp(net, dp_mesh, self.precision, self.reshard_after_forward)
+            else:
+                # Interleaved: the schedule runs the chunks, never net.forward, so each chunk is an
+                # FSDP root (torchtitan: one fully_shard per model part) over its Blocks' units.
+                from torch.distributed.fsdp import fully_shard
+
+                kw = dict(mesh=dp_mesh, reshard_after_forward=self.reshard_after_forward,
+                          mp_policy=mixed_precision_policy(self.precision))
+                for unit in fsdp_units(net):
+                    fully_shard(unit, **kw)
+                for chunk in self._chunks:
+                    fully_shard(chunk, **kw)
         return net
 
     def _clip_gradients(self, pl_module) -> None:
@@ -240,14 +265,15 @@ class ND(Pipeline):
         out = super().record_fields(per_rank, warmup_steps, profiled_steps)
         out["pipeline"]["dp"] = dp
         out["pipeline"]["tp"] = self.tp
-        n_layers = self._n_layers
+        split = out["pipeline"]
         out["nd"] = {
             "mesh": {"pp": self.pp, "dp": dp, "tp": self.tp, "dp_replicate": self.dp_replicate,
                      "dp_shard": dp // self.dp_replicate},
             "mesh_dim_names": list(MESH_DIMS) if self.dp_replicate == 1 else ["pp", "dp_replicate", "dp_shard", "tp"],
             "rank_order": "tp fastest, then dp, then pp: rank = (pp * dp_size + dp) * tp_size + tp",
-            "layers_per_stage": [len(x) for x in split_layers(n_layers, self.pp)] if n_layers else None,
-            "stage_layers": split_layers(n_layers, self.pp) if n_layers else None,
+            "layers_per_stage": split.get("layers_per_stage"),
+            "stage_layers": split.get("stage_layers"),
+            "sequence_parallel": self.sequence_parallel,
             "coordinates": [dict(zip(MESH_DIMS, r.get("coords") or rank_coordinates(i, self.pp, dp, self.tp)))
                             for i, r in enumerate(per_rank)],
             "groups": mesh_groups(self.pp, dp, self.tp),

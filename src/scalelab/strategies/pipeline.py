@@ -1,7 +1,11 @@
-"""`pipeline`: pipeline parallelism with torch.distributed.pipelining (GPipe or 1F1B).
+"""`pipeline`: pipeline parallelism with torch.distributed.pipelining (GPipe, 1F1B, interleaved 1F1B).
 
-The GPT's layers are split into `pp` contiguous stages of (nearly) equal layer counts; stage 0
-also holds the embeddings, the last stage the final norm and the LM head. Each stage is the plain
+The GPT's layers are split into `pp` contiguous stages (`split`: equal layer counts or equal
+modelled FLOPs, pipeline_split.py); stage 0 also holds the embeddings, the last stage the final
+norm and the LM head. With `stages_per_rank` v > 1 (schedule interleaved_1f1b, Narayanan et al.
+2021 Sec. 2.2.2: bubble (p-1)/(v m)) the layers are split into p x v virtual stages and rank r
+runs stages r, r + p, ..., each a `StageChunk` sharing its modules with the rank's trimmed GPT (so
+the optimizer, checkpoints and the export see one module under the plain GPT's names). Each stage is the plain
 GPT with the layers it does not own deleted (GPT.layers is a ModuleDict keyed "0".."L-1", so the
 parameter names stay those of the plain model) and tok_emb/pos_emb (non-first) or ln_f/lm_head
 (non-last) set to None, which GPT.forward treats as "pass hidden states through".
@@ -20,7 +24,7 @@ whole batch, the same gradient `single` computes (and dp replicas are averaged o
 
 Bubble: each rank times its own compute (the stage's forward_one_chunk / backward_one_chunk and
 the loss) inside each schedule step; idle = step - compute. Recorded per step in
-`plan.rank_metrics()`; `Pipeline.record_fields` turns every rank's lists into run.json's
+`plan.rank_metrics()`; `record_fields` (pipeline_record.py) turns every rank's lists into run.json's
 `pipeline` entry next to the prediction (p-1)/m (Huang et al. 2019; Narayanan et al. 2021).
 
 Checkpoints: each stage holds different parameters, so `last.ckpt` is a directory written with
@@ -30,8 +34,6 @@ rank 0. See PipelineStrategy.
 """
 from __future__ import annotations
 
-import math
-import statistics
 import time
 from typing import Any
 
@@ -42,38 +44,12 @@ from torch import nn
 
 from scalelab.errors import ConfigError
 from scalelab.strategies.base import RunSpec, StrategyPlan
+from scalelab.strategies.pipeline_record import _BUBBLE_METHOD, PipelineRecord  # noqa: F401
+from scalelab.strategies.pipeline_split import (SPLITS, StageChunk, layer_counts, make_stage,  # noqa: F401
+                                                split_layers, stage_chunks)
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 _META = "meta.pt"
-_BUBBLE_METHOD = ("per rank and optimizer step: idle = wall time of the schedule step minus the time in the "
-                  "stage's own forward_one_chunk/backward_one_chunk calls and the loss (CUDA synchronized around "
-                  "each); bubble = idle / compute, idle_fraction = idle / step; mean over steady steps (warm-up "
-                  "and profiled steps excluded), then over ranks")
-
-
-def split_layers(n_layers: int, stages: int) -> list[list[int]]:
-    """Contiguous, balanced layer ranges: the first n_layers % stages stages get one more layer."""
-    base, extra = divmod(n_layers, stages)
-    out, start = [], 0
-    for s in range(stages):
-        n = base + (1 if s < extra else 0)
-        out.append(list(range(start, start + n)))
-        start += n
-    return out
-
-
-def make_stage(net: nn.Module, stage: int, stages: int) -> nn.Module:
-    """Trim a plain GPT in place to pipeline stage `stage` of `stages`; returns it."""
-    own = {str(i) for i in split_layers(len(net.layers), stages)[stage]}
-    for key in [k for k in net.layers.keys() if k not in own]:
-        del net.layers[key]
-    if stage > 0:
-        net.tok_emb = None
-        net.pos_emb = None
-    if stage < stages - 1:
-        net.ln_f = None
-        net.lm_head = None
-    return net
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -96,15 +72,28 @@ def merge_on_rank0(trainer: Any, local: dict) -> dict | None:
     return merged
 
 
-class Pipeline(StrategyPlan):
+class Pipeline(PipelineRecord, StrategyPlan):
     name = "pipeline"
 
     def __init__(self, name: str = "pipeline", schedule: str = "1f1b", microbatches: int = 4, dp: int = 1,
-                 **options):
+                 stages_per_rank: int = 1, split: str = "uniform", **options):
         super().__init__(name, **options)
         schedule = str(schedule).lower()
         if schedule not in SCHEDULES:
             raise ConfigError(f"strategy.schedule={schedule!r} is not known: choose one of {', '.join(SCHEDULES)}")
+        if not isinstance(stages_per_rank, int) or isinstance(stages_per_rank, bool) or stages_per_rank < 1:
+            raise ConfigError(f"strategy.stages_per_rank={stages_per_rank!r} must be an integer >= 1")
+        if (schedule == "interleaved_1f1b") != (stages_per_rank > 1):
+            raise ConfigError(f"strategy.stages_per_rank={stages_per_rank} with strategy.schedule={schedule}: "
+                              "interleaved_1f1b needs stages_per_rank >= 2, and stages_per_rank >= 2 needs "
+                              "schedule=interleaved_1f1b (gpipe and 1f1b run one stage per rank)")
+        split = str(split).lower()
+        if split not in SPLITS:
+            raise ConfigError(f"strategy.split={split!r} is not known: choose one of {', '.join(SPLITS)}")
+        self.stages_per_rank, self.split = stages_per_rank, split
+        self._counts: list[int] = []   # layers per (virtual) stage, set in parallelize
+        self._cfg = None               # the GPT's config (modelled stage costs)
+        self._chunks: list = []        # this rank's StageChunks (stages_per_rank > 1)
         if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
             raise ConfigError(f"strategy.microbatches={microbatches!r} must be an integer >= 1")
         if not isinstance(dp, int) or isinstance(dp, bool) or dp < 1:
@@ -147,12 +136,30 @@ class Pipeline(StrategyPlan):
                               f"model has {n_layers} layers: use at most {n_layers * self.dp} devices, or raise "
                               "strategy.dp or model.arch.n_layers")
         self._check_batch(run.batch, "pipeline replica")
-        if self.schedule == "1f1b" and self.microbatches < pp:
-            raise ConfigError(f"strategy.microbatches={self.microbatches} is fewer than the {pp} stages, which "
-                              f"schedule=1f1b needs at least: use >= {pp} micro-batches or schedule=gpipe")
+        self._check_schedule(pp, n_layers, "stages")
         if run.precision == "16-mixed":
             raise ConfigError("trainer.precision=16-mixed needs a loss scaler, which the pipeline schedule's own "
                               "backward bypasses: use bf16-mixed, bf16-true or 32-true with strategy=pipeline")
+
+    def _check_schedule(self, pp: int, n_layers: int, what: str) -> None:
+        """The schedule's own constraints (torch.distributed.pipelining.schedules), before spawn."""
+        m, v = self.microbatches, self.stages_per_rank
+        if self.schedule == "1f1b" and m < pp:
+            raise ConfigError(f"strategy.microbatches={m} is fewer than the {pp} {what}, which "
+                              f"schedule=1f1b needs at least: use >= {pp} micro-batches or schedule=gpipe")
+        if v > 1 and pp * v > n_layers:
+            raise ConfigError(f"strategy.stages_per_rank={v}: {pp} x {v} = {pp * v} virtual stages but the model "
+                              f"has {n_layers} layers: use stages_per_rank <= {max(n_layers // pp, 1)} or raise "
+                              "model.arch.n_layers")
+        if v > 1 and pp < 2:
+            raise ConfigError(f"strategy.schedule=interleaved_1f1b needs >= 2 pipeline {what}, got {pp}")
+        rounds = max(1, m // pp)
+        if v > 1 and m % rounds:
+            # ScheduleInterleaved1F1B: rounds = max(1, m // pp) must divide m
+            ok = [x for x in range(1, 4 * pp + 1) if x % max(1, x // pp) == 0]
+            raise ConfigError(f"strategy.microbatches={m} with interleaved_1f1b over {pp} {what}: torch's schedule "
+                              f"runs max(1, m // {pp}) = {rounds} rounds, which must divide m: choose one of "
+                              f"{', '.join(map(str, ok))} (or another multiple of {pp})")
 
     def _check_batch(self, batch, per: str) -> None:
         """Accumulation is the schedule's own micro-batches, which must divide the batch `per`
@@ -180,7 +187,18 @@ class Pipeline(StrategyPlan):
         from scalelab.strategies.pipeline_lightning import PipelineStrategy
 
         return PipelineStrategy(layout={"stages": self._pp_degree(run.world_size), "dp": self.dp,
-                                        "schedule": self.schedule, "microbatches": self.microbatches})
+                                        "schedule": self.schedule, "microbatches": self.microbatches,
+                                        "stages_per_rank": self.stages_per_rank, "split": self.split})
+
+    def _trim(self, net: nn.Module) -> nn.Module:
+        """This rank's stage(s) of the plain GPT; the split from the model's own config."""
+        self._n_layers, self._cfg = len(net.layers), net.cfg
+        total = self._pp * self.stages_per_rank
+        self._counts = layer_counts(self._n_layers, total, self.split, net.cfg)
+        net = make_stage(net, self._stage_idx, self._pp, self._counts, self.stages_per_rank)
+        self._chunks = (stage_chunks(net, self._stage_idx, self._pp, self._counts, self.stages_per_rank)
+                        if self.stages_per_rank > 1 else [])
+        return net
 
     def parallelize(self, net: nn.Module, device_mesh: Any) -> nn.Module:
         """Keep this rank's stage of the plain GPT (called in configure_model, after the
@@ -189,14 +207,13 @@ class Pipeline(StrategyPlan):
         rank = dist.get_rank() if dist.is_initialized() else 0
         self._pp = world // self.dp
         self._stage_idx = rank // self.dp
-        self._n_layers = len(net.layers)
         if self.dp > 1:
             from torch.distributed.device_mesh import init_device_mesh
 
             device_type = "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
             mesh = init_device_mesh(device_type, (self._pp, self.dp), mesh_dim_names=("pp", "dp"))
             self._pp_group, self._dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
-        return make_stage(net, self._stage_idx, self._pp)
+        return self._trim(net)
 
     @property
     def is_first(self) -> bool:
@@ -207,10 +224,14 @@ class Pipeline(StrategyPlan):
         return self._stage_idx == self._pp - 1
 
     def _build_schedule(self, pl_module) -> None:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                                  ScheduleInterleaved1F1B)
 
         device = pl_module.device
-        stage = PipelineStage(pl_module.net, self._stage_idx, self._pp, device, group=self._pp_group)
+        v, total = self.stages_per_rank, self._pp * self.stages_per_rank
+        modules = self._chunks or [pl_module.net]
+        stages = [PipelineStage(mod, self._stage_idx + i * self._pp, total, device, group=self._pp_group)
+                  for i, mod in enumerate(modules)]
         sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
         def timed(fn):
@@ -224,10 +245,16 @@ class Pipeline(StrategyPlan):
             return run
 
         # Bubble measurement: the schedules call these per micro-batch between their send/recv waits.
-        stage.forward_one_chunk = timed(stage.forward_one_chunk)
-        stage.backward_one_chunk = timed(stage.backward_one_chunk)
+        for stage in stages:
+            stage.forward_one_chunk = timed(stage.forward_one_chunk)
+            stage.backward_one_chunk = timed(stage.backward_one_chunk)
+            stage.backward_weight_one_chunk = timed(stage.backward_weight_one_chunk)
+        if v > 1:
+            self._schedule = ScheduleInterleaved1F1B(stages, n_microbatches=self.microbatches,
+                                                     loss_fn=timed(lm_loss), scale_grads=True)
+            return
         cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.schedule]
-        self._schedule = cls(stage, n_microbatches=self.microbatches, loss_fn=timed(lm_loss), scale_grads=True)
+        self._schedule = cls(stages[0], n_microbatches=self.microbatches, loss_fn=timed(lm_loss), scale_grads=True)
 
     def training_step(self, pl_module, batch: torch.Tensor, batch_idx: int) -> dict:
         if self._schedule is None:
@@ -309,38 +336,3 @@ class Pipeline(StrategyPlan):
         local = {} if self.dp_rank(trainer.global_rank, trainer.world_size) else \
             {k: v.detach().cpu() for k, v in pl_module.net.state_dict().items()}
         return merge_on_rank0(trainer, local)
-
-    # -- measurements for run.json (see the report: worker.py / metrics.py glue) -------------
-    def rank_metrics(self) -> dict:
-        """This rank's per-step pipeline timings (gathered to rank 0 after fit)."""
-        return {"stage": self._stage_idx, "step_s": list(self._step_s), "busy_s": list(self._busy_s)}
-
-    def record_fields(self, per_rank: list[dict], warmup_steps: int, profiled_steps: int = 0) -> dict:
-        """run.json's `pipeline` entry from every rank's rank_metrics()."""
-        p, m = self._pp_degree(len(per_rank)), self.microbatches
-        bubble_stage: dict[int, list[float]] = {}
-        idle_stage: dict[int, list[float]] = {}
-        for r in per_rank:
-            n = len(r["step_s"]) - profiled_steps
-            steps = list(zip(r["step_s"], r["busy_s"]))[:max(n, 0)]
-            steady = steps[warmup_steps:] if len(steps) > warmup_steps else steps[1:] or steps
-            idle = [max(s - b, 0.0) for s, b in steady]
-            bubble_stage.setdefault(r["stage"], []).append(
-                statistics.fmean(i / b for i, (_, b) in zip(idle, steady)) if steady else math.nan)
-            idle_stage.setdefault(r["stage"], []).append(
-                statistics.fmean(i / s for i, (s, _) in zip(idle, steady)) if steady else math.nan)
-        idle_per_stage = [statistics.fmean(idle_stage[s]) for s in sorted(idle_stage)]
-        bubble_per_stage = [statistics.fmean(bubble_stage[s]) for s in sorted(bubble_stage)]
-        return {"pipeline": {
-            "schedule": self.schedule, "microbatches": m, "stages": p, "dp": self.dp,
-            # bubble = idle time / compute time; (p-1)/m for GPipe and 1F1B with equal stages
-            "bubble_predicted": (p - 1) / m,
-            "bubble_measured": statistics.fmean(bubble_per_stage),
-            # the same as a fraction of the step: (p-1)/(m+p-1)
-            "idle_fraction_predicted": (p - 1) / (m + p - 1),
-            "idle_fraction_measured": statistics.fmean(idle_per_stage),
-            "idle_fraction_per_stage": idle_per_stage,
-            "bubble_per_stage": bubble_per_stage,
-            "layers_per_stage": [len(x) for x in split_layers(self._n_layers, p)] if self._n_layers else None,
-            "method": _BUBBLE_METHOD,
-        }}

@@ -23,6 +23,9 @@ TP rank because the gradients entering them are all-reduced by the column-parall
 backward. For gpt_nano that remainder is 64*64 + 5*2*64 = 4,736 of 135,808 parameters, so a
 rank holds (135,808 - 4,736) / tp + 4,736 = 70,272 at tp=2: 0.517 of the full model, not 0.5.
 
+`sequence_parallel: true` (tp, fsdp_tp, nd) also shards the LayerNorm regions along the sequence
+(tensor_parallel_plan); its activation bytes: plan/activations.py.
+
 With `tp` at tensor_parallel_size < world size the dp replicas synchronise gradients with
 FSDP2's `replicate` (DDP built on FSDP2, DTensor-aware) over the data-parallel mesh.
 """
@@ -101,30 +104,54 @@ def _vocab_parallel_style():
     return VocabParallelEmbedding()
 
 
-def tensor_parallel_plan(net: nn.Module) -> dict[str, Any]:
-    """The parallelize_module plan for scalelab.models.gpt.GPT (module FQN -> style)."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+def tensor_parallel_plan(net: nn.Module, sequence_parallel: bool = False) -> dict[str, Any]:
+    """The parallelize_module plan for scalelab.models.gpt.GPT (module FQN -> style).
 
-    plan: dict[str, Any] = {
-        "tok_emb": _vocab_parallel_style(),                       # vocab-parallel embedding
-        "lm_head": ColwiseParallel(output_layouts=Replicate()),   # vocab-sharded head, gathered logits
-    }
+    sequence_parallel (Korthikanti et al. 2022; torchtitan's llama parallelize): between the
+    column/row-parallel pairs the residual stream is sharded along the sequence (dim 1) instead of
+    replicated, so the LayerNorms (SequenceParallel) run on s/t positions and their inputs are
+    stored once per TP group. Each attention / MLP input is all-gathered (PrepareModuleInput
+    Shard(1) -> Replicate), and the row-parallel out_proj / down reduce-scatter into the sequence
+    shard (RowwiseParallel(output_layouts=Shard(1))) instead of all-reducing: the same bytes moved.
+    Ends: the first block of stage 0 takes the replicated embedding sum and keeps its own sequence
+    shard (Replicate -> Shard(1), a local slice; backward all-gathers its gradient); ln_f runs on the
+    shard and lm_head gathers it (ColwiseParallel(input_layouts=Shard(1))) and all-gathers the
+    logits as without SP, so the unchanged cross-entropy sees full logits on every TP rank."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel)
+
+    sp = bool(sequence_parallel)
+    head = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()) if sp else \
+        ColwiseParallel(output_layouts=Replicate())   # vocab-sharded head, gathered logits
+    plan: dict[str, Any] = {"tok_emb": _vocab_parallel_style(), "lm_head": head}
+    if sp:
+        plan["ln_f"] = SequenceParallel()
     # a pipeline stage (strategies/pipeline.py make_stage) has set the ends it does not own to None
     plan = {k: v for k, v in plan.items() if getattr(net, k, None) is not None}
+    row_out = Shard(1) if sp else Replicate()
     for i in net.layers:
         b = f"layers.{i}"
         plan.update({f"{b}.attn.q_proj": ColwiseParallel(), f"{b}.attn.k_proj": ColwiseParallel(),
-                     f"{b}.attn.v_proj": ColwiseParallel(), f"{b}.attn.out_proj": RowwiseParallel(),
-                     f"{b}.mlp.up": ColwiseParallel(), f"{b}.mlp.down": RowwiseParallel()})
+                     f"{b}.attn.v_proj": ColwiseParallel(),
+                     f"{b}.attn.out_proj": RowwiseParallel(output_layouts=row_out),
+                     f"{b}.mlp.up": ColwiseParallel(), f"{b}.mlp.down": RowwiseParallel(output_layouts=row_out)})
+        if sp:
+            gather = dict(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+            plan.update({f"{b}.ln1": SequenceParallel(), f"{b}.ln2": SequenceParallel(),
+                         f"{b}.attn": PrepareModuleInput(**gather), f"{b}.mlp": PrepareModuleInput(**gather)})
+    if sp and getattr(net, "tok_emb", None) is not None and len(net.layers):
+        first = f"layers.{next(iter(net.layers))}"   # the embedding sum enters the sequence-sharded region
+        plan[first] = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
+                                         use_local_output=True)
     return plan
 
 
-def apply_tensor_parallel(net: nn.Module, tp_mesh: Any) -> nn.Module:
+def apply_tensor_parallel(net: nn.Module, tp_mesh: Any, sequence_parallel: bool = False) -> nn.Module:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import parallelize_module
 
-    parallelize_module(net, tp_mesh, tensor_parallel_plan(net))
+    parallelize_module(net, tp_mesh, tensor_parallel_plan(net, sequence_parallel))
     replicate = _replicate_style()
     for name, mod in list(net.named_modules()):  # pos_emb and LayerNorms: see the module docstring
         own = list(mod.parameters(recurse=False))
@@ -151,6 +178,22 @@ def check_tp_degree(name: str, tp: int, run: RunSpec, option: str = "tensor_para
                               f"choose one of {', '.join(map(str, valid))}")
 
 
+def check_sequence_parallel(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"strategy.sequence_parallel={value!r} must be true or false")
+    return value
+
+
+def check_sequence_length(name: str, tp: int, run: RunSpec, option: str) -> None:
+    """Sequence parallel cuts each sequence into tp equal shards (DTensor Shard(1) from local
+    tensors assumes equal shards)."""
+    seq = getattr(run.model_arch, "seq_len", None)
+    if tp > 1 and seq is not None and seq % tp:
+        raise ConfigError(f"strategy={name}: strategy.sequence_parallel=true shards each sequence of model "
+                          f"seq_len {seq} over strategy.{option}={tp} ranks, which does not divide it: use a "
+                          f"{option} that divides {seq}, or sequence_parallel=false")
+
+
 class TensorParallel(MeshParallelPlan):
     """`tp`: tensor parallelism over groups of `tensor_parallel_size` consecutive ranks
     ("auto": all ranks); several groups (dp > 1) replicate the model with FSDP2's replicate."""
@@ -160,8 +203,9 @@ class TensorParallel(MeshParallelPlan):
 
     def __init__(self, name: str = "tp", tensor_parallel_size: int | str = "auto",
                  reshard_after_forward: bool = True, save_distributed_checkpoint: bool = True,
-                 **options: Any):
+                 sequence_parallel: bool = False, **options: Any):
         super().__init__(name, save_distributed_checkpoint=save_distributed_checkpoint, **options)
+        self.sequence_parallel = check_sequence_parallel(sequence_parallel)
         if tensor_parallel_size != "auto" and (not isinstance(tensor_parallel_size, int)
                                                or isinstance(tensor_parallel_size, bool)
                                                or tensor_parallel_size < 1):
@@ -174,13 +218,19 @@ class TensorParallel(MeshParallelPlan):
         return world_size if self.tensor_parallel_size == "auto" else int(self.tensor_parallel_size)
 
     def validate(self, run: RunSpec) -> None:
-        check_tp_degree(self.name, self.tp_size(run.world_size), run)
+        tp = self.tp_size(run.world_size)
+        check_tp_degree(self.name, tp, run)
+        if self.sequence_parallel:
+            check_sequence_length(self.name, tp, run, option="tensor_parallel_size")
         super().validate(run)
+
+    def record_fields(self, per_rank: list[Any], warmup_steps: int, profiled_steps: int = 0) -> dict:
+        return {"sequence_parallel": self.sequence_parallel}
 
     def parallelize(self, net: nn.Module, device_mesh: Any) -> nn.Module:
         tp_mesh, dp_mesh = device_mesh["tensor_parallel"], device_mesh["data_parallel"]
         if tp_mesh.size() > 1:
-            apply_tensor_parallel(net, tp_mesh)
+            apply_tensor_parallel(net, tp_mesh, self.sequence_parallel)
         if self.shard_data_parallel:
             return apply_fsdp(net, dp_mesh, self.precision, self.reshard_after_forward)
         if dp_mesh.size() > 1:
