@@ -125,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="predict memory, communication, step time and cost")
     plan_cli.add_arguments(plan)
     plan.set_defaults(func=_plan)
+    from scalelab.recommend import cli as recommend_cli
+
+    rec = sub.add_parser("recommend", help="search layouts with the planner, verify the best with short runs")
+    recommend_cli.add_arguments(rec)
+    rec.set_defaults(func=recommend_cli.run)
     return parser
 
 

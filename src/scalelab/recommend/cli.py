@@ -1,0 +1,190 @@
+"""`scalelab recommend`: argparse wiring (add_arguments / run).
+
+    scalelab recommend (--model NAME | --params N | --layers L --hidden H --heads A [--vocab V --seq-len S])
+                       --devices D [--nodes N] [--hardware PROFILE] [--global-batch B[,B...]] [--tokens T]
+                       [--budget-minutes M] [--objective throughput|cost|time-to-tokens] [--verify K]
+                       [--strategies a,b|all] [--precision P[,P]] [--optimizer adam|sgd] [--out DIR] ...
+    scalelab recommend --published megatron|zero|all      the published configurations, side by side
+
+Every input is checked (one line, exit 2) before anything is planned or run; the planner's search
+runs in this process; `--verify` runs real jobs through `scalelab-train -m` (recommend/verify.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from scalelab.plan.spec import PlanError
+
+from .rank import OBJECTIVES
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from scalelab.plan.cli import _count
+
+    m = p.add_argument_group("model (--model, or --params, or the shape)")
+    m.add_argument("--model", help="a model config in conf/model/ (gpt_small, ...)")
+    m.add_argument("--params", type=_count, help="parameter count (7e9, 7B): GPT shape guessed")
+    for flag in ("--layers", "--hidden", "--heads", "--vocab", "--seq-len", "--ffn-hidden"):
+        m.add_argument(flag, type=int)
+    j = p.add_argument_group("devices and batch")
+    j.add_argument("--devices", type=int, default=1, help="devices per node (default 1)")
+    j.add_argument("--nodes", type=int, default=1)
+    j.add_argument("--hardware", default="this_cpu",
+                   help="profile in conf/hardware/ or a .yaml path (default this_cpu)")
+    j.add_argument("--global-batch", help="sequences per optimizer step; a comma list searches several "
+                                          "(default: the trainer's data.global_batch_size, 16)")
+    j.add_argument("--tokens", type=_count, help="tokens to train (time-to-tokens, cost, --budget-minutes)")
+    j.add_argument("--budget-minutes", type=float,
+                   help="with --tokens: layouts predicted to finish within it rank first")
+    s = p.add_argument_group("search")
+    s.add_argument("--objective", default="throughput", help=" | ".join(OBJECTIVES))
+    s.add_argument("--strategies", help="comma list or `all` (default: every strategy that computes exact "
+                                        "gradients; `all` adds ddp_compress, ddp_powersgd, local_sgd)")
+    s.add_argument("--precision", help="comma list of 32, bf16-mixed, fp16-mixed (default: 32 on a CPU profile, "
+                                       "bf16-mixed on a GPU one)")
+    s.add_argument("--optimizer", default="adam", help="adam (AdamW) or sgd")
+    s.add_argument("--activation-checkpointing", default="none,selective,full", help="comma list")
+    s.add_argument("--memory-headroom", type=float, default=0.1,
+                   help="fraction of device memory kept free for the allocator's slack (default 0.1)")
+    s.add_argument("--top", type=int, default=10, help="strategies shown (default 10)")
+    v = p.add_argument_group("verification and LR")
+    v.add_argument("--verify", type=int, default=0, metavar="K", help="run the top K as short real jobs and re-rank")
+    v.add_argument("--verify-steps", type=int, default=20, help="optimizer steps per verification job (default 20)")
+    v.add_argument("--verify-repeats", type=int, default=1,
+                   help="runs per candidate, interleaved (seeds); the median is ranked (default 1; 3 on a shared host)")
+    v.add_argument("--base-lr", type=float, help="LR at --base-batch (default: conf/optim's lr)")
+    v.add_argument("--base-batch", type=int, help="batch --base-lr was tuned at (default: lr_scaling's 16)")
+    v.add_argument("--lr-check", default="grid", help="grid (three runs, default with --verify) | none")
+    v.add_argument("--lr-steps", type=int, default=30, help="optimizer steps per LR-check job (default 30)")
+    v.add_argument("--slurm", action="store_true", help="verify through Hydra's submitit SLURM launcher")
+    v.add_argument("--train-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra scalelab-train override for every verification job (repeatable)")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", help="output dir (default outputs/recommend/<time>)")
+    o.add_argument("--json", action="store_true", help="print recommendation.json instead of the tables")
+    o.add_argument("--published", help="megatron | zero | all: recommend for the published configurations "
+                                       "and print the predicted throughput next to the published one")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.published:
+            from .published import run_published
+
+            return run_published(args.published, args.json)
+        req, opts = _request(args)
+    except PlanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from .recommend import recommend
+
+    try:
+        doc = recommend(req, **opts)
+    except PlanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(doc, indent=2, default=str))
+    return 0 if doc.get("winner") else 1
+
+
+def _list(text: str, flag: str, valid=None, cast=str) -> tuple:
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    out = []
+    for t in items:
+        try:
+            v = cast(t)
+        except ValueError:
+            raise PlanError(f"{flag} {t!r} is not a {cast.__name__}") from None
+        if valid is not None and v not in valid:
+            raise PlanError(f"{flag} {t!r} is not valid; valid: {', '.join(valid)}")
+        out.append(v)
+    if not out:
+        raise PlanError(f"{flag} is empty")
+    return tuple(out)
+
+
+def _request(a: argparse.Namespace):
+    """The search request and run options from the flags; every bad value is one PlanError line."""
+    from scalelab.plan.cli import _model_from_args
+    from scalelab.plan.hardware import load_hardware
+    from scalelab.plan.spec import CHECKPOINTING, normalize_optimizer, normalize_precision
+
+    from .space import Request, strategy_list
+
+    if a.objective not in OBJECTIVES:
+        raise PlanError(f"--objective {a.objective!r} is not valid; valid: {', '.join(OBJECTIVES)}")
+    for flag, v, low in (("--devices", a.devices, 1), ("--nodes", a.nodes, 1), ("--verify", a.verify, 0),
+                         ("--verify-steps", a.verify_steps, 8),
+                         ("--verify-repeats", a.verify_repeats, 1), ("--lr-steps", a.lr_steps, 8), ("--top", a.top, 1)):
+        if v is None or v < low:
+            raise PlanError(f"{flag} must be >= {low}, got {v}")
+    if a.objective == "time-to-tokens" and not a.tokens:
+        raise PlanError("--objective time-to-tokens needs --tokens T (tokens to train)")
+    if a.budget_minutes is not None and (a.budget_minutes <= 0 or not a.tokens):
+        raise PlanError(f"--budget-minutes {a.budget_minutes} needs a positive value and --tokens T")
+    if a.lr_check not in ("grid", "none"):
+        raise PlanError(f"--lr-check {a.lr_check!r} is not valid; valid: grid, none")
+    ns = argparse.Namespace(**{**vars(a), "attention": "flash", "dropout": None})
+    model = _model_from_args(ns)
+    hw = load_hardware(a.hardware)
+    opt = normalize_optimizer(a.optimizer)
+    cpu = "cpu" in hw.name.lower()
+    precisions = tuple(normalize_precision(p) for p in _list(a.precision or ("32" if cpu else "bf16-mixed"),
+                                                              "--precision"))
+    ckpt = _list(a.activation_checkpointing, "--activation-checkpointing", CHECKPOINTING)
+    batches = _list(a.global_batch or str(_default_batch()), "--global-batch", cast=int)
+    if any(b < 1 for b in batches):
+        raise PlanError(f"--global-batch must be >= 1, got {min(batches)}")
+    base_lr, base_batch = _lr_base(a, opt)
+    if not 0 <= a.memory_headroom < 1:
+        raise PlanError(f"--memory-headroom must be in [0, 1), got {a.memory_headroom}")
+    req = Request(model, a.model, hw, hw.name, a.devices, a.nodes, batches, precisions, opt,
+                  strategy_list(a.strategies), ckpt, smaller_worlds=a.objective == "cost",
+                  headroom=a.memory_headroom)
+    if a.verify and (a.nodes > 1) and not a.slurm:
+        raise PlanError(f"--verify on --nodes {a.nodes} needs --slurm (multi-node jobs run under SLURM)")
+    if a.verify and cpu is False and not a.slurm:
+        import shutil
+
+        if shutil.which("nvidia-smi") is None:
+            raise PlanError(f"--verify with --hardware {a.hardware} needs its GPUs here or --slurm; "
+                            "on this machine use --hardware this_cpu")
+    out = Path(a.out) if a.out else Path("outputs/recommend") / time.strftime("%Y-%m-%d_%H-%M-%S")
+    extra = list(a.train_arg)
+    for e in extra:
+        if "=" not in e:
+            raise PlanError(f"--train-arg {e!r} is not KEY=VALUE")
+    opts = dict(objective=a.objective, tokens=a.tokens, budget_s=a.budget_minutes * 60 if a.budget_minutes else None,
+                verify=a.verify, verify_steps=a.verify_steps, verify_repeats=a.verify_repeats,
+                lr_check=a.lr_check if a.verify else "none", lr_steps=a.lr_steps, base_lr=base_lr,
+                base_batch=base_batch, slurm=a.slurm, extra=extra, top=a.top, out=out, quiet=a.json)
+    return req, opts
+
+
+def _default_batch() -> int:
+    import yaml
+
+    from scalelab.plan.spec import conf_dir
+
+    return int(yaml.safe_load((conf_dir() / "data" / "stdlib.yaml").read_text())["global_batch_size"])
+
+
+def _lr_base(a, opt: str) -> tuple[float, int]:
+    from .lr import base_defaults
+
+    lr, batch = base_defaults(opt)
+    lr = a.base_lr if a.base_lr is not None else lr
+    batch = a.base_batch if a.base_batch is not None else batch
+    if not lr > 0 or batch < 1:
+        raise PlanError(f"--base-lr must be > 0 and --base-batch >= 1, got {lr} and {batch}")
+    return lr, batch
+
+
+def command_line(overrides: list[str]) -> str:
+    return "scalelab-train " + " ".join(shlex.quote(o) for o in overrides)

@@ -1,0 +1,96 @@
+"""Ranking candidates by the planner's prediction for an objective, and saying why each is as fast
+as it is (what bounds its step).
+
+Objectives (all from the predicted step time of the whole job):
+- throughput: tokens/s, higher is better;
+- time-to-tokens: seconds to train --tokens T, lower is better (same order as throughput on a
+  fixed device count, but it is the figure the budget is checked against);
+- cost: money per token = devices x cost per device-hour / tokens per hour (device-hours per token
+  when the profile has no price), lower is better; the only objective for which fewer devices
+  can win, so the search then includes smaller device counts.
+A budget (--budget-minutes with --tokens) puts the candidates predicted to finish within it first.
+"""
+from __future__ import annotations
+
+from scalelab.plan.hardware import Hardware
+from scalelab.plan.step_time import busy_per_node
+
+from .space import Candidate
+
+OBJECTIVES = ("throughput", "cost", "time-to-tokens")
+
+
+def tokens_per_s(c: Candidate, step_s: float | None = None) -> float:
+    step = c.times["step_s"] if step_s is None else step_s
+    return c.global_batch * c.terms.model.seq_len / step
+
+
+def score(c: Candidate, objective: str, hw: Hardware, tokens: float | None, tps: float | None = None) -> float:
+    """The objective's figure for this candidate (from `tps` tokens/s if given: a measured one)."""
+    tps = tokens_per_s(c) if tps is None else tps
+    if objective == "throughput":
+        return tps
+    if objective == "time-to-tokens":
+        return float(tokens) / tps
+    price = hw.cost_per_device_hour or 1.0           # no price: device-hours
+    return c.world * price / 3600.0 / tps             # per token
+
+
+def better_first(objective: str) -> bool:
+    """True when a larger score is better (sort descending)."""
+    return objective == "throughput"
+
+
+def breakdown(c: Candidate, hw: Hardware) -> dict[str, float]:
+    """The step split into what bounds it: FLOPs, memory-bound work (activation traffic and the
+    optimizer step), exposed communication, pipeline bubble, fixed overheads (seconds)."""
+    t = c.times
+    slow = hw.slowdown(busy_per_node(c.terms))
+    act_mem = c.terms.act_traffic_bytes / hw.activation_bandwidth * slow   # step_time's compute_s holds it
+    return {"compute": max(0.0, t["compute_s"] - act_mem), "memory": act_mem + t["optimizer_s"],
+            "communication": t["comm_exposed_s"], "bubble": t["bubble_s"], "overhead": t["overhead_s"]}
+
+
+def reason(c: Candidate, hw: Hardware) -> dict:
+    """{"bound": "compute"|"memory"|"communication"|"bubble"|"overhead", "shares": {...}, "text": ...}."""
+    parts = breakdown(c, hw)
+    total = sum(parts.values()) or 1.0
+    shares = {k: v / total for k, v in parts.items()}
+    bound = max(shares, key=shares.get)
+    label = {"compute": "compute-bound", "memory": "memory-bound", "communication": "communication-bound",
+             "bubble": "bubble-bound", "overhead": "overhead-bound"}[bound]
+    rest = ", ".join(f"{k} {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]) if v >= 0.005)
+    mem = c.memory_bytes / hw.memory_bytes
+    text = f"{label} ({rest}); {mem:.0%} of device memory"
+    if c.pp > 1:
+        text += f"; bubble (p-1)/m = {(c.pp - 1) / c.micro_batches:.2f}"
+    return {"bound": bound, "shares": shares, "memory_fraction": mem, "text": text}
+
+
+def rank(cands: list[Candidate], objective: str, hw: Hardware, tokens: float | None = None,
+         budget_s: float | None = None) -> list[Candidate]:
+    """Best first. Ties (common: the planner often predicts several batch splits alike) go to fewer
+    micro-batches (less per-micro-batch overhead than the model may know of), then no recomputation,
+    then less memory."""
+    sign = -1.0 if better_first(objective) else 1.0
+
+    def key(c: Candidate):
+        over = 0
+        if budget_s is not None and tokens:
+            over = int(float(tokens) / tokens_per_s(c) > budget_s)
+        return (over, float(f"{sign * score(c, objective, hw, tokens):.9g}"), c.micro_batches,
+                ("none", "selective", "full").index(c.checkpointing), c.memory_bytes, c.tp, c.pp)
+
+    return sorted(cands, key=key)
+
+
+def best_per_strategy(ranked: list[Candidate]) -> list[Candidate]:
+    """The first (best) candidate of each strategy, in rank order: the layouts a choice is made
+    between; the other points of a strategy are its variants (batch split, checkpointing)."""
+    seen: set[str] = set()
+    out = []
+    for c in ranked:
+        if c.strategy not in seen:
+            seen.add(c.strategy)
+            out.append(c)
+    return out

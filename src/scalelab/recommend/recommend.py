@@ -1,0 +1,259 @@
+"""The recommendation: search and rank with the planner, keep what the trainer accepts, verify the
+top K with short runs, answer the LR question, write and print the result."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from scalelab.plan.spec import PlanError
+
+from . import lr as lr_mod
+from . import verify as V
+from .rank import best_per_strategy, rank, reason, score, tokens_per_s
+from .report import fmt_score, lr_table, ranking_rows, text_table, verify_rows, write_all
+from .space import Candidate, Request, enumerate_candidates, train_overrides
+
+# Run-to-run spread of one short run's throughput on a shared host (README: 10-25 % between runs of
+# one config on the 2-core VM; 5 % between interleaved ones): a measured lead below it is not one.
+NOISE = 0.05
+
+
+def trainer_check(c: Candidate, req: Request) -> tuple[list[str] | None, str | None]:
+    """(overrides, None) when `scalelab-train OVERRIDES` composes, validates and derives this very
+    layout (plan_job.terms_for_job: the trainer's own config code); else (overrides or None, why)."""
+    from scalelab.plan_job import terms_for_job
+
+    try:
+        ov = train_overrides(c, req)
+        terms, _ = terms_for_job(ov)
+    except PlanError as exc:
+        return None, str(exc)
+    L = terms.layout
+    got = (terms.strategy.name, L.dp, L.tp, L.pp, L.micro_batch, L.micro_batches, terms.checkpointing, terms.precision)
+    want = (c.strategy, c.dp, c.tp, c.pp, c.micro_batch, c.micro_batches, c.checkpointing, c.precision)
+    if got != want:
+        return ov, f"the trainer derives {got} from these overrides, not {want}"
+    return ov, None
+
+
+def shortlist(ranked: list[Candidate], req: Request, need: int, tries_per_strategy: int = 2):
+    """The best candidate of each strategy that the trainer accepts, in rank order, up to `need`;
+    and the ones it refused (a refusal is usually the strategy's, so each gets a second try only)."""
+    shown: list[tuple[Candidate, list[str]]] = []
+    rejected: list[dict] = []
+    tries: dict[str, int] = {}
+    for c in ranked:
+        if len(shown) >= need:
+            break
+        if any(s.strategy == c.strategy for s, _ in shown) or tries.get(c.strategy, 0) >= tries_per_strategy:
+            continue
+        tries[c.strategy] = tries.get(c.strategy, 0) + 1
+        ov, why = trainer_check(c, req)
+        if why:
+            rejected.append({"strategy": c.strategy, "layout": c.label(), "error": why})
+        else:
+            shown.append((c, ov))
+    return shown, rejected
+
+
+def candidate_doc(c: Candidate, ov: list[str], req: Request, objective: str, tokens, budget_s) -> dict:
+    from .cli import command_line
+
+    d = {"strategy": c.strategy, "devices": c.devices, "nodes": c.nodes, "world_size": c.world, "dp": c.dp,
+         "tp": c.tp, "pp": c.pp, "micro_batch": c.micro_batch, "micro_batches": c.micro_batches,
+         "global_batch": c.global_batch, "activation_checkpointing": c.checkpointing, "precision": c.precision,
+         "predicted_step_s": c.times["step_s"], "predicted_tokens_per_s": tokens_per_s(c),
+         "predicted_score": score(c, objective, req.hardware, tokens), "predicted_total_bytes": c.memory_bytes,
+         "device_memory_bytes": req.hardware.memory_bytes, "predicted_time": c.times,
+         "reason": reason(c, req.hardware), "overrides": ov, "command": command_line(ov)}
+    if tokens:
+        d["predicted_time_to_tokens_s"] = float(tokens) / tokens_per_s(c)
+        if budget_s:
+            d["within_budget"] = d["predicted_time_to_tokens_s"] <= budget_s
+    return d
+
+
+def recommend(req: Request, *, objective: str, tokens=None, budget_s=None, verify: int = 0, verify_steps: int = 20,
+              verify_repeats: int = 1, lr_check: str = "none", lr_steps: int = 30, base_lr: float, base_batch: int,
+              slurm: bool = False, extra: list[str] | None = None, top: int = 10, out: Path,
+              quiet: bool = False) -> dict:
+    """The whole answer as the recommendation.json document; prints as it goes unless quiet."""
+    say = (lambda *a: None) if quiet else print
+    extra = list(extra or [])
+    t0 = time.perf_counter()
+    cands, pruned = enumerate_candidates(req)
+    ranked = rank(cands, objective, req.hardware, tokens, budget_s)
+    shown, rejected = shortlist(ranked, req, max(top, verify))
+    doc = {"objective": objective, "request": _request_doc(req, tokens, budget_s),
+           "search": {"built": len(cands) + sum(pruned.values()), "fitting": len(cands),
+                      "pruned_total": sum(pruned.values()), "pruned": pruned, "strategies_fitting":
+                      len(best_per_strategy(ranked)), "seconds": round(time.perf_counter() - t0, 2)},
+           "ranking": [candidate_doc(c, ov, req, objective, tokens, budget_s) for c, ov in shown],
+           "rejected_by_trainer": rejected, "verification": None, "winner": None}
+    _say_ranking(doc, say)
+    if not shown:
+        why = "no layout fits device memory" if not cands else "the trainer refused every fitting layout"
+        doc["lr"] = {"advice": lr_mod.advice(req.optimizer, base_lr, base_batch, req.global_batches[0])}
+        _finish(doc, out, [], [], say)
+        print(f"error: {why}; pruned: " + "; ".join(f"{k} ({v})" for k, v in pruned.items()), file=sys.stderr)
+        return doc
+    winner, source = doc["ranking"][0], "the planner's first"
+    records, summaries = [], []
+    if verify:
+        doc["verification"], records, summaries = _verify(shown[:verify], doc, req, objective, tokens, verify_steps,
+                                                          verify_repeats, out, extra, slurm, say)
+        v = doc["verification"]
+        say(f"\nverified ({v['steps']} steps each, {v['wall_s']:.0f} s):\n" + text_table(*verify_rows(doc)))
+        if v.get("note"):
+            say(v["note"])
+        best = doc["verification"]["measured_best_index"]
+        if best is not None:
+            winner, source = doc["ranking"][best], "measured best of the verified"
+    adv = lr_mod.advice(req.optimizer, base_lr, base_batch, winner["global_batch"])
+    doc["lr"] = {"advice": adv, "check": None}
+    if lr_check == "grid":
+        doc["lr"]["check"], lr_records, lr_sum = _lr_check(winner, adv, out, lr_steps, extra, slurm, shown, say)
+        records, summaries = records + lr_records, summaries + lr_sum
+    command = winner["overrides"] + adv["overrides"]
+    from .cli import command_line
+
+    doc["winner"] = {**{k: winner[k] for k in ("strategy", "world_size", "dp", "tp", "pp", "micro_batch",
+                                                 "micro_batches", "global_batch", "activation_checkpointing",
+                                                 "precision")},
+                     "source": source, "reason": winner["reason"]["text"],
+                     "predicted_score": winner["predicted_score"], "measured_score": _measured(doc, winner),
+                     "overrides": command,
+                     "command": command_line(command)}
+    _finish(doc, out, records, summaries, say)
+    return doc
+
+
+def _request_doc(req: Request, tokens, budget_s) -> dict:
+    m = req.model
+    size = f"{m.n_params / 1e12:.3g}T" if m.n_params >= 1e12 else f"{m.n_params / 1e9:.3g}B"
+    return {"model": {"name": req.model_name or f"{size} GPT", "n_params": m.n_params,
+                      "layers": m.n_layers, "hidden": m.hidden, "heads": m.heads, "vocab": m.vocab,
+                      "seq_len": m.seq_len, "shape_inferred": m.shape_inferred},
+            "hardware": req.hardware_name, "devices": req.devices, "nodes": req.nodes,
+            "global_batches": list(req.global_batches), "precisions": list(req.precisions),
+            "optimizer": req.optimizer, "strategies": list(req.strategies), "checkpointing": list(req.checkpointing),
+            "tokens": tokens, "budget_s": budget_s}
+
+
+def _verify(chosen, doc, req, objective, tokens, steps, repeats, out: Path, extra, slurm, say):
+    cands = [c for c, _ in chosen]
+    launch = V.slurm_overrides(cands) if slurm else []
+    argv = V.candidates_command(cands, [ov for _, ov in chosen], out, steps, launch + extra, repeats)
+    V.preflight_or_raise(argv)
+    say(f"verifying the top {len(cands)}: scalelab-train {' '.join(argv)}\n  (log: {out / 'verify.log'})")
+    t = time.perf_counter()
+    rc = V.run_multirun(argv, out / "verify.log")
+    wall = time.perf_counter() - t
+    if rc == 2:
+        raise PlanError(f"verification refused by scalelab-train: {V.last_error(out / 'verify.log')}")
+    ranking, best, note = measured_ranking(cands, V.records_by_candidate(out / "verify"), objective, req, tokens)
+    from scalelab.results.record import read_records
+    from scalelab.results.sweep import aggregate
+
+    records = read_records([out / "verify"], [])
+    summaries = [aggregate(out / "verify", write=False)] if records else []
+    return ({"k": len(cands), "steps": steps, "repeats": repeats, "argv": argv, "sweep_dir": str(out / "verify"),
+             "returncode": rc, "wall_s": wall, "ranking": ranking, "measured_best_index": best,
+             "measured_best": cands[best].label() if best is not None else None,
+             "best_in_planner_top_k": best is not None, "note": note}, records, summaries)
+
+
+def measured_ranking(cands: list[Candidate], recs: dict, objective: str, req: Request, tokens):
+    """(rows best-measured first, the measured best's index in `cands`, a note when its lead is
+    within run-to-run noise). Candidates without a measured figure (failed runs) come last."""
+    rows = []
+    for i, c in enumerate(cands):
+        row = V.measured_row(c, recs.get(i, []), objective, req.hardware, tokens)
+        rows.append({"planner_rank": i + 1, "strategy": c.strategy, "split": f"{c.micro_batch} x {c.micro_batches}",
+                     **row})
+    sign = -1 if objective == "throughput" else 1
+    done = sorted((r for r in rows if "measured_score" in r), key=lambda r: sign * r["measured_score"])
+    best = done[0]["planner_rank"] - 1 if done else None
+    note = None
+    if len(done) > 1:
+        # noise: the spread of a candidate's own repeats where there are some, else a typical figure
+        spreads = [max(r["measured_tokens_per_s_runs"]) / min(r["measured_tokens_per_s_runs"]) - 1
+                   for r in done if len(r["measured_tokens_per_s_runs"]) > 1]
+        noise = max([NOISE, *spreads])
+        margin = abs(done[0]["measured_score"] / done[1]["measured_score"] - 1)
+        if margin < noise:
+            note = (f"the measured best leads the next by {margin:.1%}, within run-to-run noise ({noise:.0%}"
+                    + (" between repeats" if spreads else " on a shared host") + "): these layouts are equivalent "
+                    "here; more --verify-repeats or --verify-steps would separate them")
+    return done + [r for r in rows if "measured_score" not in r], best, note
+
+
+def _lr_check(winner: dict, adv: dict, out: Path, steps: int, extra, slurm, shown, say):
+    varied, grid = lr_mod.check_grid(adv)
+    launch = V.slurm_overrides([shown[0][0]]) if slurm else []
+    keep = [o for o in winner["overrides"] if not o.startswith(("optim.lr=", "lr_scaling"))]
+    argv = ["-m", *keep, *grid, f"hydra.sweep.dir={(out / 'lr_check').resolve()}", *V.short_run(steps),
+            *launch, *extra]
+    V.preflight_or_raise(argv)
+    say(f"LR check: scalelab-train {' '.join(argv)}")
+    t = time.perf_counter()
+    rc = V.run_multirun(argv, out / "lr_check.log")
+    wall = time.perf_counter() - t
+    if rc == 2:
+        raise PlanError(f"LR check refused by scalelab-train: {V.last_error(out / 'lr_check.log')}")
+    runs = V.lr_rows(out / "lr_check", varied)
+    ok = [r for r in runs if r["loss_tail"] is not None and r["status"] == "completed"]
+    best = min(ok, key=lambda r: r["loss_tail"]) if ok else None
+    from scalelab.results.record import read_records
+
+    records = read_records([out / "lr_check"], [])
+    advised = adv["rule"] if varied == "lr_scaling" else adv["base_lr"]
+    return ({"varied": varied, "argv": argv, "sweep_dir": str(out / "lr_check"), "returncode": rc, "wall_s": wall,
+             "steps": steps, "runs": runs, "best": best["value"] if best else None,
+             "agrees_with_advice": bool(best) and str(best["value"]) == str(advised),
+             "report": str(out / "lr_check" / "report.html")}, records, [])
+
+
+def _say_ranking(doc: dict, say) -> None:
+    req, s = doc["request"], doc["search"]
+    say(f"{req['model']['name']} on {req['nodes']}x{req['devices']} {req['hardware']}, objective {doc['objective']}: "
+        f"{s['fitting']} of {s['built']} layouts fit device memory ({s['seconds']} s); best layout of each strategy:")
+    if doc["ranking"]:
+        say(text_table(*ranking_rows(doc)))
+    for r in doc["rejected_by_trainer"]:
+        say(f"refused by the trainer: {r['layout']}: {r['error']}")
+
+
+def _finish(doc: dict, out: Path, records, summaries, say) -> None:
+    paths = write_all(doc, out, records, summaries)
+    doc["files"] = {k: str(v) for k, v in paths.items()}
+    write_all(doc, out, records, summaries)   # again, so the json lists the files too
+    lr = doc.get("lr") or {}
+    if lr.get("advice"):
+        a = lr["advice"]
+        say(f"\nLR: rule {a['rule']}, lr {a['lr']:.4g} (base {a['base_lr']:g} at batch {a['base_batch']}), "
+            f"warmup {a['warmup_steps']}: {a['why']}")
+    if lr.get("check"):
+        c = lr["check"]
+        say(f"LR check ({c['steps']} steps, {c['wall_s']:.0f} s): lowest training loss over the last quarter with "
+            f"{c['varied']}={c['best']}"
+            + ("" if c["agrees_with_advice"] else " (not the advice: a short run's loss is noisy and favours "
+               "large LRs; the command keeps the advice)"))
+        say(text_table(*lr_table(doc)))
+    for k, p in doc["files"].items():
+        say(f"{k}: {p}")
+    if doc.get("winner"):
+        w = doc["winner"]
+        measured = f", measured {fmt_score(doc['objective'], w['measured_score'])}" if w["measured_score"] else ""
+        say(f"\nrecommended ({w['source']}; predicted {fmt_score(doc['objective'], w['predicted_score'])}{measured}):"
+            f"\n{w['command']}")
+
+
+def _measured(doc: dict, winner: dict):
+    v = doc.get("verification")
+    if not v:
+        return None
+    i = doc["ranking"].index(winner)
+    rows = [r for r in v["ranking"] if r["planner_rank"] == i + 1]
+    return rows[0].get("measured_score") if rows else None

@@ -1,0 +1,137 @@
+"""What `scalelab recommend` writes: recommendation.json (the whole answer, stable keys), a
+markdown summary, and an HTML page that is the comparison dashboard of the verification and LR
+runs (results/report.py) with the recommendation's tables on top."""
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from scalelab.plan.report import fmt_bytes, fmt_time
+
+_UNIT = {"throughput": "tokens/s", "time-to-tokens": "s to --tokens", "cost": "cost per token"}
+
+
+def fmt_score(objective: str, x: float | None) -> str:
+    if x is None:
+        return "-"
+    if objective == "throughput":
+        return f"{x:,.0f} tok/s" if x >= 100 else f"{x:.3g} tok/s"
+    if objective == "time-to-tokens":
+        return fmt_time(x)
+    return f"{x * 1e6:.4g} per 1M tokens"
+
+
+def ranking_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+    obj = doc["objective"]
+    head = ["#", "strategy", "devices", "dp", "tp", "pp", "micro x m", "ckpt", "precision", "memory/device",
+            f"predicted ({_UNIT[obj]})", "bound", "why"]
+    rows = []
+    for i, c in enumerate(doc["ranking"], 1):
+        rows.append([str(i), c["strategy"], f"{c['nodes']}x{c['devices']}", str(c["dp"]), str(c["tp"]), str(c["pp"]),
+                     f"{c['micro_batch']} x {c['micro_batches']}", c["activation_checkpointing"], c["precision"],
+                     fmt_bytes(c["predicted_total_bytes"]), fmt_score(obj, c["predicted_score"]),
+                     c["reason"]["bound"], c["reason"]["text"]])
+    return head, rows
+
+
+def verify_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+    obj = doc["objective"]
+    head = ["measured #", "planner #", "strategy", "micro x m", "predicted step", "measured step",
+            "pred/meas", "pred/meas at host speed", f"measured ({_UNIT[obj]})", "loss final", "status"]
+    rows = []
+    for i, v in enumerate(doc["verification"]["ranking"], 1):
+        ok = "measured_step_s" in v
+        rows.append([str(i) if ok else "-", str(v["planner_rank"]), v["strategy"], v["split"],
+                     fmt_time(v["predicted_step_s"]), fmt_time(v["measured_step_s"]) if ok else "-",
+                     f"{v['step_ratio']:.2f}" if ok else "-",
+                     f"{v['step_ratio_at_host_speed']:.2f}" if ok else "-",
+                     fmt_score(obj, v.get("measured_score")), f"{v['loss_final']:.4f}" if ok and v.get("loss_final")
+                     is not None else "-", v["status"] + (f": {v['error']}" if v.get("error") else "")])
+    return head, rows
+
+
+def lr_table(doc: dict) -> tuple[list[str], list[list[str]]]:
+    check = doc["lr"]["check"]
+    head = [check["varied"], "lr used", "loss first", "loss final", "loss, last 25 % of steps",
+            "loss curve (step: loss)", "status"]
+    rows = []
+    for r in check["runs"]:
+        curve = r["curve"]
+        picks = [curve[int(i * (len(curve) - 1) / 4)] for i in range(5)] if curve else []
+        rows.append([str(r["value"]), f"{r['lr']:.4g}" if r["lr"] is not None else "-",
+                     f"{r['loss_first']:.4f}" if r["loss_first"] is not None else "-",
+                     f"{r['loss_final']:.4f}" if r["loss_final"] is not None else "-",
+                     f"{r['loss_tail']:.4f}" if r["loss_tail"] is not None else "-",
+                     ", ".join(f"{int(s)}: {v:.3f}" for s, v in picks), r["status"] or "-"])
+    return head, rows
+
+
+def markdown_table(head: list[str], rows: list[list[str]]) -> str:
+    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+    return "\n".join(["| " + " | ".join(map(esc, head)) + " |", "|" + "---|" * len(head),
+                      *("| " + " | ".join(map(esc, r)) + " |" for r in rows)])
+
+
+def text_table(head: list[str], rows: list[list[str]], drop: tuple[str, ...] = ("why",)) -> str:
+    keep = [i for i, h in enumerate(head) if h not in drop]
+    head, rows = [head[i] for i in keep], [[r[i] for i in keep] for r in rows]
+    w = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    line = lambda cells: "  ".join(str(c).ljust(n) for c, n in zip(cells, w)).rstrip()  # noqa: E731
+    return "\n".join([line(head), line(["-" * n for n in w]), *map(line, rows)])
+
+
+def markdown(doc: dict) -> str:
+    req, win, lr = doc["request"], doc["winner"], doc["lr"]
+    out = [f"# ScaleLab recommendation: {req['model']['name']} on {req['nodes']}x{req['devices']} {req['hardware']}",
+           "", f"Objective: **{doc['objective']}**; global batch {', '.join(map(str, req['global_batches']))}; "
+           f"{doc['search']['fitting']} layouts fit device memory of {doc['search']['built']} considered "
+           f"({doc['search']['pruned_total']} pruned).", ""]
+    if win:
+        out += [f"**Run this** ({win['source']}): `{win['command']}`", "", f"Why: {win['reason']}", ""]
+    else:
+        out += ["**No layout fits** (see Pruned below).", ""]
+    out += ["## Planner ranking (best layout of each strategy)", "", markdown_table(*ranking_rows(doc)), ""]
+    if doc["search"]["pruned"]:
+        out += ["Pruned: " + "; ".join(f"{k} ({v})" for k, v in doc["search"]["pruned"].items()), ""]
+    if doc.get("rejected_by_trainer"):
+        out += ["Refused by the trainer's validation: " + "; ".join(
+            f"{r['strategy']}: {r['error']}" for r in doc["rejected_by_trainer"]), ""]
+    if doc.get("verification"):
+        v = doc["verification"]
+        out += ["## Verification (short real runs, re-ranked on measured figures)", "",
+                f"`scalelab-train {' '.join(v['argv'])}` ({v['steps']} steps each, {v['wall_s']:.0f} s); "
+                f"sweep: `{v['sweep_dir']}`", "", markdown_table(*verify_rows(doc)), "",
+                f"Measured best: **{v['measured_best']}** (the planner's #{v['measured_best_index'] + 1})."
+                if v["measured_best"] else "No verification run completed.", *([v["note"]] if v.get("note") else []),
+                ""]
+    out += ["## Learning rate", "", f"Rule **{lr['advice']['rule']}**, LR {lr['advice']['lr']:.4g} "
+            f"(base {lr['advice']['base_lr']:g} at batch {lr['advice']['base_batch']}), warmup "
+            f"{lr['advice']['warmup_steps']}: {lr['advice']['why']}.", "",
+            "| rule | LR at batch %d |" % lr["advice"]["global_batch"], "|---|---|",
+            *(f"| {r} | {v:.4g} |" for r, v in lr["advice"]["by_rule"].items()), ""]
+    if lr.get("check"):
+        c = lr["check"]
+        out += [f"Short LR check (`scalelab-train {' '.join(c['argv'])}`, {c['wall_s']:.0f} s): lowest training "
+                f"loss over the last quarter of the steps with {c['varied']}={c['best']}; loss curves: "
+                f"`{c['report']}`.", "", markdown_table(*lr_table(doc)), ""]
+    return "\n".join(out)
+
+
+def write_all(doc: dict, out: Path, records: list[dict], summaries: list[dict]) -> dict[str, Path]:
+    """recommendation.json, recommendation.md and (when runs were made) recommendation.html."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "recommendation.json", "markdown": out / "recommendation.md"}
+    paths["json"].write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    md = markdown(doc)
+    paths["markdown"].write_text(md + "\n")
+    if records:
+        from scalelab.results.report import render_html
+
+        page = render_html(records, summaries, title="ScaleLab recommendation: verification and LR runs")
+        summary = f'<section><pre style="white-space:pre-wrap">{html.escape(md)}</pre></section>'
+        page = page.replace("</h1>", "</h1>" + summary, 1)
+        paths["html"] = out / "recommendation.html"
+        paths["html"].write_text(page)
+    return paths
+

@@ -1,0 +1,219 @@
+"""The configuration space `scalelab recommend` searches, and what the planner says of each point.
+
+A point is one job the trainer can run: a strategy and its parallel degrees (tp, pp; dp is the
+rest), the device layout (devices per node x nodes), the batch split (micro-batch x accumulation,
+or a pipeline's micro-batches) of a global batch, activation checkpointing and precision. Each is
+built with the planner (plan.step_time.build_terms), pruned when it does not fit device memory
+(plan.step_time.fits), and timed (plan.step_time.step_time). Nothing here starts a process.
+
+Pruning rules that are the trainer's, not the planner's, are applied here too so that no candidate
+is one `scalelab-train` would refuse: TP stays inside a node and must divide heads, width, MLP
+width and vocabulary (strategies/tensor_parallel.check_tp_degree); a 1F1B pipeline needs at least
+as many micro-batches as stages (strategies/pipeline); `single` at N > 1 devices trains N
+independent replicas, so it is not a way to train the asked job.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from scalelab.plan.hardware import Hardware, list_hardware
+from scalelab.plan.spec import STRATEGIES, ModelSpec, PlanError, get_strategy
+from scalelab.plan.step_time import Terms, build_terms, device_total_bytes, fits, step_time
+
+# Strategies that compute the same gradients as single-device training (the default search).
+EXACT = ("single", "ddp", "fsdp", "fsdp_grad_op", "zero1", "zero2", "zero3", "zero2_offload",
+         "zero3_offload", "tp", "fsdp_tp", "pipeline", "nd")
+# Lossy or asynchronous ones: searched only when named (--strategies) or with --strategies all.
+APPROXIMATE = {"ddp_compress": "all-reduces bf16 gradients", "ddp_powersgd": "low-rank gradients",
+               "local_sgd": "averages parameters every few steps instead of gradients"}
+CHECKPOINTING = ("none", "selective", "full")
+
+
+@dataclass
+class Request:
+    """What the user asked: the model, the devices, the batch(es), and which choices to search."""
+    model: ModelSpec
+    model_name: str | None            # a conf/model/ name, or None (shape flags: model.arch.* overrides)
+    hardware: Hardware
+    hardware_name: str
+    devices: int
+    nodes: int = 1
+    global_batches: tuple[int, ...] = (16,)
+    precisions: tuple[str, ...] = ("32",)
+    optimizer: str = "adam"
+    strategies: tuple[str, ...] = EXACT
+    checkpointing: tuple[str, ...] = CHECKPOINTING
+    smaller_worlds: bool = False      # also fewer devices (the cost objective)
+    max_micro_batches: int = 64       # accumulation / pipeline micro-batches searched up to this
+    headroom: float = 0.0             # keep this fraction of device memory free (allocator slack)
+
+    @property
+    def is_cpu(self) -> bool:
+        return "cpu" in self.hardware.name.lower()
+
+
+@dataclass
+class Candidate:
+    strategy: str
+    devices: int
+    nodes: int
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    micro_batches: int                # accumulation steps, or a pipeline's micro-batches per step
+    global_batch: int
+    checkpointing: str
+    precision: str
+    terms: Terms = field(repr=False)
+    times: dict = field(repr=False)
+    memory_bytes: float = 0.0
+
+    @property
+    def world(self) -> int:
+        return self.devices * self.nodes
+
+    def key(self) -> tuple:
+        return (self.strategy, self.devices, self.nodes, self.tp, self.pp, self.micro_batch,
+                self.micro_batches, self.global_batch, self.checkpointing, self.precision)
+
+    def label(self) -> str:
+        split = f"{self.micro_batch}x{self.micro_batches}"
+        return (f"{self.strategy} {self.world}={self.nodes}x{self.devices} dp{self.dp} tp{self.tp} pp{self.pp} "
+                f"B{self.global_batch} micro {split} ckpt {self.checkpointing} {self.precision}")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def device_layouts(req: Request) -> list[tuple[int, int]]:
+    """(devices per node, nodes): the asked one, and with smaller_worlds every smaller one that
+    keeps whole nodes (fewer nodes of `devices`; on one node, any divisor of `devices`)."""
+    out = [(req.devices, n) for n in range(req.nodes, 0, -1)] if req.smaller_worlds else [(req.devices, req.nodes)]
+    if req.smaller_worlds:
+        out += [(d, 1) for d in reversed(_divisors(req.devices)) if d < req.devices]
+    return out
+
+
+def tp_degrees(model: ModelSpec, devices: int) -> list[int]:
+    """TP degrees > 1 the trainer accepts: inside a node, dividing heads, width, MLP width, vocab."""
+    if model.kind != "gpt":
+        return []
+    return [t for t in _divisors(devices) if t > 1 and not (model.heads % t or model.hidden % t
+                                                             or model.ffn % t or model.vocab % t)]
+
+
+def degrees(strategy: str, model: ModelSpec, devices: int, world: int) -> list[tuple[int, int]]:
+    """(tp, pp) pairs for a strategy on `world` devices (`devices` per node)."""
+    st = get_strategy(strategy)
+    tps = tp_degrees(model, devices)
+    pps = [p for p in _divisors(world) if 1 < p <= model.n_layers] if model.kind == "gpt" else []
+    if st.tensor_parallel and st.pipeline:       # nd: any mix but the plain-FSDP corner
+        return [(t, p) for t in [1, *tps] for p in [1, *pps]
+                if (t > 1 or p > 1) and world % (t * p) == 0]
+    if st.tensor_parallel:                        # tp: dp = the rest; fsdp_tp: needs dp > 1 to shard
+        return [(t, 1) for t in tps if world % t == 0 and (st.name != "fsdp_tp" or world // t > 1)]
+    if st.pipeline:
+        return [(1, p) for p in pps]
+    return [(1, 1)]
+
+
+def batch_splits(strategy: str, per_replica: int, pp: int, limit: int) -> list[tuple[int, int]]:
+    """(micro-batch, micro-batches) splitting one data-parallel replica's share of the batch.
+    Pipelines cut it into m >= pp micro-batches (1F1B); the others accumulate m micro-batches."""
+    splits = [(per_replica // m, m) for m in _divisors(per_replica) if m <= limit]
+    if get_strategy(strategy).pipeline:
+        splits = [(b, m) for b, m in splits if m >= pp]
+    return splits
+
+
+def strategy_list(names: str | None) -> tuple[str, ...]:
+    """--strategies: a comma list, `all` (approximate ones too), or None (the exact ones)."""
+    if not names:
+        return EXACT
+    wanted = list(STRATEGIES) if names.strip() == "all" else [n.strip() for n in names.split(",") if n.strip()]
+    for n in wanted:
+        if n not in STRATEGIES:
+            raise PlanError(f"unknown strategy {n!r} in --strategies; valid: {', '.join(STRATEGIES)} (or all)")
+    return tuple(wanted)
+
+
+def skip_reason(strategy: str, req: Request, world: int) -> str | None:
+    """Why a whole strategy is left out of this search (None: searched)."""
+    st = get_strategy(strategy)
+    if strategy == "single" and world > 1:
+        return "N independent replicas (no gradient sync): not the asked training"
+    if req.is_cpu and (st.offload_optimizer or st.offload_params):
+        return "offload moves states to host memory, which is the device's own memory on a CPU"
+    if world == 1 and strategy != "single" and not (st.offload_optimizer or st.offload_params):
+        return "on one device it shards and syncs nothing: single without the wrapper's overhead"
+    return None
+
+
+def enumerate_candidates(req: Request) -> tuple[list[Candidate], dict]:
+    """Every point of the space that fits device memory, and a tally of what was pruned and why."""
+    pruned: dict[str, int] = {}
+
+    def prune(why: str, n: int = 1) -> None:
+        pruned[why] = pruned.get(why, 0) + n
+
+    out: list[Candidate] = []
+    for devices, nodes in device_layouts(req):
+        world = devices * nodes
+        for name in req.strategies:
+            why = skip_reason(name, req, world)
+            if why:
+                prune(f"{name}: {why}")
+                continue
+            pairs = degrees(name, req.model, devices, world)
+            if not pairs:
+                prune(f"{name}: no tp/pp degree fits {nodes}x{devices} devices and the model's shape")
+            for tp, pp in pairs:
+                dp = world // (tp * pp)
+                for gb in req.global_batches:
+                    if gb % dp:
+                        prune(f"global batch not divisible by the {dp} data-parallel ranks")
+                        continue
+                    for micro, m in batch_splits(name, gb // dp, pp, req.max_micro_batches):
+                        for ckpt in req.checkpointing:
+                            for prec in req.precisions:
+                                cand = _build(req, name, devices, nodes, tp, pp, micro, m, gb, ckpt, prec, prune)
+                                if cand is not None:
+                                    out.append(cand)
+    return out, pruned
+
+
+def _build(req: Request, name, devices, nodes, tp, pp, micro, m, gb, ckpt, prec, prune) -> Candidate | None:
+    try:
+        terms = build_terms(req.model, name, devices=devices, nodes=nodes, tp=tp, pp=pp, micro_batch=micro,
+                            global_batch=gb, precision=prec, optimizer=req.optimizer,
+                            activation_checkpointing=ckpt)
+    except PlanError as exc:
+        prune(f"planner refused: {str(exc).split(';')[0]}")
+        return None
+    total = device_total_bytes(terms, req.hardware)
+    if not fits(terms, req.hardware) or total > (1 - req.headroom) * req.hardware.memory_bytes:
+        prune("does not fit device memory" + (f" less {req.headroom:.0%} headroom" if req.headroom else ""))
+        return None
+    L = terms.layout
+    return Candidate(name, devices, nodes, L.tp, L.pp, L.dp, L.micro_batch, L.micro_batches, L.global_batch,
+                     terms.checkpointing, terms.precision, terms, step_time(terms, req.hardware), total)
+
+
+def train_overrides(c: Candidate, req: Request) -> list[str]:
+    """The candidate in the trainer's vocabulary: the overrides of `scalelab plan`'s same-job line
+    (strategy=, model, trainer.devices/num_nodes, data.global_batch_size and micro_batch_size,
+    the strategy's degree options, precision, optimizer, checkpointing), one mapping for both."""
+    from scalelab.plan.cli import _train_command
+
+    cmd = _train_command(SimpleNamespace(model=req.model_name), c.terms, req.hardware_name)
+    if cmd is None:
+        raise PlanError("this model shape has no scalelab-train model (an MLP, or an MLP width that is not a "
+                        "multiple of the hidden size); give --model NAME")
+    ov = shlex.split(cmd)[1:]
+    if req.hardware_name not in list_hardware():   # a profile given as a path: not a trainer choice
+        ov = [o for o in ov if not o.startswith("hardware_profile=")]
+    return ov

@@ -1,0 +1,188 @@
+"""Checking the planner's best candidates with short real runs, through the normal sweep machinery.
+
+The K candidates differ in several keys at once (strategy, degrees, batch split), which one
+command-line sweep (a cartesian product) cannot express. Each candidate becomes one option of a
+config group written next to the results (`OUT/conf/recommend_candidate/cI.yaml`, a
+`# @package _global_` overlay like an experiment: `override /strategy: ...` plus its keys), and one
+ordinary multirun runs them all:
+
+    scalelab-train -m +recommend_candidate=c0,c1,c2 hydra.searchpath=[file://OUT/conf] \
+        hydra.sweep.dir=OUT/verify trainer.max_steps=N logger=none
+
+so every job is validated by preflight before the first starts, launched by the configured
+launcher (local ranks, or SLURM with `--slurm`), writes its run.json, and the sweep gets its
+sweep.json and report.html. The LR check is a plain multirun of the winner's own overrides over
+the LR grid (recommend/lr.py). Results are read back from run.json only.
+"""
+from __future__ import annotations
+
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from scalelab.plan.calibrate import speed_factor
+from scalelab.plan.hardware import Hardware
+from scalelab.plan.spec import PlanError
+
+from .rank import score, tokens_per_s
+from .space import Candidate
+
+GROUP = "recommend_candidate"
+
+
+def _groups() -> set[str]:
+    """Config groups of conf/ (an override `GROUP=NAME` selects an option; other keys are values)."""
+    from scalelab.paths import conf_dir
+
+    return {p.name for p in conf_dir().iterdir() if p.is_dir()}
+
+
+def overlay(overrides: list[str]) -> str:
+    """A `# @package _global_` config equal to these overrides: group choices become defaults-list
+    overrides, dotted keys nested values (parsed as YAML scalars, as Hydra parses them)."""
+    defaults, values, groups = [], {}, _groups()
+    for o in overrides:
+        key, value = o.split("=", 1)
+        if key in groups:
+            defaults.append({f"override /{key}": value})
+            continue
+        node = values
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = yaml.safe_load(value)
+    doc = {"defaults": defaults, **values} if defaults else values
+    return "# @package _global_\n" + yaml.safe_dump(doc, sort_keys=False)
+
+
+def train_argv() -> list[str]:
+    """`scalelab-train` of this interpreter (the console script's module)."""
+    return [sys.executable, "-m", "scalelab.train"]
+
+
+def slurm_overrides(cands: list[Candidate]) -> list[str]:
+    nodes = max(c.nodes for c in cands)
+    devices = max(c.devices for c in cands)
+    return ["hydra/launcher=submitit_slurm", f"hydra.launcher.nodes={nodes}", "hydra.launcher.tasks_per_node=1",
+            f"hydra.launcher.gpus_per_node={devices}", "launcher=srun"]
+
+
+def candidates_command(cands: list[Candidate], overrides: list[list[str]], out: Path, steps: int,
+                       extra: list[str], repeats: int = 1) -> list[str]:
+    """Write the candidates' config group under OUT/conf; the multirun's argv (after scalelab-train).
+    With repeats > 1 the seed is swept first, so Hydra runs the candidates in turn (c0 c1 c2 c0 c1
+    c2 ...): a host that slows down for a while slows every candidate, not one."""
+    group = out / "conf" / GROUP
+    group.mkdir(parents=True, exist_ok=True)
+    for i, ov in enumerate(overrides):
+        (group / f"c{i}.yaml").write_text(overlay(ov))
+    names = ",".join(f"c{i}" for i in range(len(cands)))
+    seeds = [f"seed={','.join(str(1234 + i) for i in range(repeats))}"] if repeats > 1 else []
+    return ["-m", *seeds, f"+{GROUP}={names}", f"hydra.searchpath=[file://{(out / 'conf').resolve()}]",
+            f"hydra.sweep.dir={(out / 'verify').resolve()}", *short_run(steps), *extra]
+
+
+def short_run(steps: int) -> list[str]:
+    """A short job whose figures still have measured steps: warm-up 1/4 (at least 2), 2 profiled."""
+    warm = max(2, steps // 4)
+    return [f"trainer.max_steps={steps}", f"trainer.warmup_steps={warm}", "trainer.profile_steps=2", "logger=none"]
+
+
+def preflight_or_raise(argv: list[str]) -> None:
+    """Validate every job of the multirun here, as scalelab-train's preflight would, so that a bad
+    --train-arg is one line before any process starts (the command's fork server included)."""
+    from scalelab.errors import ConfigError
+    from scalelab.preflight import preflight
+
+    try:
+        preflight(argv, data=False)
+    except ConfigError as exc:
+        raise PlanError(f"a verification job is not valid: {exc}") from None
+
+
+def run_multirun(argv: list[str], log: Path) -> int:
+    """Run `scalelab-train ARGV`, its output to LOG. Returns the exit code (1: some job failed,
+    the others recorded; 2: preflight refused the command, nothing ran)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as fh:
+        fh.write("$ scalelab-train " + " ".join(argv) + "\n")
+        fh.flush()
+        return subprocess.run([*train_argv(), *argv], stdout=fh, stderr=subprocess.STDOUT).returncode
+
+
+def last_error(log: Path) -> str:
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("error")]
+    return lines[-1] if lines else "see " + str(log)
+
+
+def records_by_candidate(sweep: Path) -> dict[int, list[dict]]:
+    """run.json of each job of the verification sweep, keyed by candidate index (its cI option)."""
+    from scalelab.results.record import read_records
+
+    out: dict[int, list[dict]] = {}
+    for rec in read_records([sweep], []):
+        for o in (rec.get("job") or {}).get("overrides") or []:
+            m = re.fullmatch(rf"\+?{GROUP}=c(\d+)", o)
+            if m:
+                out.setdefault(int(m.group(1)), []).append(rec)
+    return out
+
+
+def measured_row(c: Candidate, recs: list[dict], objective: str, hw: Hardware, tokens: float | None) -> dict:
+    """Predicted vs measured for one verified candidate (the median over its repeats). On a CPU the
+    prediction is also given at the runs' own host speed (their matmul probe;
+    plan/calibrate.speed_factor), as `--validate` does."""
+    pred_step = c.times["step_s"]
+    row = {"predicted_step_s": pred_step, "predicted_tokens_per_s": tokens_per_s(c),
+           "predicted_score": score(c, objective, hw, tokens), "status": "not run", "runs": len(recs)}
+    if not recs:
+        return row
+    ok = [r for r in recs if r.get("status") == "completed" and (r.get("throughput") or {}).get("tokens_per_s")
+          and (r.get("step_time_s") or {}).get("median")]
+    bad = [r for r in recs if r not in ok]
+    row.update(status="completed" if ok else (bad[0].get("status") or "failed"),
+               error=bad[0].get("error") if bad else None, run_dirs=[(r.get("job") or {}).get("dir") for r in recs])
+    if not ok:
+        return row
+    tps = statistics.median(float(r["throughput"]["tokens_per_s"]) for r in ok)
+    step = statistics.median(float(r["step_time_s"]["median"]) for r in ok)
+    speed = statistics.median(speed_factor(r, c.terms, hw) for r in ok)
+    peaks = [max(p) for r in ok for p in [(r.get("memory") or {}).get("peak_device_bytes_per_rank")
+                                          or (r.get("memory") or {}).get("peak_rss_bytes_per_rank") or []] if p]
+    row.update(measured_step_s=step, measured_tokens_per_s=tps, measured_score=score(c, objective, hw, tokens, tps=tps),
+               measured_tokens_per_s_runs=[float(r["throughput"]["tokens_per_s"]) for r in ok],
+               step_ratio=pred_step / step, host_speed_factor=speed, step_ratio_at_host_speed=pred_step / speed / step,
+               measured_peak_bytes=max(peaks) if peaks else None, predicted_total_bytes=c.memory_bytes,
+               loss_final=statistics.median(float((r.get("loss") or {}).get("final") or "nan") for r in ok),
+               short_run=any(bool(r.get("short_run")) for r in ok))
+    return row
+
+
+def lr_rows(sweep: Path, varied: str) -> list[dict]:
+    """One row per LR-check run: the varied value, the LR used, final loss, and its loss curve."""
+    from scalelab.results.record import read_records
+
+    rows = []
+    for rec in sorted(read_records([sweep], []), key=lambda r: (r.get("job") or {}).get("num", 0)):
+        loss = rec.get("loss") or {}
+        value = rec.get("lr_rule") if varied == "lr_scaling" else rec.get("base_lr")
+        curve = loss.get("curve") or []
+        rows.append({"value": value, "lr_rule": rec.get("lr_rule"), "base_lr": rec.get("base_lr"),
+                     "lr": rec.get("lr"), "status": rec.get("status"), "error": rec.get("error"),
+                     "loss_first": loss.get("first"), "loss_final": loss.get("final"), "loss_tail": tail_mean(curve),
+                     "curve": curve, "run_dir": (rec.get("job") or {}).get("dir")})
+    return rows
+
+
+def tail_mean(curve: list, fraction: float = 0.25) -> float | None:
+    """Mean training loss over the last `fraction` of the steps: one step's loss is one batch's,
+    noisier than the differences between LRs a short check can show."""
+    losses = [float(v) for _, v in curve if v is not None]
+    if not losses:
+        return None
+    tail = losses[-max(1, round(len(losses) * fraction)):]
+    return sum(tail) / len(tail)
