@@ -110,3 +110,17 @@ def test_profiles_load(name):
     assert hw.name == name and hw.peak("bf16") > 0 and hw.memory_bytes > 0
     assert hw.intra_node.bandwidth_bytes_per_s > 0 and hw.note
     assert 0 <= hw.comm_overlap <= 1 and hw.power_watts > 0 and hw.cost_per_device_hour > 0
+
+
+def test_deepspeed_reduce_buckets_count_whole_on_a_gpu_and_written_on_a_cpu():
+    """ZeRO-2 allocates its gradient reduce bucket twice (overlap_comm), 2e8 elements each, 16-bit
+    under bf16: 8e8 bytes a device allocator counts in full. A CPU rank's RSS sees only what the
+    gradients write into one bucket: min(Psi, 2e8) x 2 bytes."""
+    small = ModelSpec.from_shape(2, 256, 4, 1000, 128)              # Psi far below 2e8
+    gpu = plan(small, "zero2", ideal(), devices=2, micro_batch=1, precision="bf16-mixed")
+    cpu = plan(small, "zero2", ideal(kind="cpu"), devices=2, micro_batch=1, precision="bf16-mixed")
+    psi = gpu["inputs"]["model"]["n_params"]
+    assert gpu["memory"]["buffers_bytes_per_device"] == pytest.approx(2 * 2e8 * 2)
+    assert cpu["memory"]["buffers_bytes_per_device"] == pytest.approx(psi * 2)
+    assert gpu["memory"]["total_bytes_per_device"] - cpu["memory"]["total_bytes_per_device"] == \
+        pytest.approx(8e8 - 2 * psi)

@@ -81,6 +81,7 @@ class Hardware:
     strategy_host_layer_s: dict = field(default_factory=dict)   # host floor: a step >= this x layers x micro-batches
     collectives: dict = field(default_factory=dict)    # op -> Link as a dict (intra-node, measured)
     runtime_memory_bytes: float = 0.0
+    kind: str = "gpu"               # "cpu": a device is a rank in host RAM (RSS counts written pages only)
     host: dict = field(default_factory=lambda: {"link_bandwidth_bytes_per_s": 25e9,
                                                 "memory_bandwidth_bytes_per_s": 50e9})
     cost_per_device_hour: float = 0.0
@@ -167,6 +168,8 @@ def parse_hardware(d: dict, source: str = "") -> Hardware:
     kw["strategy_overhead_s"] = {k: float(v) for k, v in (d.get("strategy_overhead_s") or {}).items()}
     kw["strategy_layer_overhead_s"] = {k: float(v) for k, v in
                                        (d.get("strategy_layer_overhead_s") or {}).items()}
+    # profiles written before `kind` existed: this host's probe (and its calibrations) is a CPU
+    kw["kind"] = str(d.get("kind") or ("cpu" if str(d["name"]).startswith("this_cpu") else "gpu"))
     kw["strategy_host_layer_s"] = {k: float(v) for k, v in (d.get("strategy_host_layer_s") or {}).items()}
     kw["collectives"] = {}
     for op, v in (d.get("collectives") or {}).items():
@@ -325,7 +328,7 @@ def probe_cpu(out_path: str | Path | None = None, threads: int = 1, budget_s: fl
             f"other processes used {others:.2f} cores meanwhile"
             + (" (rerun on an idle machine)" if others > 0.2 else ""))
     hw = Hardware(
-        name="this_cpu", peak_flops={k: round(v, -6) for k, v in peak.items()},
+        name="this_cpu", kind="cpu", peak_flops={k: round(v, -6) for k, v in peak.items()},
         memory_bytes=float(ram // cores), memory_bandwidth_bytes_per_s=round(mem_bw, -6),
         intra_node=Link(1.3e9, 1.0e-4), inter_node=Link(1.25e8, 1.0e-4),
         devices_per_node=cores, threads_per_device=threads, compute_efficiency=0.6,
