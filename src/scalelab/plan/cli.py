@@ -190,7 +190,7 @@ def _plan(a, job_terms=None) -> int:
                       activation_checkpointing=a.activation_checkpointing,
                       sequence_parallel=not a.no_sequence_parallel)
             terms = build_terms(model, name, micro_batch=_micro_batch(a, model, name, kw), **kw)
-            plans.append((terms, hw, _train_command(a, terms, hw.name)))
+            plans.append((terms, hw, train_command(a, terms, hw.name)))
     docs = []
     for terms, hw, command in plans:
         docs.append(plan_terms(terms, hw, a.tokens))
@@ -232,7 +232,7 @@ def _strategy_option(name: str, key: str):
 _TRAIN_PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed"}
 
 
-def _train_command(a, terms, hardware: str) -> str | None:
+def train_command(a, terms, hardware: str) -> str | None:
     """The scalelab-train overrides that run the job a flag-form plan describes (None when the
     model is not one the trainer builds: an MLP, or an MLP width that is not a multiple)."""
     L, m = terms.layout, terms.model

@@ -207,9 +207,9 @@ def train_overrides(c: Candidate, req: Request) -> list[str]:
     """The candidate in the trainer's vocabulary: the overrides of `scalelab plan`'s same-job line
     (strategy=, model, trainer.devices/num_nodes, data.global_batch_size and micro_batch_size,
     the strategy's degree options, precision, optimizer, checkpointing), one mapping for both."""
-    from scalelab.plan.cli import _train_command
+    from scalelab.plan.cli import train_command
 
-    cmd = _train_command(SimpleNamespace(model=req.model_name), c.terms, req.hardware_name)
+    cmd = train_command(SimpleNamespace(model=req.model_name), c.terms, req.hardware_name)
     if cmd is None:
         raise PlanError("this model shape has no scalelab-train model (an MLP, or an MLP width that is not a "
                         "multiple of the hidden size); give --model NAME")
