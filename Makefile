@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # Keep caches inside the checkout so repeated runs (and CI) reuse prepared data and built ops.
 export SCALELAB_CACHE ?= $(CURDIR)/.cache/scalelab
 
-.PHONY: run test test-slow setup clean
+.PHONY: run test test-slow test-slurm slurm-up slurm-down setup clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,6 +22,17 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The SLURM tests against a real local cluster (Debian packages; root): `make test` runs them too
+# whenever the cluster is up, and skips them with the reason when it is not.
+test-slurm: $(STAMP) slurm-up
+	$(BIN)/python -m pytest -q tests/slurm tests/unit/test_slurm_render.py
+
+slurm-up:
+	scripts/slurm_cluster.sh up
+
+slurm-down:
+	scripts/slurm_cluster.sh down
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+FAILED_JOBS: list[str] = []  # this command's failed jobs ("name: error"), for its exit code (scalelab.train)
+
 # Variables that would make the ranks think they are already inside another launch.
 _LAUNCH_VARS = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                 "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "PL_GLOBAL_SEED",
@@ -152,12 +154,15 @@ def rank_command(launcher: str, nodes: int, devices: int, job_dir: Path, extra: 
             f"--max-restarts={max_restarts}", "-m", "scalelab.worker", str(job_dir)]
 
 
-def run_ranks(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> int:
+def run_ranks(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float, on_start=None) -> int:
     """Run the rank launcher in its own process group, tee its output to log_path, and make
-    sure nothing outlives it (timeout, Ctrl-C or an exception kill the whole group)."""
+    sure nothing outlives it (timeout, Ctrl-C or an exception kill the whole group).
+    on_start(proc): told the launcher's process (scalelab.requeue forwards signals to srun)."""
     with open(log_path, "ab", buffering=0) as log:  # unbuffered: the log is live while ranks run
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        if on_start is not None:
+            on_start(proc)
         deadline = time.monotonic() + timeout_s
         try:
             assert proc.stdout is not None

@@ -1,28 +1,79 @@
-"""`scalelab slurm render|submit`: an sbatch script for one run (multi-node via srun).
+"""`scalelab slurm render|submit`: an sbatch script for one run (multi-node via srun), `--array`
+for several override sets, `--wait` to block until done and print the comparison table.
 
-For sweeps on SLURM use Hydra's submitit launcher: each sweep job becomes one SLURM job whose
-batch step runs the Hydra job, which starts its ranks with srun (see slurm/README.md)."""
+The same script (slurm/run.sbatch.template) runs each job of a sweep launched with
+`hydra/launcher=slurm` (hydra_plugins/scalelab_slurm_launcher). Every value that reaches the
+script is shell-quoted; a #SBATCH value with a line break or control character is refused (a line
+break would start a new script line). Requeue and resume: scalelab.requeue."""
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import shlex
 import subprocess
 import sys
+import time
+from datetime import datetime
 from pathlib import Path
 
 from scalelab.paths import REPO_ROOT, cache_dir
 
 TEMPLATE = REPO_ROOT / "slurm" / "run.sbatch.template"
+# Job states after which a job will not run again (a REQUEUED / PREEMPTED job that SLURM requeues
+# goes back to PENDING; `squeue` still lists it).
+DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
+        "PREEMPTED", "REVOKED")
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def render(nodes: int, devices: int, overrides: list[str], gpus: bool, time: str, partition: str | None,
-           cpus_per_task: int, job_name: str, log_dir: str) -> str:
+def sbatch_value(name: str, value) -> str:
+    """A #SBATCH option's value, quoted as sbatch parses it (submitit does the same); ValueError for
+    a line break or control character."""
+    text = str(value)
+    if _UNSAFE.search(text) or not text:
+        raise ValueError(f"{name}={text!r} is not valid: a #SBATCH value must be non-empty, on one line, "
+                         "without control characters")
+    return shlex.quote(text)
+
+
+def render(nodes: int, devices: int, overrides: list[str], gpus: int | bool, time: str, partition: str | None,
+           cpus_per_task: int, job_name: str, log_dir: str, *, account: str | None = None, qos: str | None = None,
+           setup: list[str] = (), signal_delay_s: int = 90, array: list[list[str]] | None = None,
+           run_dir: str | None = None, stamp: str | None = None, sweep: tuple[str, int] | None = None) -> str:
+    """The batch script. run_dir: the job's run dir (a sweep job's); else one keyed by the job id
+    under log_dir (`<id>-<stamp>`; an array's tasks under `<array id>-<stamp>/<task>`).
+    array: one override list per array task. sweep: (sweep dir, job number) for a sweep's job."""
+    gpus = devices if gpus is True else int(gpus or 0)
+    lines = [f"#SBATCH --{k}={sbatch_value('--' + k, v)}\n" for k, v in
+             (("gpus-per-node", gpus or None), ("partition", partition), ("account", account), ("qos", qos),
+              ("time", time), ("array", f"0-{len(array) - 1}" if array else None)) if v]
+    log = Path(log_dir).resolve()
+    stamp = stamp or datetime.now().strftime("%Y%m%d-%H%M%S")
+    job_id = '"$SLURM_ARRAY_JOB_ID"' if array else '"$SLURM_JOB_ID"'
+    if run_dir is not None:
+        run = f"export SCALELAB_RUN_DIR={shlex.quote(run_dir)}"
+    elif array:
+        run = (f"export SCALELAB_SWEEP_DIR={shlex.quote(str(log))}/{job_id}-{stamp} "
+               'SCALELAB_JOB_NUM="$SLURM_ARRAY_TASK_ID"\nexport SCALELAB_RUN_DIR="$SCALELAB_SWEEP_DIR/$SLURM_ARRAY_TASK_ID"')
+    else:
+        run = f"export SCALELAB_RUN_DIR={shlex.quote(str(log))}/{job_id}-{stamp}"
+    if sweep is not None:
+        run += f"\nexport SCALELAB_SWEEP_DIR={shlex.quote(sweep[0])} SCALELAB_JOB_NUM={int(sweep[1])}"
+    block = ""
+    if array:
+        cases = "".join(f"  {i}) set -- {' '.join(shlex.quote(o) for o in s)} ;;\n" for i, s in enumerate(array))
+        block = (f'case "$SLURM_ARRAY_TASK_ID" in\n{cases}  *) echo "no override set for array task '
+                 '$SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;\nesac\n')
+    output = log / (f"{job_name}-%A_%a.out" if array else f"{job_name}-%j.out")
+    user_dir = any(o.startswith("hydra.run.dir=") for o in overrides)
     return TEMPLATE.read_text().format(
-        job_name=job_name, nodes=nodes, devices=devices, cpus_per_task=cpus_per_task,
-        gpu_line=f"#SBATCH --gpus-per-node={devices}\n" if gpus else "", time=time,
-        partition_line=f"#SBATCH --partition={partition}\n" if partition else "", log_dir=log_dir,
-        workdir=shlex.quote(str(Path.cwd())), cache=shlex.quote(str(cache_dir())),
-        python=shlex.quote(sys.executable), overrides=" ".join(shlex.quote(o) for o in overrides)).rstrip() + "\n"
+        job_name=sbatch_value("--job-name", job_name), nodes=int(nodes), devices=int(devices),
+        cpus_per_task=int(cpus_per_task), sbatch_lines="".join(lines), output=sbatch_value("--output", output),
+        signal_delay_s=int(signal_delay_s), workdir=shlex.quote(str(Path.cwd())), cache=shlex.quote(str(cache_dir())),
+        setup="".join(f"{s}\n" for s in setup), run_dir=run, array_block=block, python=shlex.quote(sys.executable),
+        overrides=" ".join(shlex.quote(o) for o in overrides),
+        run_dir_override="" if user_dir else "'hydra.run.dir=${oc.env:SCALELAB_RUN_DIR}'").rstrip() + "\n"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,9 +84,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu", action="store_true", help="no GPUs (gloo ranks on CPU cores)")
     p.add_argument("--time", default="01:00:00")
     p.add_argument("--partition")
+    p.add_argument("--account")
+    p.add_argument("--qos")
     p.add_argument("--cpus-per-task", type=int, default=8)
+    p.add_argument("--signal-delay", type=int, default=90, metavar="S",
+                   help="USR1 this many seconds before the time limit: save, requeue, resume (default 90)")
+    p.add_argument("--setup", action="append", default=[], metavar="LINE",
+                   help="a shell line run before the job (e.g. 'module load cuda'); repeatable")
     p.add_argument("--job-name", default="scalelab")
-    p.add_argument("--log-dir", default="outputs/slurm")
+    p.add_argument("--log-dir", default="outputs/slurm", help="sbatch logs and the runs (<job id>-<time>/)")
+    p.add_argument("--array", action="append", metavar="'K=V K=V'",
+                   help="one override set per array task (repeatable; the positional overrides apply to all)")
+    p.add_argument("--wait", action="store_true", help="submit: block until done, then print the comparison table")
     p.add_argument("--out", help="write the script here (render) instead of stdout")
     p.add_argument("overrides", nargs="*", help="scalelab-train overrides, e.g. strategy=fsdp model=gpt_small")
 
@@ -45,23 +105,43 @@ def run(args: argparse.Namespace) -> int:
     from scalelab.preflight import preflight
 
     try:
-        nodes = _layout(args.nodes, args.overrides, "trainer.num_nodes", "--nodes")
-        devices = _layout(args.devices, args.overrides, "trainer.devices", "--devices")
+        sets = [shlex.split(a) for a in args.array or []]
+        if any(o.startswith("hydra.run.dir=") for o in [*args.overrides, *sum(sets, [])]) and sets:
+            raise ValueError("hydra.run.dir cannot be given with --array: each task gets its own run dir")
+        layout = [_layout(args.nodes, [*args.overrides, *s], "trainer.num_nodes", "--nodes") for s in sets or [[]]]
+        layout_d = [_layout(args.devices, [*args.overrides, *s], "trainer.devices", "--devices") for s in sets or [[]]]
+        if len(set(layout)) > 1 or len(set(layout_d)) > 1:
+            raise ValueError(f"--array sets give different layouts (trainer.num_nodes {sorted(set(layout))}, "
+                             f"trainer.devices {sorted(set(layout_d))}): one array has one layout; submit them apart")
+        nodes, devices = layout[0], layout_d[0]
+        for name, v in (("--cpus-per-task", args.cpus_per_task), ("--signal-delay", args.signal_delay)):
+            if v < (0 if name == "--signal-delay" else 1):
+                raise ValueError(f"{name} {v} must be >= {0 if name == '--signal-delay' else 1}")
+        for name in ("job_name", "time", "partition", "account", "qos"):
+            if getattr(args, name) is not None:
+                sbatch_value("--" + name.replace("_", "-"), getattr(args, name))
+        refuse_secrets([*args.overrides, *sum(sets, [])])
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    args.nodes, args.devices = nodes, devices
-    overrides = [o for o in args.overrides if not o.startswith(("trainer.devices=", "trainer.num_nodes="))]
-    try:  # the same validation as a local run, for the SLURM layout
+    layout_keys = ("trainer.devices=", "trainer.num_nodes=")
+    overrides = [o for o in args.overrides if not o.startswith(layout_keys)]
+    sets = [[o for o in s if not o.startswith(layout_keys)] for s in sets]
+    try:  # the same validation as a local run, for the SLURM layout (each array set)
         # (GPU count is not checked here: the login node may have none.)
         # No data preparation here: the batch job prepares it on the cluster.
-        preflight([*overrides, "launcher=srun", f"trainer.devices={args.devices}", f"trainer.num_nodes={args.nodes}",
-                   *(["trainer.accelerator=cpu"] if args.cpu else [])], data=False)
+        for s in sets or [[]]:
+            preflight([*overrides, *s, "launcher=srun", f"trainer.devices={devices}", f"trainer.num_nodes={nodes}",
+                       *(["trainer.accelerator=cpu"] if args.cpu else [])], data=False)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    script = render(args.nodes, args.devices, overrides, not args.cpu, args.time, args.partition,
-                    args.cpus_per_task, args.job_name, args.log_dir)
+    if args.cpu and not any(o.startswith("trainer.accelerator=") for o in overrides):
+        overrides.append("trainer.accelerator=cpu")  # a CPU job on a GPU node must not take the GPUs
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    script = render(nodes, devices, overrides, not args.cpu, args.time, args.partition, args.cpus_per_task,
+                    args.job_name, args.log_dir, account=args.account, qos=args.qos, setup=args.setup,
+                    signal_delay_s=args.signal_delay, array=sets or None, stamp=stamp)
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)  # sbatch does not create --output's folder
     if args.action == "render":
         if args.out:
@@ -70,7 +150,151 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(script, end="")
         return 0
-    return subprocess.run(["sbatch"], input=script, text=True).returncode
+    try:
+        job = submit(script, Path(args.log_dir) / f"{args.job_name}-{stamp}.sbatch")
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    root = Path(args.log_dir).resolve() / f"{job}-{stamp}"
+    dirs = {f"{job}_{i}": root / str(i) for i in range(len(sets))} if sets else {job: root}
+    print(f"Submitted batch job {job}: {len(dirs)} run(s) under {root}", flush=True)
+    if not args.wait:
+        return 0
+    try:
+        states = wait(list(dirs))
+    except KeyboardInterrupt:
+        print(f"stopped waiting; job {job} keeps running (scancel {job} to end it)", file=sys.stderr)
+        return 130
+    for jid, d in dirs.items():
+        finalize(d, states.get(jid, {"state": "UNKNOWN"}), jid)
+    if sets:
+        from scalelab.results.callbacks import summarize_sweep
+
+        summarize_sweep(root)
+    else:
+        from scalelab.results.record import read_records
+        from scalelab.results.table import render as table
+
+        print(table(read_records([root])))
+    for jid, st in states.items():
+        print(f"SLURM job {jid}: {st['state']}" + (f" ({st['reason']}, exit {st['exit_code']})"
+                                                    if st["state"] != "COMPLETED" else ""))
+    return 0 if all(st["state"] == "COMPLETED" for st in states.values()) and len(states) == len(dirs) else 1
+
+
+def refuse_secrets(overrides: list[str]) -> None:
+    """A secret given as an override would be written into the job script (kept by SLURM and
+    beside the logs): ValueError pointing at the environment, which sbatch passes to the job."""
+    from scalelab.results.record import is_secret_key
+
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if "=" in o and is_secret_key(key.rsplit(".", 1)[-1]):
+            raise ValueError(f"{key}=... would be written into the SLURM job script: pass secrets in the "
+                             "environment instead (sbatch exports it to the job), e.g. WANDB_API_KEY")
+
+
+def submit(script: str, path: Path) -> str:
+    """sbatch the script (kept at `path` for the user); the job id. RuntimeError with sbatch's words."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(script)
+    try:
+        proc = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise RuntimeError("sbatch not found: run this on a SLURM login node") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"sbatch failed: {(proc.stderr or proc.stdout).strip()[:300]}")
+    return proc.stdout.strip().split(";")[0]
+
+
+def sacct(job_ids: list[str]) -> dict[str, dict]:
+    """{job id (array tasks as ID_TASK): {"state", "exit_code", "reason", "node_list"}} from accounting."""
+    out = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode,Reason,NodeList",
+                          "-j", ",".join(sorted({j.split("_")[0] for j in job_ids}))],
+                         capture_output=True, text=True, timeout=60).stdout
+    rows = {}
+    for line in out.splitlines():
+        jid, state, code, reason, nodes = (line.split("|") + [""] * 5)[:5]
+        st = state.split()[0] if state else "UNKNOWN"
+        rows[jid] = {"state": st, "exit_code": code, "reason": _reason(st, code, state, reason),
+                     "node_list": nodes, "state_detail": state}
+    return rows
+
+
+def _reason(state: str, code: str, detail: str, pending_reason: str) -> str | None:
+    """Why a job ended, in squeue's words. sacct's Reason is the job's last *pending* reason
+    (BeginTime after a requeue, None mostly), so it is derived from the state and exit code."""
+    rc, _, sig = (code or "0:0").partition(":")
+    if state == "COMPLETED":
+        return None
+    if state == "FAILED":
+        return f"NonZeroExitCode (exit {rc})" if rc not in ("", "0") else f"RaisedSignal:{sig}"
+    if state == "TIMEOUT":
+        return "TimeLimit"
+    if state == "CANCELLED":
+        return detail  # "CANCELLED by UID"
+    if state == "OUT_OF_MEMORY":
+        return "OutOfMemory"
+    return pending_reason if pending_reason and pending_reason != "None" else state
+
+
+def wait(job_ids: list[str], poll_s: float = 1.0, grace_s: float = 60.0) -> dict[str, dict]:
+    """Block until every job is done for good (a requeued job is pending again, not done). A job
+    gone from the queue that accounting still does not show as done after grace_s is UNKNOWN."""
+    gone_since = None
+    while True:
+        rows = sacct(job_ids)
+        live = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(sorted({j.split("_")[0] for j in job_ids}))],
+                              capture_output=True, text=True).stdout.split()
+        states = {j: rows.get(j) for j in job_ids}
+        if not live and all(s and s["state"] in DONE for s in states.values()):
+            return {j: s for j, s in states.items() if s}
+        gone_since = (gone_since or time.monotonic()) if not live else None
+        if gone_since and time.monotonic() - gone_since > grace_s:
+            unknown = {"state": "UNKNOWN", "exit_code": None, "reason": "not in accounting (is slurmdbd up?)",
+                       "node_list": None}
+            return {j: s if s and s["state"] in DONE else unknown for j, s in states.items()}
+        time.sleep(poll_s)
+
+
+def finalize(job_dir: Path, st: dict, job_id: str, meta: dict | None = None) -> dict:
+    """Put the job's final SLURM state on its run.json; a job that ended before writing one (a
+    crashed batch step, cancelled, timed out) gets a failed record naming the state and reason."""
+    from scalelab.results.record import RUN_FILE, write_json
+
+    path = job_dir / RUN_FILE
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        meta = meta or _meta_from(job_dir)
+        rec = {"status": "failed", "strategy": meta.get("strategy", "?"), "world_size": meta.get("world_size", 1),
+               "global_batch_size": meta.get("global_batch_size", 1),
+               "throughput": {"samples_per_s": None, "tokens_per_s": None},
+               "job": {"name": meta.get("name", job_dir.name), "dir": str(job_dir)},
+               "error": f"SLURM job {job_id} ended {st.get('state_detail') or st['state']} (reason {st.get('reason')}, "
+                        f"exit {st.get('exit_code')}) without a run record; see the job's sbatch log"}
+    if st["state"] != "COMPLETED" and rec.get("status") == "completed":
+        rec["status"] = "failed"
+        rec["error"] = f"SLURM job {job_id} ended {st['state']} ({st.get('reason')}) after its run record"
+    rec["slurm"] = {**(rec.get("slurm") or {"job_id": job_id}), **{k: st.get(k) for k in
+                                                                  ("state", "exit_code", "reason", "node_list")}}
+    if rec["status"] != "completed" and st["state"] not in rec.get("error", ""):
+        rec["error"] = f"SLURM {st['state']} ({st.get('reason')}): {rec.get('error')}"
+    job_dir.mkdir(parents=True, exist_ok=True)
+    write_json(path, rec)
+    return rec
+
+
+def _meta_from(job_dir: Path) -> dict:
+    """Strategy, world size and batch from the job's saved config, when it got that far."""
+    try:
+        from omegaconf import OmegaConf
+
+        c = OmegaConf.to_container(OmegaConf.load(job_dir / "config_resolved.yaml"))
+        return {"strategy": c["strategy"]["name"], "world_size": c["trainer"]["devices"] * c["trainer"]["num_nodes"],
+                "global_batch_size": c["data"]["global_batch_size"], "name": c["job"]["name"]}
+    except Exception:  # noqa: BLE001 - nothing saved: the record says so with what it has
+        return {}
 
 
 def _layout(flag: int | None, overrides: list[str], key: str, name: str) -> int:

@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from scalelab import launch, timing
+from scalelab import launch, requeue, timing
 from scalelab.errors import ConfigError
 from scalelab.paths import conf_dir
 from scalelab.results.record import (RUN_FILE, base_record, install_log_redaction, redact_text,
@@ -24,8 +24,13 @@ from scalelab.results.record import (RUN_FILE, base_record, install_log_redactio
 # torch (scalelab.config, preflight), so the server's imports overlap the launcher's own.
 
 log = logging.getLogger("scalelab")
-_FAILED: list[str] = []
+# The command's failed jobs. Kept in scalelab.launch: under `python -m scalelab.train` this module
+# is __main__, and the SLURM launcher plugin (which imports scalelab.*) must add to the same list.
+_FAILED: list[str] = launch.FAILED_JOBS
 _MARKS: dict = {}  # this command's own marks (launcher_start, preflight_done)
+# Set by scalelab.slurm for a job of a sweep or array that runs as its own SLURM job (Hydra run mode)
+SWEEP_ENV, NUM_ENV = "SCALELAB_SWEEP_DIR", "SCALELAB_JOB_NUM"
+ATTEMPT_MARK = "[scalelab] SLURM attempt: job"
 
 
 def run_job(cfg: DictConfig) -> dict:
@@ -49,12 +54,15 @@ def run_job(cfg: DictConfig) -> dict:
     cache = Path(cfg.cache_dir)
     if profile_name(cfg.get("hardware_profile", "auto"), spec.run.accelerator) == HOST_CPU:
         host_cpu_profile(cache)  # MFU's peak: probe this host once (cached), while no rank runs
-    group = Path(hc.sweep.dir).name if multirun else job_dir.name
+    sweep_dir, num = (Path(hc.sweep.dir).resolve(), hc.job.num) if multirun else (None, 0)
+    if not multirun and os.environ.get(SWEEP_ENV):  # one job of a sweep run as a SLURM job (scalelab.slurm)
+        sweep_dir, num = Path(os.environ[SWEEP_ENV]).resolve(), int(os.environ.get(NUM_ENV) or 0)
+    group = sweep_dir.name if sweep_dir else job_dir.name
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["job"] = {
-        "name": f"{group}/{hc.job.num}" if multirun else group, "group": group, "dir": str(job_dir),
-        "sweep_dir": str(Path(hc.sweep.dir).resolve()) if multirun else None,
-        "num": hc.job.num if multirun else 0, "overrides": list(hc.overrides.task),
+        "name": f"{group}/{num}" if sweep_dir else group, "group": group, "dir": str(job_dir),
+        "sweep_dir": str(sweep_dir) if sweep_dir else None,
+        "num": num, "overrides": list(hc.overrides.task),
         "threads_per_rank": threads,
         "data_prepared": str(prepare_for_run(resolved, spec)),  # preflight prepared it: a cache hit
     }
@@ -73,12 +81,30 @@ def run_job(cfg: DictConfig) -> dict:
                               list(cfg.launcher.get("extra_args") or []),
                               int(cfg.trainer.get("max_restarts", 0)), layout)  # torchrun / srun
     env = launch.rank_env(cache, threads, job_dir, bool(cfg.get("verbose", False)))
+    signals = None
+    if cfg.launcher.name == "srun" and requeue.in_slurm_job():  # a batch job: rank layout and requeue
+        env.update(requeue.master_env())
+        if os.environ.get("SLURM_CPUS_PER_TASK"):  # srun (22.05+) no longer takes it from the job
+            cmd.insert(1, f"--cpus-per-task={os.environ['SLURM_CPUS_PER_TASK']}")
+        signals = requeue.BatchSignals()
+        for stale in [job_dir / requeue.PREEMPTED, *job_dir.glob("error-rank*.txt")]:  # an earlier attempt's
+            stale.unlink(missing_ok=True)
+        with open(job_dir / "ranks.log", "a") as f:  # ranks.log keeps every attempt; errors are read from the last
+            f.write(f"{ATTEMPT_MARK} {os.environ['SLURM_JOB_ID']} requeue {os.environ.get('SLURM_RESTART_COUNT', 0)}\n")
     spawned = timing.now()
     if cfg.launcher.name == "local":   # forks of a pre-imported server (scalelab.spawn)
         from scalelab import spawn
 
         rc, elastic = spawn.run_job(job_dir, spec.run.devices_per_node, env, job_dir / "ranks.log",
                                     float(cfg.trainer.timeout_s), int(cfg.trainer.get("max_restarts", 0)))
+    elif signals is not None:
+        with signals:
+            rc, elastic = launch.run_ranks(cmd, env, job_dir / "ranks.log", float(cfg.trainer.timeout_s),
+                                           on_start=lambda p: setattr(signals, "proc", p)), {}
+        stopped = requeue.after_ranks(job_dir, signals.got, finished=rc == 0 and (job_dir / RUN_FILE).exists())
+        if stopped:  # saved for a requeue: this attempt writes no run record, the next one will
+            log.info(f"[scalelab] {resolved['job']['name']}: {stopped}")
+            return {"status": "requeued", "job": resolved["job"]}
     else:
         rc, elastic = launch.run_ranks(cmd, env, job_dir / "ranks.log", float(cfg.trainer.timeout_s)), {}
     exited = timing.now()
@@ -177,8 +203,10 @@ def _error_message(job_dir: Path, rc: int) -> str:
     ranks.log; its peers were ended after it and their errors are consequences), else any
     rank's error file, else the exit code and the log's last line."""
     log = job_dir / "ranks.log"
-    text = log.read_text(errors="replace") if log.exists() else ""
+    text = (log.read_text(errors="replace") if log.exists() else "").rsplit(ATTEMPT_MARK, 1)[-1]
     first = re.findall(r"\[scalelab\] rank (\d+) failed first \(([^)]*)\)", text)
+    # srun names the first task that exited badly first (its peers are ended after it)
+    first = first or re.findall(r"srun: error: [^:\s]+: tasks? (\d+)[\d,-]*: (Exited with exit code \d+|[A-Z]\w+)", text)[:1]
     if first:
         rank, how = first[-1]
         err = job_dir / f"error-rank{rank}.txt"
@@ -205,9 +233,16 @@ def _hydra_main(cfg: DictConfig) -> float:
 
 def main() -> None:
     _MARKS["launcher_start"] = timing.process_start_time() or timing.now()
+    if requeue.in_slurm_job():
+        # Until the ranks run (scalelab.requeue takes over), a warning signal to the batch step must
+        # not kill the job (USR1's default action). (srun's tasks start from slurmstepd, not from here.)
+        import signal
+
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     register_override_secrets(sys.argv[1:])  # `+logger.api_key=XYZ`: redacted in every file and log line
     install_log_redaction()
-    if "launcher=local" in sys.argv or not any(a.startswith("launcher=") for a in sys.argv):
+    on_slurm = any(a.startswith("hydra/launcher=") and a != "hydra/launcher=basic" for a in sys.argv)
+    if not on_slurm and ("launcher=local" in sys.argv or not any(a.startswith("launcher=") for a in sys.argv)):
         from scalelab import spawn
 
         # The ranks' fork server imports the worker (~4 s) while preflight runs: no rank starts
@@ -216,7 +251,16 @@ def main() -> None:
     from scalelab.preflight import preflight
 
     try:
-        preflight(sys.argv[1:])
+        if on_slurm and any(a.startswith("hydra/launcher=slurm") for a in sys.argv):
+            from scalelab.slurm import refuse_secrets
+
+            try:
+                refuse_secrets([a for a in sys.argv[1:] if not a.startswith("-")])
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        # a sweep on SLURM: every job runs launcher=srun there (its layout is checked as such)
+        preflight([*sys.argv[1:], *(["launcher=srun"] if on_slurm and not any(
+            a.startswith("launcher=") for a in sys.argv) else [])])
         _MARKS["preflight_done"] = timing.now()
     except ConfigError as e:
         print(f"error: {redact_text(str(e))}", file=sys.stderr)

@@ -14,13 +14,17 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
-import hydra.utils
+from scalelab import requeue
+
+requeue.install_early()  # before the heavy imports: a SLURM warning signal must not kill a starting rank
+
+import hydra.utils  # noqa: E402
 import lightning as L
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from scalelab import timing
+from scalelab import timing  # noqa: E402
 from scalelab.checkpointing import RESUMED, find_resume, periodic_checkpoint
 from scalelab.config import validate
 from scalelab.console import StepProgressBar, quiet_rank
@@ -42,7 +46,7 @@ def _local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", 0)))
 
 
-def build_logger(cfg, job_dir: Path):
+def build_logger(cfg, job_dir: Path, resumed: bool = False):
     kind = cfg.logger.name
     if kind == "none":
         return False
@@ -59,7 +63,7 @@ def build_logger(cfg, job_dir: Path):
                                                                                   "lr_rule") if k in config)]
     kw = dict(project=cfg.logger.project, entity=cfg.logger.entity, name=job.name, group=job.group,
               job_type=cfg.strategy.name, tags=list(dict.fromkeys(map(str, tags))), save_dir=str(job_dir),
-              config=config)
+              config=config, **_wandb_identity(job_dir, resumed))
     def make(mode):
         lg = WandbLogger(mode=mode, **kw)
         # Lightning always passes `anonymous` (None), and wandb 0.31 warns that it has no effect on every run.
@@ -87,6 +91,26 @@ def build_logger(cfg, job_dir: Path):
         print(f"[scalelab] warning: W&B online init failed ({type(exc).__name__}: {why}); logging offline "
               f"instead: sync later with `wandb sync {job_dir}/wandb/offline-run-*`", flush=True)
         return make("offline")
+
+
+WANDB_ID = ".wandb_run_id"  # JOB_DIR/.wandb_run_id: the job's W&B run, continued when the job resumes
+
+
+def _wandb_identity(job_dir: Path, resumed: bool) -> dict:
+    """A job resumed from its own checkpoint (requeued, restarted) continues its W&B run: the same
+    id, resume="allow"; a fresh job gets a new id, saved for its resumptions. Only rank 0 creates
+    the run (Lightning), so only rank 0 reads or writes the id."""
+    if _global_rank() != 0:
+        return {}
+    path = job_dir / WANDB_ID
+    if resumed and path.exists() and path.read_text().strip():
+        return {"id": path.read_text().strip(), "resume": "allow"}
+    import uuid
+
+    run_id = uuid.uuid4().hex[:12]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(run_id)
+    return {"id": run_id}
 
 
 def logged_config(cfg) -> dict:
@@ -153,12 +177,19 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     if val_curve is not None:
         callbacks.append(val_curve)
     resume, resumed_at = _resume_point(cfg, job_dir, rank)
-    callbacks.append(periodic_checkpoint(job_dir, cfg.checkpoint.get("every_n_steps"),
-                                         int(cfg.checkpoint.get("keep_last", 2))))
+    periodic = periodic_checkpoint(job_dir, cfg.checkpoint.get("every_n_steps"), int(cfg.checkpoint.get("keep_last", 2)))
+    callbacks.append(periodic)
+    plugins, on_signal = [], None
+    if os.environ.get(requeue.STEP_ENV) == "1":  # srun ranks of a SLURM batch job (scalelab.requeue)
+        from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+        plugins = [SLURMEnvironment(auto_requeue=False)]  # requeueing is scalelab.requeue's, not Lightning's
+        on_signal = requeue.requeue_callback(job_dir, periodic)
+        callbacks.append(on_signal)
     window = _profile_window(cfg, spec, resumed=resume is not None)
     if window is not None:
         callbacks.append(window)
-    logger = build_logger(cfg, job_dir)
+    logger = build_logger(cfg, job_dir, resumed=resume is not None)
     strategy = without_teardown_copies(plan.lightning_strategy(spec.run))
     if hasattr(strategy, "_timeout"):  # collectives fail after this instead of Lightning's 30 min
         strategy._timeout = timedelta(seconds=float(cfg.trainer.get("collective_timeout_s", 1800)))
@@ -170,11 +201,21 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         log_every_n_steps=cfg.trainer.log_every_n_steps, enable_checkpointing=False,
         enable_model_summary=False, enable_progress_bar=bool(cfg.trainer.enable_progress_bar),
         use_distributed_sampler=False,  # GlobalBatchSampler shards by data-parallel rank itself
-        num_sanity_val_steps=0, default_root_dir=str(job_dir),
+        num_sanity_val_steps=0, default_root_dir=str(job_dir), plugins=plugins,
         **validation_trainer_args(cfg.trainer, spec.batch.accumulate_grad_batches))
     t0 = time.time()
     trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
     fit_s = time.time() - t0
+    if on_signal is not None:
+        requeue.ignore_late()
+    if on_signal is not None and on_signal.stopped_at is not None:  # saved for the requeue: no record
+        if logger and type(logger).__name__ == "WandbLogger" and rank == 0:
+            import wandb
+
+            wandb.finish()  # the requeued job continues this W&B run (build_logger: resume by id)
+        del trainer, module, data, metrics, callbacks, logger, on_signal
+        shutdown_process_group()
+        return 0
     if cfg.checkpoint.save:
         trainer.save_checkpoint(str(job_dir / "checkpoints" / "last.ckpt"))
     if cfg.checkpoint.export_consolidated:
@@ -211,6 +252,10 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
                                                  cfg.get("cache_dir")))
         record["resumed_from"] = str(resume) if resume else None
         record["resumed_at_step"] = resumed_at
+        if resumed_at:  # `steps` counts the whole run; the figures above are this attempt's
+            record["steps_this_attempt"] = record["steps"]
+            record["steps"] = resumed_at + record["steps"]
+        record["slurm"] = requeue.slurm_info()
         record["status"] = "completed"
         marks.update(first_step=metrics.first_step_at, last_step=metrics.last_step_at,
                      record_written=timing.now())

@@ -1,5 +1,4 @@
 """Every yaml in conf/ (and every experiment) composes, and validates where it is a full run."""
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir

@@ -44,9 +44,8 @@ from torch import nn
 
 from scalelab.errors import ConfigError
 from scalelab.strategies.base import RunSpec, StrategyPlan
-from scalelab.strategies.pipeline_record import _BUBBLE_METHOD, PipelineRecord  # noqa: F401
-from scalelab.strategies.pipeline_split import (SPLITS, StageChunk, layer_counts, make_stage,  # noqa: F401
-                                                split_layers, stage_chunks)
+from scalelab.strategies.pipeline_record import PipelineRecord
+from scalelab.strategies.pipeline_split import SPLITS, layer_counts, make_stage, stage_chunks
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 _META = "meta.pt"

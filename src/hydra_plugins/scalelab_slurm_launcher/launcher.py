@@ -1,0 +1,98 @@
+"""The Hydra launcher behind `hydra/launcher=slurm` (settings: config.py).
+
+Why not hydra-submitit-launcher's own: it submits one job array with one layout for the whole
+sweep (a sweep over trainer.devices needs a layout per job), and runs the pickled Hydra job as a
+child of the batch shell inside an srun step, where neither the batch-step signal
+(`scancel --batch`, `--signal=B:`) reaches it nor can it start its ranks' own srun step without
+oversubscribing the allocation. Here each job is the sbatch script of `scalelab slurm submit`
+(scalelab.slurm.render: the same quoting, requeue and resume), its run dir is the sweep's
+`<sweep dir>/<num>` fixed before submission, and the command waits, records every job's final
+SLURM state (scalelab.slurm.finalize), and lets the SweepSummary callback aggregate the sweep.
+Hydra plugins are imported whenever Hydra scans for them: imports stay inside the methods.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+from hydra.plugins.launcher import Launcher
+
+log = logging.getLogger("scalelab")
+
+
+class ScalelabSlurmLauncher(Launcher):
+    def __init__(self, **params: Any) -> None:
+        self.params = params
+        self.config = self.hydra_context = self.task_function = None
+
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
+        import json
+        import math
+        import subprocess
+
+        from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
+        from omegaconf import OmegaConf, open_dict
+
+        from scalelab import launch, slurm
+        from scalelab.results.record import scrub, scrub_file
+
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        p = self.params
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        scrub_file(sweep_dir / "multirun.yaml")
+        jobs = []  # (num, overrides, cfg, job dir, SLURM id)
+        try:
+            for overrides in job_overrides:  # before anything is submitted (scalelab.train checks argv too)
+                slurm.refuse_secrets(list(overrides))
+            for i, overrides in enumerate(job_overrides):
+                num = initial_job_idx + i
+                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+                with open_dict(cfg):
+                    cfg.hydra.job.id = cfg.hydra.job.num = num
+                job_dir = sweep_dir / str(cfg.hydra.sweep.subdir)
+                t = cfg.trainer
+                cpu = str(t.accelerator) == "cpu"
+                gpus = 0 if cpu else (int(t.devices) if p.get("gpus_per_node", "auto") == "auto"
+                                      else int(p["gpus_per_node"] or 0))
+                args = [o for o in overrides if not o.lstrip("+~").startswith(("launcher=", "hydra."))]
+                script = slurm.render(int(t.num_nodes), int(t.devices), args, gpus, p.get("time", "01:00:00"),
+                                      p.get("partition"), int(p.get("cpus_per_task") or (1 if cpu else 8)),
+                                      p.get("job_name", "scalelab"), str(sweep_dir / "slurm"),
+                                      account=p.get("account"), qos=p.get("qos"), setup=list(p.get("setup") or []),
+                                      signal_delay_s=int(p.get("signal_delay_s", 90)), run_dir=str(job_dir),
+                                      sweep=(str(sweep_dir), num))
+                job_id = slurm.submit(script, sweep_dir / "slurm" / f"job{num}.sbatch")
+                log.info(f"[scalelab] #{num} SLURM job {job_id}: {' '.join(filter_overrides(overrides))}")
+                jobs.append((num, list(overrides), cfg, job_dir, job_id))
+            ids = {j[4]: j for j in jobs}
+            (sweep_dir / "slurm" / "jobs.json").write_text(json.dumps({str(j[0]): j[4] for j in jobs}) + "\n")
+            states = slurm.wait(list(ids), float(p.get("poll_s", 1.0)))
+        except (KeyboardInterrupt, RuntimeError, ValueError) as e:
+            # Nothing of this sweep may keep running once its command gave up on it.
+            if jobs:
+                subprocess.run(["scancel", *[j[4] for j in jobs]], capture_output=True)
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            raise SystemExit(f"error: {e}") from None
+        runs = []
+        for num, overrides, cfg, job_dir, job_id in jobs:
+            st = states.get(job_id, {"state": "UNKNOWN", "reason": "not in accounting"})
+            meta = {"strategy": str(cfg.strategy.name), "world_size": int(cfg.trainer.devices) * int(cfg.trainer.num_nodes),
+                    "global_batch_size": int(cfg.data.global_batch_size), "name": f"{sweep_dir.name}/{num}"}
+            rec = slurm.finalize(job_dir, st, job_id, meta)
+            if rec.get("status") != "completed":
+                launch.FAILED_JOBS.append(f"{meta['name']} (SLURM job {job_id}): {scrub(rec.get('error'))}")
+                log.error(f"[scalelab] job {meta['name']} (SLURM job {job_id}) FAILED: {scrub(rec.get('error'))}")
+            final = (rec.get("loss") or {}).get("final")
+            ret = JobReturn(overrides=overrides, cfg=cfg, hydra_cfg=cfg, working_dir=str(job_dir),
+                            task_name=str(cfg.hydra.job.name), status=JobStatus.COMPLETED)
+            ret.return_value = float(final) if rec.get("status") == "completed" and final is not None else math.nan
+            runs.append(ret)
+        return runs

@@ -1,0 +1,202 @@
+"""Preemption and time limits under SLURM: save, requeue, resume; owned here and nowhere else.
+
+Who gets which signal (measured on slurm-wlm 22.05, shared/notes/local-slurm.md):
+- `--signal=USR1@90` (the rendered scripts') and `scancel --signal=USR1 JOB`: the job steps' tasks,
+  i.e. the ranks; not the batch step.
+- `scancel --signal=USR1 --batch JOB` (and `--signal=B:USR1@90`): the batch step only. The
+  rendered script `exec`s the Hydra job, so that is this Python process, which forwards the signal
+  to its srun step (srun forwards it to every rank).
+- `scontrol requeue`, `scancel`, preemption, the time limit: SIGTERM to every step's tasks and
+  the batch step, then SIGKILL after KillWait.
+
+The ranks (RequeueOnSignal, a Lightning callback) agree at the next optimizer step that one of
+them was signalled (one all-reduce of a flag per step, so they stop at the same step), save a
+checkpoint there (checkpointing.PeriodicCheckpoint's atomic save) and stop; rank 0 writes
+JOB_DIR/.preempted. The batch process then requeues the job (`scontrol requeue`) after USR1; after
+SIGTERM SLURM itself requeues (scontrol requeue, preemption) or ends (scancel) the job, so it only
+saves. The requeued job runs the same script with the same SLURM_JOB_ID, hence the same run dir,
+and `checkpoint.resume=auto` continues from the newest checkpoint. Lightning's own requeue is off
+(SLURMEnvironment(auto_requeue=False)): it would requeue from rank 0 before the others saved, and
+a whole job array at once (Lightning #15022).
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+PREEMPTED = ".preempted"  # JOB_DIR/.preempted: "STEP SIGNAL" of a rank stop this attempt
+STEP_ENV = "SCALELAB_SLURM_STEP"  # set for ranks started by srun under a SLURM batch job
+_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+def in_slurm_job(environ=None) -> bool:
+    return bool((os.environ if environ is None else environ).get("SLURM_JOB_ID"))
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """SLURM's compressed host list ("gpu[07-08,10],login1") -> ["gpu07", "gpu08", "gpu10", "login1"]
+    (zero padding kept); the ranks need no `scontrol show hostnames` for the first node."""
+    hosts = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist):
+        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
+        if not m:
+            hosts.append(part)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for r in ranges.split(","):
+            lo, _, hi = r.partition("-")
+            for n in range(int(lo), int(hi or lo) + 1):
+                hosts.append(f"{prefix}{str(n).zfill(len(lo))}{suffix}")
+    return hosts
+
+
+def master_env(environ=None) -> dict[str, str]:
+    """MASTER_ADDR = the allocation's first node, MASTER_PORT from the job id: every rank of every
+    node derives the same pair with no exchange, and a requeued job (same id) reuses it. The port
+    is Lightning's SLURMEnvironment formula (15000 + the id's last 4 digits), stated explicitly so
+    the ranks do not depend on it."""
+    env = os.environ if environ is None else environ
+    nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
+    job = env.get("SLURM_JOB_ID") or "0"  # an array task's own id: tasks on one node get distinct ports
+    return {"MASTER_ADDR": expand_nodelist(nodes)[0], "MASTER_PORT": str(15000 + int(str(job)[-4:] or 0)),
+            STEP_ENV: "1"}
+
+
+def slurm_info(environ=None) -> dict | None:
+    """What run.json records about the SLURM job (None outside SLURM)."""
+    env = os.environ if environ is None else environ
+    if not in_slurm_job(env):
+        return None
+    task = env.get("SLURM_ARRAY_TASK_ID")
+    return {"job_id": env.get("SLURM_ARRAY_JOB_ID") + "_" + task if task and env.get("SLURM_ARRAY_JOB_ID")
+            else env["SLURM_JOB_ID"], "raw_job_id": env["SLURM_JOB_ID"],
+            "array_job_id": env.get("SLURM_ARRAY_JOB_ID"), "array_task_id": int(task) if task else None,
+            "node_list": env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST"),
+            "nodes": expand_nodelist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""),
+            "partition": env.get("SLURM_JOB_PARTITION"), "requeues": int(env.get("SLURM_RESTART_COUNT") or 0)}
+
+
+# ---- the ranks ---------------------------------------------------------------------------------
+EARLY: list[int] = []  # a warning signal that arrived while the rank was still starting
+
+
+def install_early() -> None:
+    """First thing in a rank under srun, before the imports (10+ s): the warning signal's default
+    action would kill a starting rank (seen with a short time limit: `tasks 0-1: User defined
+    signal 1`); it is noted instead and acted on at the first step (RequeueOnSignal)."""
+    if os.environ.get(STEP_ENV) == "1":
+        signal.signal(signal.SIGUSR1, lambda signum, frame: EARLY.append(signum))
+
+
+def requeue_callback(job_dir: Path, saver):
+    """The Lightning callback for ranks under srun (built here so the batch side does not import
+    Lightning). saver: the PeriodicCheckpoint whose atomic save writes the checkpoint."""
+    import lightning as L
+
+    class _Requeue(RequeueOnSignal, L.Callback):
+        pass
+
+    return _Requeue(job_dir, saver)
+
+
+class RequeueOnSignal:
+    def __init__(self, job_dir: Path, saver):
+        self.job_dir, self.saver = Path(job_dir), saver
+        self.signalled: int | None = None  # the signal this rank got
+        self.stopped_at: int | None = None
+        self._seen = -1
+
+    def _handler(self, signum, frame) -> None:
+        self.signalled = signum  # only a flag: the save needs every rank, at a step boundary
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # After Lightning registered its own handlers (its SIGTERM one would raise in the loop)
+        for s in _SIGNALS:
+            signal.signal(s, self._handler)
+        if EARLY and self.signalled is None:
+            self.signalled = EARLY[-1]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step == self._seen:  # not an optimizer step's end (gradient accumulation)
+            return
+        self._seen = step
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([self.signalled or 0], dtype=torch.int32, device=trainer.strategy.root_device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # one rank signalled: every rank stops here
+        sig = int(flag.item())
+        if not sig:
+            return
+        if step < trainer.max_steps:  # at max_steps the run is finishing anyway: nothing to save
+            path = self.saver.save(trainer, step)
+            if trainer.is_global_zero:
+                (self.job_dir / PREEMPTED).write_text(f"{step} {signal.Signals(sig).name}")
+                print(f"[scalelab] {signal.Signals(sig).name}: checkpoint {path} saved at step {step}; "
+                      "stopping for the requeue", flush=True)
+            self.stopped_at = step
+            trainer.should_stop = True
+
+
+def ignore_late() -> None:
+    """After fit: a warning signal has nothing left to save (the run is writing its record or
+    exiting), and a Python handler would not protect the rank anyway once the interpreter
+    finalizes (it restores the default action, which kills). Measured: a USR1 in that window
+    killed ranks that had finished all their steps."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+# ---- the batch step (the Hydra job that runs srun) ---------------------------------------------
+class BatchSignals:
+    """In the batch step while the ranks run: USR1 is forwarded to the srun step (it reaches the
+    ranks); SIGTERM is only noted (SLURM signals the ranks itself; a second SIGTERM to srun would
+    make it kill them before they save)."""
+
+    def __init__(self):
+        self.got: list[int] = []
+        self.proc = None
+        self._old = {}
+
+    def __enter__(self):
+        for s in _SIGNALS:
+            self._old[s] = signal.signal(s, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+    def _handler(self, signum, frame) -> None:
+        self.got.append(signum)
+        if signum == signal.SIGUSR1 and self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGUSR1)
+
+
+def after_ranks(job_dir: Path, got: list[int], finished: bool = False) -> str | None:
+    """After the ranks exited: None when they did not stop for a signal (or finished the run
+    anyway: `finished`); else what was done, in one line. Requeues the job unless SLURM is already
+    requeueing or ending it (SIGTERM)."""
+    marker = job_dir / PREEMPTED
+    info = slurm_info() or {}
+    if not marker.exists():
+        if signal.SIGTERM not in got or finished:
+            return None
+        # The ranks were ended before they could save (within KillWait; a W&B service process in
+        # the step gets SIGTERM too and its rank fails on the next log call).
+        return (f"SIGTERM: ranks ended without a new checkpoint; if SLURM requeues job {info.get('job_id')}, "
+                "it resumes from the newest periodic checkpoint (checkpoint.every_n_steps)")
+    step, _, name = marker.read_text().partition(" ")
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if signal.SIGTERM in got or name == "SIGTERM":
+        return (f"SIGTERM: checkpoint saved at step {step}; SLURM ends or requeues job {info.get('job_id')} "
+                f"itself (a requeued job resumes from it)")
+    proc = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return (f"{name}: checkpoint saved at step {step}, but `scontrol requeue {job}` failed: "
+                f"{(proc.stderr or proc.stdout).strip()[:200]} (submit with --requeue)")
+    return f"{name}: checkpoint saved at step {step}; job {info.get('job_id')} requeued (requeue {info.get('requeues', 0) + 1})"
