@@ -90,6 +90,10 @@ def build_logger(cfg, job_dir: Path, resumed: bool = False):
         why = (str(exc).strip().splitlines() or [""])[0][:200]
         print(f"[scalelab] warning: W&B online init failed ({type(exc).__name__}: {why}); logging offline "
               f"instead: sync later with `wandb sync {job_dir}/wandb/offline-run-*`", flush=True)
+        # W&B's service keeps the failed run's id ("run ID ... is in use"): the offline run gets a
+        # new one, saved in the job dir for this job's resumptions.
+        kw.pop("resume", None)
+        kw.update(_wandb_identity(job_dir, resumed=False))
         return make("offline")
 
 
