@@ -21,21 +21,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from tests.unit.test_plan_saved_tensors import _from_parameter  # the same exclusion rule
+
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return getattr(t, "_local_tensor", t)
-
-
-def _from_parameter(t: torch.Tensor) -> bool:
-    fn = t.grad_fn
-    while fn is not None:
-        nxt = [f for f, _ in fn.next_functions if f is not None]
-        if type(fn).__name__ == "AccumulateGrad":
-            return True
-        if len(nxt) != 1:
-            return False
-        fn = nxt[0]
-    return False
 
 
 def saved_bytes(model, tokens) -> dict:

@@ -141,17 +141,25 @@ def _request_doc(req: Request, tokens, budget_s) -> dict:
             "tokens": tokens, "budget_s": budget_s}
 
 
+def _multirun(argv: list[str], log: Path, what: str, say, announce: str) -> tuple[int, float]:
+    """Validate, announce and run one scalelab-train multirun; (exit code, wall s). A refusal
+    (exit 2: bad overrides) is an error here, a failed job is a measured outcome."""
+    V.preflight_or_raise(argv)
+    say(announce)
+    t = time.perf_counter()
+    rc = V.run_multirun(argv, log)
+    wall = time.perf_counter() - t
+    if rc == 2:
+        raise PlanError(f"{what} refused by scalelab-train: {V.last_error(log)}")
+    return rc, wall
+
+
 def _verify(chosen, doc, req, objective, tokens, steps, repeats, out: Path, extra, slurm, say):
     cands = [c for c, _ in chosen]
     launch = V.slurm_overrides(cands) if slurm else []
     argv = V.candidates_command(cands, [ov for _, ov in chosen], out, steps, launch + extra, repeats)
-    V.preflight_or_raise(argv)
-    say(f"verifying the top {len(cands)}: scalelab-train {' '.join(argv)}\n  (log: {out / 'verify.log'})")
-    t = time.perf_counter()
-    rc = V.run_multirun(argv, out / "verify.log")
-    wall = time.perf_counter() - t
-    if rc == 2:
-        raise PlanError(f"verification refused by scalelab-train: {V.last_error(out / 'verify.log')}")
+    rc, wall = _multirun(argv, out / "verify.log", "verification", say,
+                         f"verifying the top {len(cands)}: scalelab-train {' '.join(argv)}\n  (log: {out / 'verify.log'})")
     ranking, best, note = measured_ranking(cands, V.records_by_candidate(out / "verify"), objective, req, tokens)
     from scalelab.results.record import read_records
     from scalelab.results.sweep import aggregate
@@ -195,13 +203,7 @@ def _lr_check(winner: dict, adv: dict, out: Path, steps: int, extra, slurm, show
     keep = [o for o in winner["overrides"] if not o.startswith(("optim.lr=", "lr_scaling"))]
     argv = ["-m", *keep, *grid, f"hydra.sweep.dir={(out / 'lr_check').resolve()}", *V.short_run(steps),
             *launch, *extra]
-    V.preflight_or_raise(argv)
-    say(f"LR check: scalelab-train {' '.join(argv)}")
-    t = time.perf_counter()
-    rc = V.run_multirun(argv, out / "lr_check.log")
-    wall = time.perf_counter() - t
-    if rc == 2:
-        raise PlanError(f"LR check refused by scalelab-train: {V.last_error(out / 'lr_check.log')}")
+    rc, wall = _multirun(argv, out / "lr_check.log", "LR check", say, f"LR check: scalelab-train {' '.join(argv)}")
     runs = V.lr_rows(out / "lr_check", varied)
     ok = [r for r in runs if r["loss_tail"] is not None and r["status"] == "completed"]
     best = min(ok, key=lambda r: r["loss_tail"]) if ok else None
