@@ -98,7 +98,7 @@ def torchrun_layout(launcher, nodes: int, environ=None, require: bool = True) ->
             endpoint = f"{addr}:{port}"
             parse_endpoint(endpoint, "MASTER_ADDR:MASTER_PORT")
         elif nodes == 1:
-            endpoint = f"127.0.0.1:{_free_port()}"
+            endpoint = f"127.0.0.1:{free_port()}"
         else:
             raise ConfigError(f"launcher=torchrun with trainer.num_nodes={nodes} needs the rendezvous endpoint: set "
                               "launcher.rdzv_endpoint=HOST:PORT (node 0's address, the same on every node) or "
@@ -121,7 +121,8 @@ def torchrun_layout(launcher, nodes: int, environ=None, require: bool = True) ->
             "rdzv_id": get("rdzv_id")}
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (a rendezvous or store for ranks on this machine)."""
     import socket
 
     with socket.socket() as s:

@@ -21,11 +21,11 @@ import multiprocessing as mp
 import os
 import select
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
 
+from scalelab import launch
 from scalelab.checkpointing import PROGRESS, RESUMED
 
 PRELOAD = ["scalelab.worker"]
@@ -68,12 +68,6 @@ def stop_server() -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(job_dir: str, env: dict[str, str], out_path: str) -> None:
@@ -138,7 +132,7 @@ def run_ranks(job_dir: Path, n: int, env: dict[str, str], log_path: Path, timeou
     os.mkfifo(fifo)
     read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     keep_open = os.open(fifo, os.O_WRONLY)  # EOF only once the launcher says so (after the ranks)
-    port = str(_free_port())
+    port = str(launch.free_port())
     procs = []
     try:
         for r in range(n):

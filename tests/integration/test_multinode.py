@@ -9,12 +9,13 @@ with one line naming the rendezvous, and leave nothing running.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+
+from scalelab.launch import free_port
 
 from ..conftest import BASE, SGD, TRAIN, env, losses_by_step, train, worker_pids
 
@@ -25,12 +26,6 @@ COMMON = [*BASE, *SGD, "logger=none", f"trainer.max_steps={STEPS}", "data.global
 REL = 1e-5
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _node(k: int, port: int, job: Path, cwd: Path, extra: list[str], nodes: int = 2) -> subprocess.Popen:
     args = [*COMMON, *extra, "launcher=torchrun", f"trainer.num_nodes={nodes}", "trainer.devices=2",
             f"launcher.rdzv_endpoint=127.0.0.1:{port}", f"launcher.node_rank={k}", f"hydra.run.dir={job}"]
@@ -39,7 +34,7 @@ def _node(k: int, port: int, job: Path, cwd: Path, extra: list[str], nodes: int 
 
 
 def _two_nodes(tmp_path: Path, extra: list[str], timeout: float = 150) -> tuple[dict, dict]:
-    port = _free_port()
+    port = free_port()
     jobs = [tmp_path / "node0", tmp_path / "node1"]
     procs = [_node(k, port, jobs[k], tmp_path, [*extra, "launcher.rdzv_timeout_s=60"]) for k in (1, 0)][::-1]
     outs = []
@@ -93,7 +88,7 @@ def test_two_nodes_fsdp_tp_groups_stay_inside_a_node(tmp_path):
 
 
 def test_node_that_never_joins_fails_the_other_in_time(tmp_path):
-    port = _free_port()
+    port = free_port()
     job = tmp_path / "node0"
     t0 = time.monotonic()
     p = _node(0, port, job, tmp_path, ["strategy=ddp", "launcher.rdzv_timeout_s=10"])

@@ -145,8 +145,7 @@ def model_bytes_in_ram(terms: Terms) -> float:
     """What the planner puts in a CPU rank's RAM besides the runtime: model states (offloaded ones
     too: on CPU, host and device are one RAM), activations and communication buffers."""
     st = terms.states
-    return (st.total_bytes + st.offloaded_bytes + terms.activations_bytes + st.buffers_bytes
-            - st.unwritten_buffer_bytes)
+    return st.total_bytes + st.offloaded_bytes + terms.activations_bytes + st.resident_buffer_bytes(cpu=True)
 
 
 def runtime_bytes_from_rss(runs) -> tuple[float, int] | None:

@@ -81,6 +81,11 @@ class ModelStates:
     def total_bytes(self) -> float:
         return self.params_bytes + self.grads_bytes + self.optimizer_bytes
 
+    def resident_buffer_bytes(self, cpu: bool) -> float:
+        """buffers_bytes as the memory figure sees them: all of them on a device allocator, the
+        written part only in a CPU rank's RSS."""
+        return self.buffers_bytes - (self.unwritten_buffer_bytes if cpu else 0.0)
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d["model_states_bytes"] = self.total_bytes

@@ -243,8 +243,8 @@ def plan(model: ModelSpec, strategy: str | Strategy, hardware: Hardware | str, *
 
 def device_total_bytes(terms: Terms, hw: Hardware) -> float:
     st = terms.states
-    unwritten = st.unwritten_buffer_bytes if hw.kind == "cpu" else 0.0   # never in a CPU rank's RSS
-    return st.total_bytes + terms.activations_bytes + st.buffers_bytes - unwritten + hw.runtime_memory_bytes
+    return (st.total_bytes + terms.activations_bytes + st.resident_buffer_bytes(hw.kind == "cpu")
+            + hw.runtime_memory_bytes)
 
 
 def fits(terms: Terms, hw: Hardware) -> bool:
@@ -327,7 +327,7 @@ def plan_terms(terms: Terms, hw: Hardware, tokens: float | None = None) -> dict:
             "optimizer_bytes_per_device": float(st.optimizer_bytes),
             "model_states_bytes_per_device": float(st.total_bytes),
             "activations_bytes_per_device": float(terms.activations_bytes),
-            "buffers_bytes_per_device": float(st.buffers_bytes - (st.unwritten_buffer_bytes if hw.kind == "cpu" else 0.0)),
+            "buffers_bytes_per_device": float(st.resident_buffer_bytes(hw.kind == "cpu")),
             "runtime_bytes_per_device": float(hw.runtime_memory_bytes),
             "total_bytes_per_device": float(device_total),
             "device_memory_bytes": float(hw.memory_bytes),
