@@ -7,6 +7,7 @@ column-wise by heads without re-ordering a fused weight.
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -101,15 +102,28 @@ class GPT(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layers)})
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(self._init_weights)
-        for name, p in self.named_parameters():  # GPT-2 scaled init of residual projections
-            if name.endswith(("out_proj.weight", "down.weight")):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        self.init_seed = torch.initial_seed()  # the run's seed (seed_everything) at construction
+        if not any(p.is_meta for p in self.parameters()):  # on the meta device: filled by the strategy
+            with torch.no_grad():
+                for name, p in self.named_parameters():
+                    self.fill_initial(name, p)
 
-    @staticmethod
-    def _init_weights(m: nn.Module) -> None:
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+    def fill_initial(self, name: str, t: torch.Tensor) -> None:
+        """Write parameter `name`'s initial value into `t` (the parameter's full shape, on any
+        device). Each parameter draws from its own generator seeded by (init_seed, name), so its
+        value does not depend on which other parameters a rank builds or in what order: a
+        strategy that builds the model on the meta device and materializes only its shards
+        (strategies/materialize.py) gets the same weights as `single`, parameter by parameter.
+        GPT-2 init: N(0, 0.02) for Linear and Embedding weights, N(0, 0.02/sqrt(2L)) for the
+        residual projections (out_proj, down), LayerNorm weight 1 and bias 0."""
+        owner = self.get_submodule(name.rpartition(".")[0])
+        if isinstance(owner, nn.LayerNorm):
+            t.fill_(1.0) if name.endswith("weight") else t.zero_()
+            return
+        std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("out_proj.weight", "down.weight")) else 0.02
+        g = torch.Generator(device=t.device)
+        g.manual_seed((int(self.init_seed) * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
+        t.normal_(0.0, std, generator=g)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """idx (B, T) token ids -> logits (B, T, vocab). Stages of a pipeline may lack

@@ -72,9 +72,13 @@ class StrategyPlan:
     #: 1 when the strategy only runs on one device (validated before spawn)
     max_world_size: int | None = None
     #: every rank holds the whole model on its device (single, DDP, ZeRO-1/2): on a GPU the model
-    #: is then built there directly, with no fp32 copy of it in host memory per rank. Sharding
-    #: strategies (FSDP, TP, pipeline, ZeRO-3) cut the model first, so they build it on the host.
+    #: is then built there directly, with no fp32 copy of it in host memory per rank.
     replicates_model: bool = False
+    #: the strategy cuts the model in `parallelize` and then calls strategies.materialize on what
+    #: this rank keeps (FSDP, TP, fsdp_tp, nd, pipeline): the plain model is built on the meta
+    #: device, so no rank ever holds the whole model. ZeRO-3 (DeepSpeed partitions at
+    #: deepspeed.initialize) still builds it on the host.
+    meta_init: bool = False
 
     def __init__(self, name: str | None = None, **options: Any):
         if name:
@@ -97,9 +101,14 @@ class StrategyPlan:
         return global_rank
 
     def init_device(self, run: RunSpec, local_rank: int) -> torch.device:
-        """Where this rank builds the plain model (see replicates_model)."""
+        """Where this rank builds the plain model (see replicates_model and meta_init)."""
         if run.accelerator == "gpu" and self.replicates_model:
             return torch.device("cuda", local_rank)
+        if self.meta_init:
+            from scalelab.strategies.materialize import supports_meta_init
+
+            if supports_meta_init(run.model_arch):
+                return torch.device("meta")
         return torch.device("cpu")
 
     def lightning_strategy(self, run: RunSpec) -> Any:

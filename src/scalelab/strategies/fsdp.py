@@ -70,4 +70,7 @@ class FSDP(MeshParallelPlan):
         self.reshard_after_forward = bool(reshard_after_forward)
 
     def parallelize(self, net: nn.Module, device_mesh: Any) -> nn.Module:
-        return apply_fsdp(net, device_mesh["data_parallel"], self.precision, self.reshard_after_forward)
+        from scalelab.strategies.materialize import materialize, rank_device
+
+        net = apply_fsdp(net, device_mesh["data_parallel"], self.precision, self.reshard_after_forward)
+        return materialize(net, rank_device(device_mesh.device_type))

@@ -73,6 +73,7 @@ def merge_on_rank0(trainer: Any, local: dict) -> dict | None:
 
 class Pipeline(PipelineRecord, StrategyPlan):
     name = "pipeline"
+    meta_init = True  # parallelize() trims, then strategies.materialize fills this stage only
 
     def __init__(self, name: str = "pipeline", schedule: str = "1f1b", microbatches: int = 4, dp: int = 1,
                  stages_per_rank: int = 1, split: str = "uniform", **options):
@@ -212,7 +213,10 @@ class Pipeline(PipelineRecord, StrategyPlan):
             device_type = "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
             mesh = init_device_mesh(device_type, (self._pp, self.dp), mesh_dim_names=("pp", "dp"))
             self._pp_group, self._dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
-        return self._trim(net)
+        from scalelab.strategies.materialize import materialize, rank_device
+
+        device_type = "cuda" if dist.is_initialized() and "nccl" in str(dist.get_backend()) else "cpu"
+        return materialize(self._trim(net), rank_device(device_type))  # only this stage's layers
 
     @property
     def is_first(self) -> bool:
