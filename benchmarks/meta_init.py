@@ -3,7 +3,9 @@ meta-device init (strategies/materialize.py: cut the storage-free model, allocat
 
     .venv/bin/python benchmarks/meta_init.py [--layers 24 --width 2048 --heads 16 --ranks 2 --strategy fsdp]
 
-Defaults: the issue-11 1.2B GPT (24 x 2048, context 1024) under FSDP2 on 2 gloo ranks. Each mode
+Defaults: the issue-11 1.2B GPT (24 x 2048, context 1024) under FSDP2 on 2 gloo ranks
+(`--strategy tp`, `--strategy zero3`: DeepSpeed's zero.Init as ScaleLab's ZeRO-3 uses it; the eager
+zero3 row is the host-built model deepspeed.initialize would then partition). Each mode
 runs in fresh torchrun processes; each rank reports its peak RSS (getrusage ru_maxrss, the
 process's high-water mark) before building and after the model is built, cut and filled, plus the
 bytes of parameters it holds. On a GPU host the same code fills the shard on the device, so the
@@ -40,13 +42,25 @@ def rank_main(mode: str, strategy: str, layers: int, width: int, heads: int, out
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     cfg = GPTConfig(n_layers=layers, n_heads=heads, d_model=width, seq_len=1024, vocab_size=256)
+    if strategy == "zero3":
+        import deepspeed  # imported before the baseline: its code is not the model's
     before = _peak_mib()
     torch.manual_seed(0)
     with torch.device("meta" if mode == "meta" else "cpu"):
         net = GPT(cfg)
-    net = apply_fsdp(net, mesh, "32-true") if strategy == "fsdp" else apply_tensor_parallel(net, mesh)
-    net = materialize(net, torch.device("cpu"))
-    held = sum((p.to_local() if hasattr(p, "to_local") else p).numel() * 4 for p in net.parameters())
+    if strategy == "zero3":  # eager: deepspeed.initialize would partition the host-built model
+        if mode == "meta":   # ScaleLab's path: ZeRO.parallelize under zero.Init
+            from scalelab.strategies.deepspeed import ZeRO
+
+            with deepspeed.zero.Init(config_dict_or_path={"zero_optimization": {"stage": 3},
+                                                          "train_micro_batch_size_per_gpu": 1}):
+                net = ZeRO(stage=3).parallelize(net, None)
+        held = sum(p.ds_tensor.numel() * p.ds_tensor.element_size() for p in net.parameters()) \
+            if mode == "meta" else sum(p.numel() * 4 for p in net.parameters())
+    else:
+        net = apply_fsdp(net, mesh, "32-true") if strategy == "fsdp" else apply_tensor_parallel(net, mesh)
+        net = materialize(net, torch.device("cpu"))
+        held = sum((p.to_local() if hasattr(p, "to_local") else p).numel() * 4 for p in net.parameters())
     row = {"rank": dist.get_rank(), "before_mib": before, "after_mib": _peak_mib(), "held_mib": held / 2**20,
            "params": sum(p.numel() for p in net.parameters())}
     Path(out, f"{mode}{dist.get_rank()}.json").write_text(json.dumps(row))
@@ -60,14 +74,15 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--strategy", choices=["fsdp", "tp"], default="fsdp")
+    ap.add_argument("--strategy", choices=["fsdp", "tp", "zero3"], default="fsdp")
     ap.add_argument("--rank-mode", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.rank_mode:
         return rank_main(a.rank_mode, a.strategy, a.layers, a.width, a.heads, a.out)
     out = tempfile.mkdtemp(prefix="meta_init_")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
+           **({"DS_ACCELERATOR": "cpu"} if a.strategy == "zero3" else {})}
     for mode in ("eager", "meta"):
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.ranks}",
                         __file__, "--rank-mode", mode, "--out", out, "--strategy", a.strategy, "--layers",

@@ -14,8 +14,8 @@ from scalelab.paths import conf_dir
 from scalelab.strategies.base import RunSpec
 
 ON_DEVICE = ["single", "ddp", "ddp_compress", "ddp_powersgd", "zero1", "zero2", "zero2_offload"]
-ON_META = ["fsdp", "fsdp_grad_op", "tp", "fsdp_tp", "pipeline", "nd"]
-ON_HOST = ["zero3", "zero3_offload"]
+ON_META = ["fsdp", "fsdp_grad_op", "tp", "fsdp_tp", "pipeline", "nd", "zero3", "zero3_offload"]
+ON_HOST: list[str] = []
 
 
 def _plan(name):

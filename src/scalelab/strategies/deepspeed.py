@@ -68,7 +68,8 @@ class ZeRO(StrategyPlan):
                  sub_group_size: int | None = None, **options: Any):
         super().__init__(name, **options)
         self.stage = stage
-        self.replicates_model = stage in (1, 2)  # ZeRO-3 partitions parameters: built on the host
+        self.replicates_model = stage in (1, 2)
+        self.meta_init = stage == 3  # ZeRO-3: built on the meta device, then under zero.Init (parallelize)
         self.offload_optimizer, self.offload_params = offload_optimizer, offload_params
         self.pin_memory, self.nvme_path, self.cpu_adam = pin_memory, nvme_path, cpu_adam
         self.zero_options = dict(
@@ -155,6 +156,38 @@ class ZeRO(StrategyPlan):
         from scalelab.strategies.deepspeed_lightning import ScaleLabDeepSpeedStrategy
 
         return ScaleLabDeepSpeedStrategy(config=config, cpu_adam=self.cpu_adam)
+
+    def parallelize(self, net: Any, device_mesh: Any) -> Any:
+        """ZeRO-3 without a whole model per rank. The worker built `net` on the meta device;
+        Lightning calls configure_model (LitModule -> here) inside deepspeed.zero.Init
+        (DeepSpeedStrategy.model_sharded_context), so a GPT built here has each submodule's
+        parameters partitioned as soon as that submodule exists (one layer's full weights at a
+        time, on the rank's device). Each parameter is then gathered once and filled with
+        GPT.fill_initial's value (fp32, cast to the partition's dtype) by rank 0, whose values
+        GatheredParameters(modifier_rank=0) broadcasts: the weights `single` starts from."""
+        from scalelab.strategies.materialize import is_meta
+
+        if self.stage != 3 or not is_meta(net):
+            return net
+        import deepspeed
+        import torch.distributed as dist
+
+        seed = net.init_seed
+        net = type(net)(net.cfg)
+        net.init_seed = seed
+        plain = [n for n, p in net.named_parameters() if not hasattr(p, "ds_id")]
+        if plain:
+            raise RuntimeError(f"ZeRO-3 init: {plain[:3]} were not partitioned (no deepspeed.zero.Init around "
+                               "configure_model?)")
+        rank0 = not dist.is_initialized() or dist.get_rank() == 0
+        with torch.no_grad():
+            for name, p in net.named_parameters():
+                with deepspeed.zero.GatheredParameters([p], modifier_rank=0):
+                    if rank0:
+                        full = torch.empty(p.ds_shape, dtype=torch.float32, device=p.device)
+                        net.fill_initial(name, full)
+                        p.data.copy_(full)
+        return net
 
     # -- measurements ------------------------------------------------------------------------
     def state_bytes(self, trainer: Any, pl_module: Any) -> dict[str, int]:

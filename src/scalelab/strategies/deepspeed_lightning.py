@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 
 class ScaleLabDeepSpeedStrategy(DeepSpeedStrategy):
@@ -61,8 +60,11 @@ class ScaleLabDeepSpeedStrategy(DeepSpeedStrategy):
                 optimizer, swapped = new, True
         if self.offloads_optimizer:
             self.config["zero_force_ds_cpu_optimizer"] = swapped
-            rank_zero_info(f"[scalelab] ZeRO-Offload optimizer step on CPU: {type(optimizer).__name__}"
-                           + ("" if swapped else " (zero_force_ds_cpu_optimizer: false)"))
+            # a result line, not library chatter: printed by rank 0 itself (console.quiet_rank mutes
+            # Lightning's rank_zero_info logger unless verbose=true)
+            if self.global_rank == 0:
+                print(f"[scalelab] ZeRO-Offload optimizer step on CPU: {type(optimizer).__name__}"
+                      + ("" if swapped else " (zero_force_ds_cpu_optimizer: false)"), flush=True)
         return optimizer, scheduler_cfg
 
 
