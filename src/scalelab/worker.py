@@ -165,7 +165,8 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     n_params = num_params(module.net)
     data = ByteCorpusDataModule(cfg.job.data_prepared, spec.batch.global_batch_size,
                                 spec.batch.per_device_batch_size, plan.dp_rank(rank, world),
-                                spec.batch.dp_size, cfg.seed, cfg.data.num_workers)
+                                spec.batch.dp_size, cfg.seed, cfg.data.num_workers,
+                                pin_memory=spec.run.accelerator == "gpu")
     metrics = StepMetrics(spec.batch.accumulate_grad_batches, plan)
     from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 

@@ -382,3 +382,19 @@ def test_step_metrics_timer_restarts_when_validation_ends():
     m.on_validation_end(trainer, mod)
     m.on_train_batch_end(trainer, mod, {"raw_loss": torch.tensor(1.0)}, None, 1)
     assert m.step_times[1] < 0.1, m.step_times
+
+
+@pytest.mark.parametrize("pin", [False, True])
+def test_gpu_ranks_get_pinned_batches(small, pin):
+    """pin_memory (the worker sets it for accelerator == gpu, datamodule.py says why: a pageable
+    host-to-device batch copy drains the device queue every step) reaches both DataLoaders."""
+    import warnings
+
+    from scalelab.data.datamodule import ByteCorpusDataModule
+
+    dm = ByteCorpusDataModule(small[1], global_batch=4, micro_batch=2, dp_rank=0, dp_size=2, seed=0, pin_memory=pin)
+    dm.setup()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns that pinning is a no-op without an accelerator
+        assert dm.train_dataloader().pin_memory is pin
+        assert dm.val_dataloader().pin_memory is pin

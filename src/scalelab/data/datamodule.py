@@ -22,11 +22,17 @@ class ByteCorpusDataModule(L.LightningDataModule):
     plan (tensor-parallel peers must see the same samples), not from the global rank."""
 
     def __init__(self, prepared: str | Path, global_batch: int, micro_batch: int, dp_rank: int,
-                 dp_size: int, seed: int, num_workers: int = 0):
+                 dp_size: int, seed: int, num_workers: int = 0, pin_memory: bool = False):
         super().__init__()
         self.prepared = Path(prepared)
         self.global_batch, self.micro_batch = global_batch, micro_batch
         self.dp_rank, self.dp_size, self.seed, self.num_workers = dp_rank, dp_size, seed, num_workers
+        # GPU ranks (worker: accelerator == "gpu"): batches in page-locked memory. Lightning copies
+        # a batch with .to(cuda, non_blocking=True); from pageable memory that copy first waits for
+        # every kernel already queued on the stream (CUDA's API sync behaviour for pageable
+        # host-to-device copies), a device drain per step that exposes the host's per-step work as
+        # device idle time. From pinned memory it is queued like a kernel and the host runs ahead.
+        self.pin_memory = pin_memory
         self._val_ds = None
 
     def setup(self, stage: str | None = None) -> None:
@@ -47,7 +53,7 @@ class ByteCorpusDataModule(L.LightningDataModule):
                                      self.dp_size, self.seed, shuffle=shuffle, start_step=start_step,
                                      lightning_epoch=lightning_epoch)
         return DataLoader(ds, batch_size=self.micro_batch, sampler=sampler, drop_last=True,
-                          num_workers=self.num_workers, collate_fn=_collate)
+                          num_workers=self.num_workers, collate_fn=_collate, pin_memory=self.pin_memory)
 
     def train_dataloader(self) -> DataLoader:
         # After a resume, continue with the global batch the interrupted run would have used next
@@ -63,7 +69,7 @@ class ByteCorpusDataModule(L.LightningDataModule):
         (validation_trainer_args) caps it at trainer.val_batches global batches."""
         sampler = ShardSampler(len(self.val_ds), self.dp_rank, self.dp_size)
         return DataLoader(self.val_ds, batch_size=self.micro_batch, sampler=sampler, drop_last=False,
-                          num_workers=self.num_workers, collate_fn=_collate)
+                          num_workers=self.num_workers, collate_fn=_collate, pin_memory=self.pin_memory)
 
 
 class BlockDataset(Dataset):
