@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device session for issue 11, in stages that each write what they found before the next:
 #   1. benchmarks/gpu_check.py: hand-written loop, single/ddp/fsdp/zero2/zero3/tp at world 1, plans (86M GPT);
-#   2. `single` with torch's default (foreach) AdamW instead of the fused kernel the platform picks on CUDA;
+#   2. `single` with pageable batches (data.pin_memory=false) against stage 1's pinned default: what the
+#      per-step device drain of an unpinned batch copy costs (the foreach-vs-fused AdamW A/B of
+#      run 2 is `SKIP_PAGEABLE=1 FOREACH=1`);
 #   3. the 1.2B GPT (24 x 2048): every strategy again at size (host RSS, device memory, the planner).
 # Stages 2 and 3 run only while the elapsed time leaves room (a device session has 15 minutes).
 #   source .gpu/env.sh && bash benchmarks/gpu_device_run.sh "$OUT"      (shared/notes/gpu-device.md)
@@ -27,7 +29,8 @@ stage() {  # stage NAME BUDGET_END_S ARGS...: run gpu_check with a deadline at B
   cp "$W/$name/gpu_check.md" "$OUT/$name.md" 2>/dev/null
 }
 stage main ${MAIN_END:-210}
-[ -z "${SKIP_FOREACH:-}" ] && stage foreach 250 --no-hand --strategies single optim.fused_on_gpu=false
+[ -z "${SKIP_PAGEABLE:-}" ] && stage pageable 250 --no-hand --strategies single data.pin_memory=false
+[ -n "${FOREACH:-}" ] && stage foreach 290 --no-hand --strategies single optim.fused_on_gpu=false
 stage big ${BIG_END:-430} --big --no-hand --steps 20 ${BIG_STRATEGIES:+--strategies $BIG_STRATEGIES}
 # everything small that explains the figures: logs, run.json, plans (no checkpoints, no weights)
 (cd "$W" && find . -name '*.json' -o -name '*.log' -o -name '*.txt' -o -name '*.md' -o -name '*.yaml' \

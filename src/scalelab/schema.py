@@ -180,6 +180,7 @@ GROUPS: dict[str, dict[str, Field]] = {
                               "no val split)", lo=0, hi=1, hi_open=True),
         "max_documents": Int("read at most this many documents; null: all", lo=1, null=True),
         "num_workers": Int("DataLoader worker processes per rank", lo=0),
+        "pin_memory": Choice(("auto", True, False), "batches in page-locked host memory; auto: on GPU ranks"),
     },
     "optim": {
         "name": Str(),

@@ -137,6 +137,11 @@ def logged_config(cfg) -> dict:
     return scrub({**c, **{k: v for k, v in flat.items() if v is not None and k not in c}})
 
 
+def pins_batches(setting, accelerator: str) -> bool:
+    """data.pin_memory: auto pins on GPU ranks (datamodule.py says why), true / false as given."""
+    return accelerator == "gpu" if setting == "auto" else bool(setting)
+
+
 def shutdown_process_group() -> None:
     """Fixes gloo ranks aborting at interpreter exit (`terminate called without an active
     exception`, SIGABRT in ProcessGroupGloo::runLoop; shared/notes/cpu-strategies.md section 1):
@@ -166,7 +171,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     data = ByteCorpusDataModule(cfg.job.data_prepared, spec.batch.global_batch_size,
                                 spec.batch.per_device_batch_size, plan.dp_rank(rank, world),
                                 spec.batch.dp_size, cfg.seed, cfg.data.num_workers,
-                                pin_memory=spec.run.accelerator == "gpu")
+                                pin_memory=pins_batches(cfg.data.get("pin_memory", "auto"), spec.run.accelerator))
     metrics = StepMetrics(spec.batch.accumulate_grad_batches, plan)
     from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 

@@ -398,3 +398,10 @@ def test_gpu_ranks_get_pinned_batches(small, pin):
         warnings.simplefilter("ignore")  # torch warns that pinning is a no-op without an accelerator
         assert dm.train_dataloader().pin_memory is pin
         assert dm.val_dataloader().pin_memory is pin
+
+
+def test_pin_memory_setting():
+    from scalelab.worker import pins_batches
+
+    assert pins_batches("auto", "gpu") is True and pins_batches("auto", "cpu") is False
+    assert pins_batches(False, "gpu") is False and pins_batches(True, "cpu") is True
