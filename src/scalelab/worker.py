@@ -173,13 +173,15 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
                                 spec.batch.dp_size, cfg.seed, cfg.data.num_workers,
                                 pin_memory=pins_batches(cfg.data.get("pin_memory", "auto"), spec.run.accelerator))
     metrics = StepMetrics(spec.batch.accumulate_grad_batches, plan)
-    from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
+    from lightning.pytorch.callbacks import LearningRateMonitor
+
+    from scalelab.results.throughput_live import LiveThroughput
 
     seq = spec.seq_len if cfg.model.task == "lm" else None
-    # ThroughputMonitor logs a rolling per-step view (rank 0) to the logger; the run record's
-    # steady-state figures come from StepMetrics.
-    live = ThroughputMonitor(batch_size_fn=lambda b: b.shape[0], window_size=min(10, cfg.trainer.max_steps),
-                             **({"length_fn": lambda b: b.shape[0] * seq} if seq else {}))
+    # LiveThroughput (Lightning's ThroughputMonitor without its per-step CUDA sync) logs a rolling
+    # per-step view (rank 0) to the logger; the run record's steady-state figures come from StepMetrics.
+    live = LiveThroughput(batch_size_fn=lambda b: b.shape[0], window_size=min(10, cfg.trainer.max_steps),
+                          **({"length_fn": lambda b: b.shape[0] * seq} if seq else {}))
     callbacks = [metrics, live] + ([LearningRateMonitor("step")] if cfg.logger.name != "none" else [])
     if cfg.trainer.enable_progress_bar:
         callbacks.append(StepProgressBar(seq, spec.batch.global_batch_size))

@@ -1,0 +1,41 @@
+"""The live (logged) throughput view, without Lightning's per-step device drain.
+
+Lightning's ThroughputMonitor calls `torch.cuda.synchronize()` on rank 0 after every training
+batch (callbacks/throughput_monitor.py `_update`: "required or else perf_counter() won't be
+correct"). On a GPU that drains the device queue every step, so the host's per-step work
+(Lightning's loop, hooks, the data loader) shows up as idle device time on rank 0, and in a
+multi-rank job every rank waits for rank 0 at the next collective: the measured step times
+include a cost the user's own training would not have. Issue 11 measured `single` at 0.92 of a
+hand-written loop on an H200 with ~4 ms/step more idle device time; this sync is a cause found by
+reading the source of the callbacks ScaleLab turns on (its cost is not measured yet: no GPU was
+lent when it was removed).
+
+Here the same callback runs without that sync. Its figures are a rolling window (10 steps) of
+host timestamps; in steady state the host cannot run more than a bounded queue ahead of the
+device, so over the window they track the device's rate. The run record's step times do not
+come from here: StepMetrics times steps with CUDA events read after training.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import ThroughputMonitor
+
+
+def _no_sync(device: Any = None) -> None:
+    return None
+
+
+class LiveThroughput(ThroughputMonitor):
+    """ThroughputMonitor whose per-batch update does not synchronize the CUDA device."""
+
+    def _update(self, trainer: Any, pl_module: Any, batch: Any, iter_num: int) -> None:
+        # Lightning's _update calls torch.cuda.synchronize() by attribute at call time; for the
+        # duration of that call (rank 0's main thread, between two steps) it is a no-op.
+        sync = torch.cuda.synchronize
+        torch.cuda.synchronize = _no_sync
+        try:
+            super()._update(trainer, pl_module, batch, iter_num)
+        finally:
+            torch.cuda.synchronize = sync
