@@ -54,6 +54,8 @@ class StepProgressBar(ProgressBar):
         self._enabled = True
         self._t0 = self._last_print = 0.0
         self._step0 = 0
+        self._shown_loss = None   # the loss of the previous print, read from host memory
+        self._loss_reads = None
 
     def disable(self) -> None:
         self._enabled = False
@@ -75,6 +77,14 @@ class StepProgressBar(ProgressBar):
         rate = done * self.global_batch / (now - self._t0) if done and now > self._t0 else 0.0
         speed = f"{rate * self.tokens_per_sample:,.0f} tokens/s" if self.tokens_per_sample else f"{rate:,.1f} samples/s"
         loss = trainer.callback_metrics.get("train/loss")
-        text = f"step {step}/{last} | {speed}" + (f" | loss {float(loss):.4f}" if loss is not None else "")
+        if loss is not None:   # float(loss) would drain a CUDA device's queue: show it one print late
+            from scalelab.scaling.metrics import LaggedReads
+
+            self._loss_reads = self._loss_reads or LaggedReads(lag=1)
+            due = self._loss_reads.push(step, loss) if step < last else [*self._loss_reads.push(step, loss),
+                                                                         *self._loss_reads.drain()]
+            self._shown_loss = due[-1][1][0] if due else self._shown_loss
+        loss = self._shown_loss
+        text = f"step {step}/{last} | {speed}" + (f" | loss {loss:.4f}" if loss is not None else "")
         sys.stdout.write("\r" + text.ljust(60) + ("\n" if step >= last else ""))
         sys.stdout.flush()

@@ -173,23 +173,24 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
                                 spec.batch.dp_size, cfg.seed, cfg.data.num_workers,
                                 pin_memory=pins_batches(cfg.data.get("pin_memory", "auto"), spec.run.accelerator))
     metrics = StepMetrics(spec.batch.accumulate_grad_batches, plan)
-    from lightning.pytorch.callbacks import LearningRateMonitor
-
     from scalelab.results.throughput_live import LiveThroughput
+    from scalelab.scaling.metrics import HostLRMonitor
 
     seq = spec.seq_len if cfg.model.task == "lm" else None
     # LiveThroughput (Lightning's ThroughputMonitor without its per-step CUDA sync) logs a rolling
     # per-step view (rank 0) to the logger; the run record's steady-state figures come from StepMetrics.
     live = LiveThroughput(batch_size_fn=lambda b: b.shape[0], window_size=min(10, cfg.trainer.max_steps),
                           **({"length_fn": lambda b: b.shape[0] * seq} if seq else {}))
-    callbacks = [metrics, live] + ([LearningRateMonitor("step")] if cfg.logger.name != "none" else [])
+    # HostLRMonitor: Lightning's LearningRateMonitor without its per-step torch.tensor(lr, device=cuda)
+    callbacks = [metrics, live] + ([HostLRMonitor("step")] if cfg.logger.name != "none" else [])
     if cfg.trainer.enable_progress_bar:
         callbacks.append(StepProgressBar(seq, spec.batch.global_batch_size))
     val_curve = ValidationCurve.for_config(cfg.trainer)  # None unless trainer.val_every_n_steps
     if val_curve is not None:
         callbacks.append(val_curve)
     resume, resumed_at = _resume_point(cfg, job_dir, rank)
-    periodic = periodic_checkpoint(job_dir, cfg.checkpoint.get("every_n_steps"), int(cfg.checkpoint.get("keep_last", 2)))
+    periodic = periodic_checkpoint(job_dir, cfg.checkpoint.get("every_n_steps"), int(cfg.checkpoint.get("keep_last", 2)),
+                                   note_progress=int(cfg.trainer.get("max_restarts", 0)) > 0)
     callbacks.append(periodic)
     plugins, on_signal = [], None
     if os.environ.get(requeue.STEP_ENV) == "1":  # srun ranks of a SLURM batch job (scalelab.requeue)

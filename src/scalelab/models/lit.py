@@ -62,8 +62,51 @@ class LitModule(L.LightningModule):
         loss = self.loss(batch)
         # Rank 0's own loss, per step, for the progress bar and logger; the run record holds
         # the all-rank mean (gathered once at the end, so no per-step collective is added).
-        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        self.log_loss(loss)
         return {"loss": loss, "raw_loss": loss.detach()}
+
+    def log_loss(self, loss: torch.Tensor) -> None:
+        """`train/loss` of this batch: in trainer.callback_metrics at once (a device tensor: the
+        progress bar reads it) and to the loggers LAG_STEPS optimizer steps late
+        (on_train_batch_end): the rows Lightning's `self.log(..., logger=True)` writes
+        ("train/loss" and "epoch" at its step), without its device reads. Lightning converts a
+        logged tensor with `.item()` on every logged step, and a `prog_bar=True` one on every batch
+        even with no progress bar shown: on CUDA, each a host sync that drains the device queue
+        (tests/unit/test_host_syncs.py). And `self.log` itself costs ~1.5 ms of host time per call
+        here (it re-applies `.to(device)` to its stored metric, deep-copying its metadata:
+        benchmarks/host_overhead.py), so the value goes into callback_metrics directly."""
+        loss = loss.detach()
+        self._step_loss = loss
+        connector = self.trainer._logger_connector
+        if isinstance(getattr(connector, "_callback_metrics", None), dict):
+            connector._callback_metrics["train/loss"] = loss
+        else:  # another Lightning: its public path (callback_metrics only, no logger, no progress bar)
+            self.log("train/loss", loss, on_step=True, on_epoch=False, logger=False)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        trainer = self.trainer
+        loss, self._step_loss = getattr(self, "_step_loss", None), None
+        # when Lightning would log the step (update_train_step_metrics, right after this hook):
+        # the batch that ends an optimizer step, every trainer.log_every_n_steps steps
+        if loss is None or not trainer.loggers or trainer.fit_loop._should_accumulate() \
+                or not trainer._logger_connector.should_update_logs:
+            return
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped   # Lightning's logging step
+        self._log_losses(self._lagged_losses().push((step, trainer.current_epoch), loss))
+
+    def on_train_end(self) -> None:
+        self._log_losses(self._lagged_losses().drain())
+
+    def _lagged_losses(self):
+        from scalelab.scaling.metrics import LaggedReads
+
+        if getattr(self, "_lagged", None) is None:
+            self._lagged = LaggedReads()
+        return self._lagged
+
+    def _log_losses(self, due: list) -> None:
+        for (step, epoch), values in due:
+            self.trainer._logger_connector.log_metrics({"train/loss": values[0], "epoch": epoch}, step=step)
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         self.log("val/loss", self.loss(batch), sync_dist=True)

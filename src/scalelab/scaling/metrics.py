@@ -5,15 +5,17 @@ Nothing here communicates during training; everything is gathered once, after fi
 """
 from __future__ import annotations
 
+import collections
 import math
 import resource
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 import lightning as L
 import torch
 import torch.distributed as dist
+from lightning.pytorch.callbacks import LearningRateMonitor
 
 
 def _sync(device: torch.device) -> None:
@@ -28,6 +30,70 @@ def _record_event(device: torch.device):
     event = torch.cuda.Event(enable_timing=True)
     event.record(torch.cuda.current_stream(device))
     return event
+
+
+# ---- device values read on the host without draining the device queue -----------------------
+# On CUDA, reading a device value (`.item()`, `bool(t)`, `float(t)`, `.cpu()`) waits for every
+# kernel queued before it: the queue drains and the device idles while the host prepares the next
+# step. A per-step read of a value the host needs (a logged loss, a stop flag) is made LAG steps
+# late instead: the value is copied (non_blocking) into pinned host memory with a CUDA event
+# behind the copy, and LAG steps later the host waits on that old event only, while the newer
+# steps are still queued on the device. tests/unit/test_host_syncs.py checks the platform adds no
+# other per-step read.
+LAG_STEPS = 2
+
+
+def host_copy(value: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """(host tensor, event): on CUDA a pinned copy filled by a non_blocking copy and the CUDA event
+    recorded after it on the current stream (the copy is complete once the event is); off CUDA
+    (value, None): the value is already on the host."""
+    if value.device.type != "cuda":
+        return value.detach(), None
+    host = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=True)
+    host.copy_(value.detach(), non_blocking=True)
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(value.device))
+    return host, event
+
+
+def read_host(host: torch.Tensor) -> list:
+    """The values of a host tensor (host_copy's, once its event completed): no device is read."""
+    if host.device.type != "cpu":
+        raise ValueError(f"read_host reads host memory only, got a tensor on {host.device}")
+    return host.reshape(-1).tolist()
+
+
+class LaggedReads:
+    """Values pushed once per step, read on the host `lag` pushes later on CUDA (at once off CUDA).
+
+    push(key, tensor) returns the (key, values) pairs due at this push, oldest first. On CUDA the
+    pair pushed at push n is returned by push n + lag, after waiting on its own event only: the
+    same push on every rank returns the same keys, so ranks that push once per step agree on the
+    step a value is acted on. drain() returns every pending pair (one wait; end of training)."""
+
+    def __init__(self, lag: int = LAG_STEPS, copy: Callable | None = None):
+        self.lag, self._copy = lag, copy or (lambda value: host_copy(value))  # host_copy: looked up per call
+        self._pending: collections.deque = collections.deque()
+
+    def push(self, key: Any, value: torch.Tensor) -> list[tuple[Any, list]]:
+        host, event = self._copy(value)
+        self._pending.append((key, host, event))
+        return self._due(self.lag if event is not None else 0)
+
+    def drain(self) -> list[tuple[Any, list]]:
+        return self._due(0)
+
+    def _due(self, keep: int) -> list[tuple[Any, list]]:
+        out = []
+        while len(self._pending) > keep:
+            key, host, event = self._pending.popleft()
+            if event is not None:
+                event.synchronize()   # an old event: the device has the newer steps still queued
+            out.append((key, read_host(host)))
+        return out
+
+    def __len__(self) -> int:
+        return len(self._pending)
 
 
 def host_speed(seconds: float = 0.1, n: int = 256) -> float:
@@ -105,12 +171,11 @@ class StepMetrics(L.Callback):
         if event is not None:
             self._events.append((self._last_event, event))
             self._last_event = event
-            self._pending_losses.append(loss.detach())
         else:
             now = time.perf_counter()
             self.step_times.append(now - self._t_last)
             self._t_last = now
-            self.losses.append(loss.item())
+        self._pending_losses.append(loss.detach())  # read after training (resolve): no per-step read
         self.last_step_at = time.time()
         if self.first_step_at is None:
             self.first_step_at = self.last_step_at
@@ -120,12 +185,12 @@ class StepMetrics(L.Callback):
             self.state = self.plan.state_bytes(trainer, pl_module)
 
     def resolve(self) -> None:
-        """Read the CUDA step events and losses recorded so far (one device sync)."""
-        if not self._events:
-            return
-        self._events[-1][1].synchronize()
-        self.step_times.extend(a.elapsed_time(b) / 1e3 for a, b in self._events)  # ms -> s
-        self.losses.extend(float(t) for t in self._pending_losses)
+        """Read the CUDA step events and the losses recorded so far (one device sync)."""
+        if self._events:
+            self._events[-1][1].synchronize()
+            self.step_times.extend(a.elapsed_time(b) / 1e3 for a, b in self._events)  # ms -> s
+        if self._pending_losses:
+            self.losses.extend(torch.stack(self._pending_losses).tolist())
         self._events, self._pending_losses = [], []
 
     def rank_summary(self) -> dict:
@@ -237,3 +302,34 @@ def summarize(per_rank: list[dict], global_batch: int, tokens_per_sample: int | 
                       "the end of training (scaling.metrics.host_speed)"}}
            if per_rank[0].get("host_flops") else {}),
     }
+
+
+class HostLRMonitor(LearningRateMonitor):
+    """Lightning's LearningRateMonitor, logging the same values, but its copies of them into
+    trainer.callback_metrics are host tensors: Lightning makes them with
+    `torch.tensor(lr, device=root_device)` every logged step, a blocking host->device copy (a
+    stream sync) on CUDA."""
+
+    def _extract_stats(self, trainer, interval: str) -> dict[str, float]:
+        return super()._extract_stats(_OnHost(trainer), interval)
+
+
+class _OnHost:
+    """A view of the trainer whose strategy's root_device is the CPU."""
+
+    def __init__(self, trainer):
+        self._trainer = trainer
+        self.strategy = _HostStrategy(trainer.strategy)
+
+    def __getattr__(self, name):
+        return getattr(self._trainer, name)
+
+
+class _HostStrategy:
+    root_device = torch.device("cpu")
+
+    def __init__(self, strategy):
+        self._strategy = strategy
+
+    def __getattr__(self, name):
+        return getattr(self._strategy, name)
