@@ -34,7 +34,6 @@ rank 0. See PipelineStrategy.
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -44,7 +43,7 @@ from torch import nn
 
 from scalelab.errors import ConfigError
 from scalelab.strategies.base import RunSpec, StrategyPlan
-from scalelab.strategies.pipeline_record import PipelineRecord
+from scalelab.strategies.pipeline_record import PipelineRecord, StageTimer
 from scalelab.strategies.pipeline_split import SPLITS, layer_counts, make_stage, stage_chunks
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
@@ -104,9 +103,7 @@ class Pipeline(PipelineRecord, StrategyPlan):
         self._pp = 1
         self._pp_group = self._dp_group = None
         self._schedule = None
-        self._step_s: list[float] = []
-        self._busy_s: list[float] = []
-        self._busy = 0.0
+        self._timer = None   # pipeline_record.StageTimer, built with the schedule
         self._n_layers = 0
 
     # -- before any rank starts ------------------------------------------------------------
@@ -235,18 +232,8 @@ class Pipeline(PipelineRecord, StrategyPlan):
         modules = self._chunks or [pl_module.net]
         stages = [PipelineStage(mod, self._stage_idx + i * self._pp, total, device, group=self._pp_group)
                   for i, mod in enumerate(modules)]
-        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-
-        def timed(fn):
-            def run(*args, **kwargs):
-                sync()
-                t0 = time.perf_counter()
-                out = fn(*args, **kwargs)
-                sync()
-                self._busy += time.perf_counter() - t0
-                return out
-            return run
-
+        self._timer = StageTimer(cuda=device.type == "cuda")
+        timed = self._timer.wrap
         # Bubble measurement: the schedules call these per micro-batch between their send/recv waits.
         for stage in stages:
             stage.forward_one_chunk = timed(stage.forward_one_chunk)
@@ -270,16 +257,10 @@ class Pipeline(PipelineRecord, StrategyPlan):
         losses: list[torch.Tensor] = []
         if self.is_last:
             kwargs = {"target": y, "losses": losses}
-        self._busy = 0.0
         device = pl_module.device
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
+        self._timer.start_step()
         self._schedule.step(*args, return_outputs=False, **kwargs)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        self._step_s.append(time.perf_counter() - t0)
-        self._busy_s.append(self._busy)
+        self._timer.end_step()
         if self._dp_group is not None:
             self._all_reduce_grads(pl_module)
         self._clip_gradients(pl_module)
@@ -290,11 +271,11 @@ class Pipeline(PipelineRecord, StrategyPlan):
         if self.is_last:
             loss = torch.stack([l.detach().float() for l in losses]).mean()
         else:
-            loss = torch.tensor(float("nan"), device=device)  # no loss on this stage (see loss_ranks)
+            loss = torch.full((), float("nan"), device=device)  # no loss on this stage (see loss_ranks); no H2D copy
         if pl_module.trainer.loggers:  # rank 0 logs; it is stage 0, so it gets the last stage's loss
             shown = loss.clone()
             dist.broadcast(shown, src=self._loss_src())
-            pl_module.log("train/loss", shown, prog_bar=True, on_step=True, on_epoch=False)
+            pl_module.log_loss(shown)  # LitModule.log_loss: no per-step host read
         return {"loss": loss, "raw_loss": loss}
 
     def _loss_src(self) -> int:
@@ -320,7 +301,8 @@ class Pipeline(PipelineRecord, StrategyPlan):
         clip = trainer.gradient_clip_val
         if not clip:
             return
-        grads = [p.grad for p in pl_module.net.parameters() if p.grad is not None]
+        params = [p for p in pl_module.net.parameters() if p.grad is not None]
+        grads = [p.grad for p in params]
         algorithm = getattr(trainer.gradient_clip_algorithm, "value", trainer.gradient_clip_algorithm) or "norm"
         if algorithm == "value":
             for g in grads:
@@ -329,10 +311,8 @@ class Pipeline(PipelineRecord, StrategyPlan):
         sq = torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads else \
             torch.zeros((), device=pl_module.device)
         dist.all_reduce(sq, group=self._pp_group)
-        coef = float(clip) / (sq.sqrt().item() + 1e-6)
-        if coef < 1.0:
-            for g in grads:
-                g.mul_(coef)
+        # torch scales by min(1, clip / (norm + 1e-6)) on the device: no .item() (a device drain per step)
+        torch.nn.utils.clip_grads_with_norm_(params, float(clip), sq.sqrt())
 
     def consolidated_state_dict(self, trainer: Any, pl_module: Any) -> dict | None:
         """Every stage's parameters gathered to rank 0, under the plain GPT's names."""

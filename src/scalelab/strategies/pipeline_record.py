@@ -5,22 +5,93 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
+from typing import Any
 
 from scalelab.strategies.pipeline_split import layer_counts, layer_ranges, modelled_costs
 
-_BUBBLE_METHOD = ("per rank and optimizer step: idle = wall time of the schedule step minus the time in the "
-                  "stage's own forward_one_chunk/backward_one_chunk calls and the loss (CUDA synchronized around "
-                  "each); bubble = idle / compute, idle_fraction = idle / step; mean over steady steps (warm-up "
+_BUBBLE_METHOD = ("per rank and optimizer step: idle = time of the schedule step minus the time in the "
+                  "stage's own forward_one_chunk/backward_one_chunk calls and the loss (CUDA: intervals between "
+                  "events recorded on the stream around each, read two steps later; CPU: perf_counter); "
+                  "bubble = idle / compute, idle_fraction = idle / step; mean over steady steps (warm-up "
                   "and profiled steps excluded), then over ranks")
+
+
+class StageTimer:
+    """Per optimizer step, the time of the schedule step and the time inside the stage's own compute
+    calls (`wrap`), for the measured bubble.
+
+    On CUDA the bounds are events recorded on the current stream and read LAG steps later, waiting
+    on those old events only: the stream reaches a call's start event after the waits for its
+    received activations were queued before it, so the interval is the call's device time, and
+    no device queue is drained (issue 11: it used to synchronize the device before and after every
+    call, 4 m + 2 drains per step, which measured the schedule under a load it does not have). Off
+    CUDA, perf_counter around the calls (gloo's receives block the host, so host time is the time)."""
+
+    LAG = 2
+
+    def __init__(self, cuda: bool, event: Any = None):
+        self.cuda = cuda
+        self._event = event or (self._cuda_event if cuda else None)
+        self.step_s: list[float] = []
+        self.busy_s: list[float] = []
+        self._pending: list = []   # CUDA: [start event, [(e0, e1) ...], end event] per step
+        self._cur: Any = None
+
+    @staticmethod
+    def _cuda_event():
+        import torch
+
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def start_step(self) -> None:
+        self._cur = [self._event(), [], None] if self.cuda else [time.perf_counter(), 0.0]
+
+    def wrap(self, fn):
+        def run(*args, **kwargs):
+            if not self.cuda:
+                t0 = time.perf_counter()
+                out = fn(*args, **kwargs)
+                self._cur[1] += time.perf_counter() - t0
+                return out
+            e0 = self._event()
+            out = fn(*args, **kwargs)
+            self._cur[1].append((e0, self._event()))
+            return out
+        return run
+
+    def end_step(self) -> None:
+        if not self.cuda:
+            self.step_s.append(time.perf_counter() - self._cur[0])
+            self.busy_s.append(self._cur[1])
+            return
+        self._cur[2] = self._event()
+        self._pending.append(self._cur)
+        self._resolve(keep=self.LAG)
+
+    def results(self) -> tuple[list[float], list[float]]:
+        """Every step's (step_s, busy_s) so far (CUDA: waits for the last step's end event)."""
+        self._resolve(keep=0)
+        return self.step_s, self.busy_s
+
+    def _resolve(self, keep: int) -> None:
+        while len(self._pending) > keep:
+            start, calls, end = self._pending.pop(0)
+            end.synchronize()   # an old step's event: newer steps stay queued on the device
+            self.step_s.append(start.elapsed_time(end) / 1e3)             # ms -> s
+            self.busy_s.append(sum(a.elapsed_time(b) for a, b in calls) / 1e3)
 
 
 class PipelineRecord:
     """Needs from the plan: microbatches, dp, schedule, split, stages_per_rank, _pp_degree(),
-    and inside a rank _stage_idx, _step_s, _busy_s, _n_layers, _counts, _cfg."""
+    and inside a rank _stage_idx, _timer (StageTimer), _n_layers, _counts, _cfg."""
 
     def rank_metrics(self) -> dict:
         """This rank's per-step pipeline timings (gathered to rank 0 after fit)."""
-        return {"stage": self._stage_idx, "step_s": list(self._step_s), "busy_s": list(self._busy_s)}
+        step_s, busy_s = self._timer.results() if self._timer is not None else ([], [])
+        return {"stage": self._stage_idx, "step_s": list(step_s), "busy_s": list(busy_s)}
 
     def record_fields(self, per_rank: list[dict], warmup_steps: int, profiled_steps: int = 0) -> dict:
         """run.json's `pipeline` entry from every rank's rank_metrics()."""
