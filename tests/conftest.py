@@ -34,6 +34,19 @@ FAST = [*BASE, *SGD]
 NANO_FLOPS_PER_SAMPLE = 50_577_408
 
 
+def torchrun_probe(script: Path, nproc: int, out: Path, *args: str) -> list[dict]:
+    """Run a probe script (not a test module: it writes out/rank{r}.json per rank) on `nproc`
+    gloo ranks with torchrun, and return the ranks' JSON in rank order."""
+    e = env()
+    e["OMP_NUM_THREADS"] = "1"
+    for k in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        e.pop(k, None)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                           str(script), str(out), *args], env=e, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
 def env() -> dict:
     e = dict(os.environ)
     e.setdefault("SCALELAB_CACHE", str(REPO / ".cache" / "scalelab"))

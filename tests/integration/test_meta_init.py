@@ -20,14 +20,11 @@ parameters:
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from ..conftest import env as _env
+from ..conftest import torchrun_probe
 
 pytestmark = pytest.mark.integration
 
@@ -42,16 +39,7 @@ HAND_BYTES = {
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("meta_init_probe")
-    e = _env()
-    e["OMP_NUM_THREADS"] = "1"
-    for k in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        e.pop(k, None)
-    script = Path(__file__).with_name("meta_init_probe.py")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
-                           str(script), str(out)], env=e, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+    return torchrun_probe(Path(__file__).with_name("meta_init_probe.py"), 4, tmp_path_factory.mktemp("meta_init_probe"))
 
 
 def test_hand_count_of_the_probe_model():

@@ -22,14 +22,11 @@ not predict (test_planner_sequence_parallel_term).
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from ..conftest import env as _env
+from ..conftest import torchrun_probe
 
 pytestmark = pytest.mark.integration
 
@@ -43,17 +40,8 @@ KORTHIKANTI_SP = (SB * (64 * H + 16 + 4 * A)) / T  # 528,384: everything / t
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("sp_probe")
-    e = _env()
-    e["OMP_NUM_THREADS"] = "1"
-    for k in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        e.pop(k, None)
-    script = Path(__file__).with_name("sp_probe.py")
     args = [str(SHAPE[k]) for k in ("layers", "d", "heads", "seq", "batch")]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(script), str(out), *args], env=e, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return torchrun_probe(Path(__file__).with_name("sp_probe.py"), 2, tmp_path_factory.mktemp("sp_probe"), *args)
 
 
 @pytest.mark.parametrize("mode", ["tp", "sp"])
