@@ -64,7 +64,7 @@ def sweep(s: dict, strategies: list[str], out: Path, extra: list[str] = ()) -> l
            f"model.arch.vocab_size={s['vocab']}", f"data.global_batch_size={s['batch']}",
            f"trainer.precision={s['precision']}", f"trainer.max_steps={s['steps']}",
            f"trainer.warmup_steps={s['warmup']}", "logger=csv", "trainer.enable_progress_bar=false",
-           f"hydra.sweep.dir={sweep_dir}", *extra]
+           "trainer.count_device_syncs=true", f"hydra.sweep.dir={sweep_dir}", *extra]
     proc = _run(cmd, out / "sweep.log", 900)
     recs = {}
     for p in sorted(sweep_dir.rglob("run.json")):
@@ -96,12 +96,12 @@ def table(hand: dict, recs: list[dict], plans: dict) -> tuple[str, list[dict]]:
     single = next((r for r in recs if r["strategy"] == "single"), None)
     rows, lines = [], []
     head = ("| run | status | step ms | plan ms | plan/meas | device GiB | plan GiB | plan/meas | MFU % "
-            "| tokens/s | / hand loop | / single | device busy ms | idle ms | host RSS GiB |")
+            "| tokens/s | / hand loop | / single | device busy ms | idle ms | host RSS GiB | syncs/step |")
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     if hand:
         lines.append(f"| hand-written loop | completed | {_fmt(hand['step_s_median'], '.1f', 1e3)} | | | "
                      f"{_fmt(hand.get('peak_allocated_bytes'), '.2f', 1 / GIB)} | | | "
-                     f"{_fmt(hand.get('mfu'), '.1f', 100)} | {hand['tokens_per_s']:.0f} | 1.00 | | | | |")
+                     f"{_fmt(hand.get('mfu'), '.1f', 100)} | {hand['tokens_per_s']:.0f} | 1.00 | | | | | |")
     for r in recs:
         ok = r.get("status") == "completed"
         p = plans.get(r["strategy"]) or {}
@@ -112,12 +112,14 @@ def table(hand: dict, recs: list[dict], plans: dict) -> tuple[str, list[dict]]:
         tok = (r["throughput"].get("tokens_per_s") if ok else None)
         anat = ((r.get("breakdown") or {}).get("per_rank") or [{}])[0].get("device") or {}
         rss = max(r["memory"].get("peak_rss_bytes_per_rank") or [0]) or None
+        syncs = ((r.get("device_syncs") or [None])[0] or {}).get("per_step")   # rank 0; CUDA only
         row = {"strategy": r["strategy"], "status": r.get("status"), "step_s": step, "plan_step_s": p_step,
                "step_ratio": p_step / step if p_step and step else None, "device_bytes": dev,
                "plan_bytes": p_mem, "mem_ratio": p_mem / dev if p_mem and dev else None,
                "mfu": (r.get("mfu") or {}).get("value"), "tokens_per_s": tok,
                "vs_hand": tok / hand["tokens_per_s"] if tok and hand else None,
                "busy_s": anat.get("busy_s"), "idle_s": anat.get("idle_s"), "rss_bytes": rss,
+               "syncs_per_step": syncs, "sync_origins": ((r.get("device_syncs") or [None])[0] or {}).get("origins"),
                "vs_single": tok / single["throughput"]["tokens_per_s"] if tok and single and
                single.get("status") == "completed" else None, "error": r.get("error")}
         rows.append(row)
@@ -126,7 +128,7 @@ def table(hand: dict, recs: list[dict], plans: dict) -> tuple[str, list[dict]]:
                      f"| {_fmt(row['mem_ratio'], '.2f')} | {_fmt(row['mfu'], '.1f', 100)} | {_fmt(tok, '.0f')} "
                      f"| {_fmt(row['vs_hand'], '.2f')} | {_fmt(row['vs_single'], '.2f')} "
                      f"| {_fmt(row['busy_s'], '.1f', 1e3)} | {_fmt(row['idle_s'], '.1f', 1e3)} "
-                     f"| {_fmt(rss, '.1f', 1 / GIB)} |")
+                     f"| {_fmt(rss, '.1f', 1 / GIB)} | {_fmt(syncs, '.1f')} |")
     return "\n".join(lines), rows
 
 

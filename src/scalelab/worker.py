@@ -202,6 +202,13 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     window = _profile_window(cfg, spec, resumed=resume is not None)
     if window is not None:
         callbacks.append(window)
+    syncs = None
+    if cfg.trainer.get("count_device_syncs", False):
+        from scalelab.scaling.device_syncs import DeviceSyncCounter
+
+        syncs = DeviceSyncCounter(int(cfg.trainer.warmup_steps) + 1,
+                                  int(cfg.trainer.max_steps) - (window.steps if window is not None else 0))
+        callbacks.append(syncs)
     logger = build_logger(cfg, job_dir, resumed=resume is not None)
     strategy = without_teardown_copies(plan.lightning_strategy(spec.run))
     if hasattr(strategy, "_timeout"):  # collectives fail after this instead of Lightning's 30 min
@@ -238,6 +245,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     summary = metrics.rank_summary()
     summary["strategy_metrics"] = plan.rank_metrics()  # e.g. a pipeline's per-stage step/compute times
     summary["breakdown"] = window.result if window is not None else None
+    summary["device_syncs"] = syncs.result() if syncs is not None else None
     # which node each rank ran on (GROUP_RANK: torchrun's node; SLURM_NODEID under srun)
     summary["placement"] = {"rank": rank, "node_rank": int(os.environ.get("GROUP_RANK", os.environ.get(
         "SLURM_NODEID", 0))), "local_rank": _local_rank(), "hostname": os.uname().nodename}
@@ -254,6 +262,8 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
                                          profiled))
         record["breakdown"] = combine([r["breakdown"] for r in per_rank])
         record["placement"] = [r.get("placement") for r in per_rank]
+        if any(r.get("device_syncs") for r in per_rank):
+            record["device_syncs"] = [r.get("device_syncs") for r in per_rank]
         if record["short_run"]:
             st = record["step_time_s"]
             print(f"[scalelab] warning: only {st['measured_steps']} measured step(s) (max_steps "
