@@ -80,7 +80,8 @@ class StepProgressBar(ProgressBar):
         if loss is not None:   # float(loss) would drain a CUDA device's queue: show it one print late
             from scalelab.scaling.metrics import LaggedReads
 
-            self._loss_reads = self._loss_reads or LaggedReads(lag=1)
+            if self._loss_reads is None:   # (an empty LaggedReads is falsy: it has __len__)
+                self._loss_reads = LaggedReads(lag=1)
             due = self._loss_reads.push(step, loss) if step < last else [*self._loss_reads.push(step, loss),
                                                                          *self._loss_reads.drain()]
             self._shown_loss = due[-1][1][0] if due else self._shown_loss

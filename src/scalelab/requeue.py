@@ -9,9 +9,9 @@ Who gets which signal (measured on slurm-wlm 22.05, shared/notes/local-slurm.md)
 - `scontrol requeue`, `scancel`, preemption, the time limit: SIGTERM to every step's tasks and
   the batch step, then SIGKILL after KillWait.
 
-The ranks (RequeueOnSignal, a Lightning callback) agree at an optimizer step that one of them was
-signalled (one all-reduce of a flag per step, so they stop at the same step: the next one on CPU,
-the one LAG_STEPS later on CUDA, where the flag is read without draining the device queue), save a
+The ranks (RequeueOnSignal, a Lightning callback) agree at the next optimizer step that one of
+them was signalled (one all-reduce of a host-memory flag per step, over gloo: on an NCCL job a
+gloo group of the same ranks, so reading the flag never waits for the GPU's queued work), save a
 checkpoint there (checkpointing.PeriodicCheckpoint's atomic save) and stop; rank 0 writes
 JOB_DIR/.preempted. The batch process then requeues the job (`scontrol requeue`) after USR1; after
 SIGTERM SLURM itself requeues (scontrol requeue, preemption) or ends (scancel) the job, so it only
@@ -109,14 +109,7 @@ class RequeueOnSignal:
         self.signalled: int | None = None  # the signal this rank got
         self.stopped_at: int | None = None
         self._seen = -1
-        self._reads = None  # scaling.metrics.LaggedReads of the agreed flags
-
-    def _lagged(self):
-        if self._reads is None:
-            from scalelab.scaling.metrics import LaggedReads
-
-            self._reads = LaggedReads()
-        return self._reads
+        self._group = None  # the process group of the flag's all-reduce (None: the default one)
 
     def _handler(self, signum, frame) -> None:
         self.signalled = signum  # only a flag: the save needs every rank, at a step boundary
@@ -127,6 +120,11 @@ class RequeueOnSignal:
             signal.signal(s, self._handler)
         if EARLY and self.signalled is None:
             self.signalled = EARLY[-1]
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_backend() != "gloo":
+            # every rank runs on_train_start, so every rank creates the group (a collective)
+            self._group = dist.new_group(backend="gloo")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
@@ -136,16 +134,15 @@ class RequeueOnSignal:
         import torch
         import torch.distributed as dist
 
-        # torch.full, not torch.tensor([...], device=cuda): that is a blocking host->device copy
-        flag = torch.full((1,), self.signalled or 0, dtype=torch.int32, device=trainer.strategy.root_device)
+        # The flag lives in host memory and is all-reduced over gloo (the default group of a CPU
+        # job, a gloo group of the same ranks on an NCCL job): `.item()` then reads host memory.
+        # A CUDA flag all-reduced over NCCL would be read with a device sync every step, draining
+        # the queue (issue 11); read a few steps late instead it would stop the ranks later than
+        # the signal, eating into SLURM's KillWait after a SIGTERM.
+        flag = torch.full((1,), self.signalled or 0, dtype=torch.int32)
         if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # one rank signalled: every rank stops
-        # Read on the host at once off CUDA (gloo: the flag is host memory). On CUDA, reading it
-        # now (`flag.item()`) would drain the device queue every step: it is read LAG_STEPS steps
-        # later instead (scaling.metrics.LaggedReads: a pinned copy and an event, the wait is on
-        # that old event only). Every rank pushes once per optimizer step, so every rank reads
-        # the flag of step s at step s + LAG_STEPS: all stop at the same step.
-        sig = max((values[0] for _, values in self._lagged().push(step, flag)), default=0)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)  # one rank signalled: all stop
+        sig = int(flag.item())
         if not sig:
             return
         if step < trainer.max_steps:  # at max_steps the run is finishing anyway: nothing to save

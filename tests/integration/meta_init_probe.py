@@ -6,7 +6,8 @@ strategies), cuts it with the strategy's own code, materializes it (strategies/m
 and compares every parameter it holds with the same slice of a GPT built eagerly on the host
 with the same seed (plain PyTorch, the reference `single` uses). It also reports whether any
 parameter was still on the meta device after the cut and before materialize (nothing allocated
-until then) and the bytes this rank's parameters hold.
+until then) and the bytes this rank's parameters hold; once for a GPT whose every dimension divides
+by 4 and once with a vocabulary and context that do not (uneven shards).
 """
 from __future__ import annotations
 
@@ -41,45 +42,39 @@ def main(out: str) -> None:
 
     from scalelab.models.gpt import GPT, GPTConfig
     from scalelab.strategies.fsdp import apply_fsdp
-    from scalelab.strategies.materialize import is_meta, materialize
+    from scalelab.strategies.materialize import materialize
     from scalelab.strategies.pipeline_split import make_stage
     from scalelab.strategies.tensor_parallel import apply_tensor_parallel
 
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     world, rank = dist.get_world_size(), dist.get_rank()
-    # d_model 72 over 4 ranks: FSDP's dim-0 shards of the 72-row matrices are even, the 256-row
-    # embedding even, but ln (72,) and pos_emb (40 rows) over 4 are not all the same size.
-    cfg = GPTConfig(n_layers=4, n_heads=4, d_model=72, seq_len=40, vocab_size=256, mlp_ratio=4)
-    torch.manual_seed(1234)
-    ref = GPT(cfg)
-
-    def meta_gpt():
-        torch.manual_seed(1234)  # the worker seeds before building, as for the eager reference
-        with torch.device("meta"):
-            return GPT(cfg)
-
     result = {}
     cpu = torch.device("cpu")
     mesh1 = init_device_mesh("cpu", (world,))
-    # fsdp over all 4 ranks
-    net = apply_fsdp(meta_gpt(), mesh1, "32-true")
-    meta_before = is_meta(net)
-    result["fsdp"] = {**_compare(materialize(net, cpu), ref), "meta_before": meta_before}
-    # tp over all 4 ranks (vocab-parallel embedding, colwise/rowwise, replicated LayerNorms)
-    net = apply_tensor_parallel(meta_gpt(), mesh1, sequence_parallel=True)
-    meta_before = is_meta(net)
-    result["tp"] = {**_compare(materialize(net, cpu), ref), "meta_before": meta_before}
-    # fsdp_tp: 2 (dp) x 2 (tp); FSDP shards the TP shards again along dim 0 (strided shards)
     mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    net = apply_tensor_parallel(meta_gpt(), mesh2["tp"])
-    net = apply_fsdp(net, mesh2["dp"], "32-true")
-    meta_before = is_meta(net)
-    result["fsdp_tp"] = {**_compare(materialize(net, cpu), ref), "meta_before": meta_before}
-    # a pipeline stage: rank r keeps layer r only (4 stages of 1 layer), plain tensors
-    net = make_stage(meta_gpt(), rank, world, [1] * world, 1)
-    meta_before = is_meta(net)
-    result["pipeline"] = {**_compare(materialize(net, cpu), ref), "meta_before": meta_before}
+    # "even": every dim 0 (256, 40, 72, 288) divides by 4 (the test's hand counts of bytes per rank);
+    # "uneven": vocabulary 250 and context 38 give shards of 63/63/63/61 and 10/10/10/8 rows
+    for shape, vocab, seq in (("even", 256, 40), ("uneven", 250, 38)):
+        cfg = GPTConfig(n_layers=4, n_heads=4, d_model=72, seq_len=seq, vocab_size=vocab, mlp_ratio=4)
+        torch.manual_seed(1234)
+        ref = GPT(cfg)
+
+        def meta_gpt():
+            torch.manual_seed(1234)  # the worker seeds before building, as for the eager reference
+            with torch.device("meta"):
+                return GPT(cfg)
+
+        def check(name, net):
+            untouched = all(p.is_meta for p in net.parameters())   # nothing allocated before materialize
+            result[f"{name}@{shape}"] = {**_compare(materialize(net, cpu), ref), "meta_before": untouched}
+
+        check("fsdp", apply_fsdp(meta_gpt(), mesh1, "32-true"))                       # fsdp over 4
+        check("tp", apply_tensor_parallel(meta_gpt(), mesh1, sequence_parallel=True))  # tp over 4, + SP
+        # fsdp_tp: 2 (dp) x 2 (tp); FSDP shards the TP shards again along dim 0 (strided shards)
+        check("fsdp_tp", apply_fsdp(apply_tensor_parallel(meta_gpt(), mesh2["tp"]), mesh2["dp"], "32-true"))
+        # a pipeline stage: rank r keeps layer r only (4 stages of 1 layer), plain tensors
+        check("pipeline", make_stage(meta_gpt(), rank, world, [1] * world, 1))
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
     dist.barrier()

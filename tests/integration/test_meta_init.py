@@ -46,10 +46,11 @@ def test_hand_count_of_the_probe_model():
     assert BLOCK == 62_496 and MODEL == 289_872
 
 
+@pytest.mark.parametrize("shape", ["even", "uneven"])
 @pytest.mark.parametrize("layout", ["fsdp", "tp", "fsdp_tp", "pipeline"])
-def test_materialized_shards_equal_the_eager_model(probe, layout):
+def test_materialized_shards_equal_the_eager_model(probe, layout, shape):
     for r, ranks in enumerate(probe):
-        got = ranks[layout]
+        got = ranks[f"{layout}@{shape}"]
         assert got["meta_before"], f"rank {r}: parameters were allocated before materialize"
         assert got["max_abs_diff"] == 0.0, (r, got["max_abs_diff"])
         assert got["devices"] == ["cpu"]
@@ -57,7 +58,7 @@ def test_materialized_shards_equal_the_eager_model(probe, layout):
 
 @pytest.mark.parametrize("layout", ["fsdp", "tp", "pipeline"])
 def test_each_rank_holds_its_share_only(probe, layout):
-    assert [ranks[layout]["local_bytes"] for ranks in probe] == HAND_BYTES[layout]
+    assert [ranks[f"{layout}@even"]["local_bytes"] for ranks in probe] == HAND_BYTES[layout]
 
 
 def test_fsdp_tp_ranks_hold_the_tp_shard_split_over_dp(probe):
@@ -66,12 +67,12 @@ def test_fsdp_tp_ranks_hold_the_tp_shard_split_over_dp(probe):
     tp_rank_bytes = ((4 * (4 * 72 * 72 + 2 * 72 * 288) + 2 * 256 * 72) // 2 + 40 * 72 + 9 * 2 * 72) * 4
     assert tp_rank_bytes == 588_096
     for tp_index in (0, 1):
-        assert sum(probe[dp * 2 + tp_index]["fsdp_tp"]["local_bytes"] for dp in (0, 1)) == tp_rank_bytes
+        assert sum(probe[dp * 2 + tp_index]["fsdp_tp@even"]["local_bytes"] for dp in (0, 1)) == tp_rank_bytes
 
 
 def test_pipeline_stage_keeps_only_its_parameters(probe):
-    assert "tok_emb.weight" in probe[0]["pipeline"]["names"]
-    assert "lm_head.weight" in probe[3]["pipeline"]["names"]
+    assert "tok_emb.weight" in probe[0]["pipeline@even"]["names"]
+    assert "lm_head.weight" in probe[3]["pipeline@even"]["names"]
     for r in range(4):
-        layers = {n.split(".")[1] for n in probe[r]["pipeline"]["names"] if n.startswith("layers.")}
+        layers = {n.split(".")[1] for n in probe[r]["pipeline@even"]["names"] if n.startswith("layers.")}
         assert layers == {str(r)}

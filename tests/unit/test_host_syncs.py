@@ -7,7 +7,7 @@ wrappers on Tensor.tolist/cpu/numpy and torch.cuda's synchronize calls, each wit
 The run test drives scalelab.worker.run (the real Lightning loop and the platform's callbacks,
 the SLURM requeue one included) in this process; the others check the CUDA-only code paths
 (lagged reads, LearningRateMonitor) with fake events and devices; the ThroughputMonitor's
-per-batch torch.cuda.synchronize() is removed and tested in scalelab.results.throughput_live.
+per-batch torch.cuda.synchronize() is removed in results/throughput_live.py (tests/unit/test_throughput_live.py).
 """
 from __future__ import annotations
 
@@ -97,12 +97,16 @@ def test_single_job_steady_steps_have_no_host_syncs(tmp_path):
                 counts["sampler indices"] += 1        # a CPU permutation in every run: host only
             elif h.what == "aten.lift_fresh" and _in(h, "src/scalelab/data/datamodule.py", "__getitem__"):
                 counts["dataset samples"] += 1        # the data loader builds host tensors
+            elif h.what == "aten._local_scalar_dense" and _in(h, "src/scalelab/requeue.py", "on_train_batch_end"):
+                # RequeueOnSignal's flag: a host tensor all-reduced over gloo (a gloo group of the
+                # ranks on an NCCL job): read from host memory on CUDA too
+                counts["requeue host flag"] += 1
             elif h.what == "Tensor.tolist" and _in(h, "src/scalelab/scaling/metrics.py", "read_host"):
                 # LaggedReads: on CPU read at once; on CUDA a pinned host copy read LAG_STEPS late,
-                # after its own event: no device read. One for the logged loss, one for the flag
-                # (and the progress bar's, once per print, if it reads its loss that way).
-                who = "bar" if _in(h, "src/scalelab/console.py") else "requeue" if _in(h, "src/scalelab/requeue.py") \
-                    else "loss" if _in(h, "src/scalelab/models/lit.py") else "?"
+                # after its own event: no device read. One for the logged loss (and the progress
+                # bar's, once per print).
+                who = "bar" if _in(h, "src/scalelab/console.py") else "loss" if _in(h, "src/scalelab/models/lit.py") \
+                    else "?"
                 counts[f"lagged reads {who}"] += 1
             elif h.what == "aten.lift_fresh" and _in(h, "src/scalelab/scaling/metrics.py", "_extract_stats"):
                 # HostLRMonitor's copies of the LR into callback_metrics: CPU tensors on CUDA too
@@ -114,7 +118,7 @@ def test_single_job_steady_steps_have_no_host_syncs(tmp_path):
                                                                    for h in left)
         assert counts["adam step counters"] == n_param_tensors
         assert counts["sampler indices"] == 1 and counts["dataset samples"] == 4   # batch 4, one micro-batch
-        assert counts["lagged reads loss"] == counts["lagged reads requeue"] == 1
+        assert counts["lagged reads loss"] == counts["requeue host flag"] == 1
         assert counts["lagged reads bar"] <= 1 and not counts["lagged reads ?"]
 
 
@@ -176,15 +180,24 @@ def _requeue_ranks(tmp_path, n: int):
     return ranks
 
 
-def _fake_all_reduce(ranks, monkeypatch):
+def _fake_all_reduce(ranks, monkeypatch, backend="gloo", calls=None):
     """dist.all_reduce(MAX) across the fake ranks: every rank gets the max of their flags."""
     import torch.distributed as dist
 
+    def all_reduce(t, op=None, group=None):
+        if calls is not None:
+            calls.append((t.device.type, group))
+        return t.fill_(max(cb.signalled or 0 for cb, _ in ranks))
+
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(dist, "all_reduce", lambda t, op=None: t.fill_(max(cb.signalled or 0 for cb, _ in ranks)))
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: backend)
+    monkeypatch.setattr(dist, "new_group", lambda backend=None, **k: f"{backend} group")
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
 
 
 def _steps(ranks, signal_at: int, rank: int, last: int = 20):
+    for cb, trainer in ranks:
+        cb.on_train_start(trainer, None)
     for step in range(1, last + 1):
         if step == signal_at:
             ranks[rank][0].signalled = int(signal.SIGUSR1)
@@ -196,37 +209,27 @@ def _steps(ranks, signal_at: int, rank: int, last: int = 20):
     return None
 
 
-def test_requeue_on_cuda_reads_the_agreed_flag_lag_steps_later_on_every_rank(tmp_path, monkeypatch):
-    """On CUDA the flag all-reduced at step s is read at step s + LAG_STEPS (after waiting on
-    step s's event only): both ranks stop at that same step, whichever rank was signalled."""
-    FakeEvent.log = []
-    monkeypatch.setattr(metrics, "host_copy", _fake_cuda_copy)
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_requeue_stops_every_rank_at_the_signalled_step_from_a_host_flag(tmp_path, monkeypatch, backend):
+    """The flag is a host tensor all-reduced over gloo: the default group of a CPU job, a gloo group
+    of the same ranks made at train start on an NCCL job (a CUDA rank's root device here), so the
+    read is of host memory; both ranks stop and save at the step the signal arrived in."""
+    import signal as _signal
+
+    saved = {s: _signal.getsignal(s) for s in (_signal.SIGUSR1, _signal.SIGTERM)}
     ranks = _requeue_ranks(tmp_path, 2)
-    _fake_all_reduce(ranks, monkeypatch)
-    stop = _steps(ranks, signal_at=5, rank=1)
-    assert stop == 5 + metrics.LAG_STEPS == 7
-    assert [cb.stopped_at for cb, _ in ranks] == [7, 7] and all(t.should_stop for _, t in ranks)
-    assert [cb.saver.saved for cb, _ in ranks] == [[7], [7]]
-    assert (tmp_path / ".preempted").read_text() == "7 SIGUSR1"
-    # each rank waited on the events of steps 1..5 (flag 0 up to step 4, then 10 = SIGUSR1),
-    # never on the event of the step it was at or the one before
-    assert FakeEvent.log == [0, 0] * 4 + [int(signal.SIGUSR1)] * 2
-
-
-def test_requeue_on_cpu_stops_at_the_signalled_step(tmp_path, monkeypatch):
-    """gloo / CPU: the flag is host memory, read at once, as before (tests/slurm rely on it)."""
-    ranks = _requeue_ranks(tmp_path, 2)
-    _fake_all_reduce(ranks, monkeypatch)
-    assert _steps(ranks, signal_at=5, rank=0) == 5
-    assert [cb.stopped_at for cb, _ in ranks] == [5, 5]
-
-
-def test_requeue_signal_in_the_last_lag_steps_lets_the_run_finish(tmp_path, monkeypatch):
-    monkeypatch.setattr(metrics, "host_copy", _fake_cuda_copy)
-    ranks = _requeue_ranks(tmp_path, 1)
-    ranks[0][1].max_steps = 20
-    assert _steps(ranks, signal_at=19, rank=0, last=20) is None
-    assert ranks[0][0].stopped_at is None and not (tmp_path / ".preempted").exists()
+    for _, trainer in ranks:
+        trainer.strategy.root_device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
+    calls: list = []
+    _fake_all_reduce(ranks, monkeypatch, backend, calls)
+    try:
+        assert _steps(ranks, signal_at=5, rank=1) == 5
+    finally:
+        for s, h in saved.items():
+            _signal.signal(s, h)
+    assert [cb.stopped_at for cb, _ in ranks] == [5, 5] and [cb.saver.saved for cb, _ in ranks] == [[5], [5]]
+    assert (tmp_path / ".preempted").read_text() == "5 SIGUSR1"
+    assert set(calls) == {("cpu", None if backend == "gloo" else "gloo group")}
 
 
 # ---- Lightning callbacks' CUDA branches -----------------------------------------------------------
@@ -250,23 +253,40 @@ def test_lr_monitor_logs_the_same_values_without_device_tensors():
     assert t.callback_metrics["lr-AdamW"].device.type == "cpu" and float(t.callback_metrics["lr-AdamW"]) == 0.125
     stock, t2 = LearningRateMonitor("step"), trainer()
     stock.on_train_start(t2)
-    with pytest.raises((AssertionError, RuntimeError)):   # it makes a CUDA tensor (this torch has no CUDA)
+    if torch.cuda.is_available():   # the premise: Lightning's own monitor makes a CUDA tensor per step
         stock._extract_stats(t2, "step")
+        assert t2.callback_metrics["lr-AdamW"].device.type == "cuda"
+    else:                           # ... which a torch without CUDA refuses to make
+        with pytest.raises((AssertionError, RuntimeError)):
+            stock._extract_stats(t2, "step")
 
 
 def test_logged_loss_rows_are_the_same_when_read_lag_steps_late(tmp_path, monkeypatch):
-    """LitModule logs train/loss to the loggers LAG_STEPS late on CUDA: the CSV rows (step,
-    epoch, train/loss) are those of the immediate path, all of them (the last ones at the end)."""
+    """LitModule logs train/loss to the loggers LAG_STEPS logged steps late on CUDA: the CSV rows
+    (step, epoch, train/loss) are those Lightning's own self.log wrote, all of them (the last ones
+    at the end), with gradient accumulation."""
     import lightning as L
     from lightning.pytorch.loggers import CSVLogger
 
     from scalelab.models.gpt import GPTConfig
     from scalelab.models.lit import LitModule
 
-    def fit(name):
+    class LightningLogged(LitModule):
+        """The reference: the loss logged as before, with Lightning's own self.log."""
+
+        def log_loss(self, loss):
+            self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+
+        def on_train_batch_end(self, *a):
+            pass
+
+        def on_train_end(self):
+            pass
+
+    def fit(name, cls=LitModule):
         L.seed_everything(0, verbose=False)
         arch = GPTConfig(n_layers=1, n_heads=2, d_model=16, seq_len=8, vocab_size=32)
-        module = LitModule(arch, "lm", lambda params, lr: torch.optim.SGD(params, lr=lr), 0.1, 7, 0, "constant", 0.1)
+        module = cls(arch, "lm", lambda params, lr: torch.optim.SGD(params, lr=lr), 0.1, 7, 0, "constant", 0.1)
         data = torch.utils.data.DataLoader(torch.randint(0, 32, (64, 9)), batch_size=4)
         L.Trainer(max_steps=7, logger=CSVLogger(tmp_path, name=name, version=""), enable_progress_bar=False,
                   enable_checkpointing=False, enable_model_summary=False, log_every_n_steps=1,
@@ -274,9 +294,10 @@ def test_logged_loss_rows_are_the_same_when_read_lag_steps_late(tmp_path, monkey
         with open(tmp_path / name / "metrics.csv") as f:
             return sorted((r["step"], r["epoch"], r["train/loss"]) for r in csv.DictReader(f) if r["train/loss"])
 
+    reference = fit("lightning", LightningLogged)
     immediate = fit("immediate")
     FakeEvent.log = []
     monkeypatch.setattr(metrics, "host_copy", _fake_cuda_copy)
     lagged = fit("lagged")
-    assert len(immediate) == 7 and lagged == immediate
+    assert len(reference) == 7 and immediate == reference and lagged == reference
     assert len(FakeEvent.log) == 7          # each step's own event, waited on once

@@ -1,7 +1,7 @@
 """Where a rank builds the plain model: on its GPU for strategies whose ranks hold the whole
 model (no fp32 host copy per rank); on the meta device for those that cut it first and then
-materialize their own part (tests/integration/test_meta_init.py checks the values); on the host
-for ZeRO-3 (DeepSpeed partitions the built model) and for models without a per-parameter init."""
+materialize their own part (tests/integration/test_meta_init.py checks the values; ZeRO-3 is
+rebuilt under deepspeed.zero.Init); on the host for models without a per-parameter init."""
 from __future__ import annotations
 
 import hydra.utils

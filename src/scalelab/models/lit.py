@@ -41,7 +41,13 @@ class LitModule(L.LightningModule):
 
     def configure_model(self) -> None:
         if self.plan is not None and not self._parallelized:
+            from scalelab.strategies.materialize import materialize
+
             self.net = self.plan.parallelize(self.net, self.device_mesh)
+            # a plan built on the meta device materializes what it keeps in parallelize; this only
+            # catches one that did not (Lightning would otherwise fill it with reset_parameters,
+            # Kaiming instead of the GPT init): a model that holds real tensors passes unchanged
+            self.net = materialize(self.net, self.trainer.strategy.root_device)
             self._parallelized = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -67,8 +73,8 @@ class LitModule(L.LightningModule):
 
     def log_loss(self, loss: torch.Tensor) -> None:
         """`train/loss` of this batch: in trainer.callback_metrics at once (a device tensor: the
-        progress bar reads it) and to the loggers LAG_STEPS optimizer steps late
-        (on_train_batch_end): the rows Lightning's `self.log(..., logger=True)` writes
+        progress bar reads it) and to the loggers LAG_STEPS logged steps late (on_train_batch_end;
+        log_every_n_steps x LAG_STEPS optimizer steps, with the step it belongs to): the rows Lightning's `self.log(..., logger=True)` writes
         ("train/loss" and "epoch" at its step), without its device reads. Lightning converts a
         logged tensor with `.item()` on every logged step, and a `prog_bar=True` one on every batch
         even with no progress bar shown: on CUDA, each a host sync that drains the device queue

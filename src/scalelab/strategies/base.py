@@ -75,9 +75,9 @@ class StrategyPlan:
     #: is then built there directly, with no fp32 copy of it in host memory per rank.
     replicates_model: bool = False
     #: the strategy cuts the model in `parallelize` and then calls strategies.materialize on what
-    #: this rank keeps (FSDP, TP, fsdp_tp, nd, pipeline): the plain model is built on the meta
-    #: device, so no rank ever holds the whole model. ZeRO-3 (DeepSpeed partitions at
-    #: deepspeed.initialize) still builds it on the host.
+    #: this rank keeps (FSDP, TP, fsdp_tp, nd, pipeline; ZeRO-3 rebuilds it under
+    #: deepspeed.zero.Init instead): the plain model is built on the meta device, so no rank ever
+    #: holds the whole model.
     meta_init: bool = False
 
     def __init__(self, name: str | None = None, **options: Any):

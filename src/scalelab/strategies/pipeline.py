@@ -204,15 +204,14 @@ class Pipeline(PipelineRecord, StrategyPlan):
         rank = dist.get_rank() if dist.is_initialized() else 0
         self._pp = world // self.dp
         self._stage_idx = rank // self.dp
+        device_type = "cuda" if dist.is_initialized() and "nccl" in str(dist.get_backend()) else "cpu"
         if self.dp > 1:
             from torch.distributed.device_mesh import init_device_mesh
 
-            device_type = "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
             mesh = init_device_mesh(device_type, (self._pp, self.dp), mesh_dim_names=("pp", "dp"))
             self._pp_group, self._dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
         from scalelab.strategies.materialize import materialize, rank_device
 
-        device_type = "cuda" if dist.is_initialized() and "nccl" in str(dist.get_backend()) else "cpu"
         return materialize(self._trim(net), rank_device(device_type))  # only this stage's layers
 
     @property

@@ -1,0 +1,61 @@
+"""LiveThroughput: Lightning's ThroughputMonitor without the torch.cuda.synchronize() it calls
+after every training batch on a CUDA rank (results/throughput_live.py). Checked on CPU with a
+trainer whose root device says "cuda" and a synchronize that records its calls."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import ThroughputMonitor
+from lightning.pytorch.trainer.states import RunningStage
+
+from scalelab.results.throughput_live import LiveThroughput
+
+
+class _Throughput:
+    def __init__(self):
+        self.updates = []
+
+    def update(self, **kw):
+        self.updates.append(kw)
+
+
+def _cuda_trainer():
+    return SimpleNamespace(state=SimpleNamespace(stage=RunningStage.TRAINING),
+                           strategy=SimpleNamespace(root_device=torch.device("cuda", 0)))
+
+
+@pytest.fixture
+def syncs(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: calls.append(a))
+    return calls
+
+
+def _monitor(cls):
+    m = cls(batch_size_fn=lambda b: b.shape[0], length_fn=lambda b: b.numel())
+    stage = RunningStage.TRAINING
+    m._throughputs[stage] = _Throughput()
+    m._t0s[stage], m._lengths[stage], m._samples[stage], m._batches[stage] = 0.0, 0, 0, 0
+    return m
+
+
+def test_lightning_monitor_syncs_every_batch(syncs):
+    """The premise: Lightning's own callback synchronizes a CUDA rank after each batch."""
+    m = _monitor(ThroughputMonitor)
+    for i in range(3):
+        m._update(_cuda_trainer(), SimpleNamespace(flops_per_batch=10), torch.zeros(4, 8), i + 1)
+    assert len(syncs) == 3
+
+
+def test_live_monitor_counts_the_same_without_syncing(syncs):
+    m = _monitor(LiveThroughput)
+    for i in range(3):
+        m._update(_cuda_trainer(), SimpleNamespace(flops_per_batch=10), torch.zeros(4, 8), i + 1)
+    assert syncs == []
+    last = m._throughputs[RunningStage.TRAINING].updates[-1]
+    assert (last["batches"], last["samples"], last["lengths"], last["flops"]) == (3, 12, 96, 10)
+    assert torch.cuda.synchronize is not None and len(syncs) == 0
+    torch.cuda.synchronize()  # restored after each update: the patched recorder is back in place
+    assert len(syncs) == 1
