@@ -8,8 +8,11 @@ question asked of the real device: torch's CUDA sync debug mode (`torch.cuda.set
 ("warn")`) warns on every synchronizing call torch makes (stream / device synchronize, a copy that
 ends in a stream sync, `.item()`), and each warning is counted here with the innermost frame
 outside torch that asked. It does not see NCCL's own waits, `Event.synchronize()` (the lagged
-reads of scaling.metrics wait on an old event on purpose), or the driver's implicit wait in a copy
-from pageable host memory (data.pin_memory removes that one).
+reads of scaling.metrics wait on an old event on purpose), the driver's implicit wait in a copy
+from pageable host memory (data.pin_memory removes that one); a sync made on autograd's backward
+thread (a gradient hook) is counted when backward returns (torch's engine replays its warnings in
+the calling thread), with the backward call as its origin. So a count is a lower bound; the
+profile window's idle device time is the cross-check.
 
 run.json `device_syncs`: per rank, the steady steps counted, syncs per step, and the top origins.
 """
