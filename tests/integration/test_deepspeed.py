@@ -281,7 +281,8 @@ def test_deepspeed_config_is_built_from_the_yaml(strategy, stage, offload_opt, o
     assert "gradient_accumulation_steps" not in config and "train_batch_size" not in config
     assert config["train_micro_batch_size_per_gpu"] == 4
     assert "bf16" not in config and "fp16" not in config  # 32-true: DeepSpeed trains in fp32
-    assert plan.deepspeed_config(_run("bf16-mixed"))["bf16"] == {"enabled": True}
+    # no per-step inf/NaN check and skip (torch's bf16 has none; strategy.bf16_check_grad_overflow)
+    assert plan.deepspeed_config(_run("bf16-mixed"))["bf16"] == {"enabled": True, "check_grad_overflow": False}
 
 
 def test_lr_schedule_follows_the_swapped_offload_optimizer():
