@@ -4,6 +4,7 @@ here, their device times set by hand); on CPU from perf_counter."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from scalelab.strategies import pipeline_record
 from scalelab.strategies.pipeline_record import StageTimer
@@ -35,7 +36,7 @@ def _step(timer, calls_ms, idle_ms):
 
 def test_cuda_intervals_read_two_steps_late_without_draining():
     FakeEvent.clock, FakeEvent.waited = [0.0], []
-    t = StageTimer(cuda=True, event=FakeEvent)
+    t = StageTimer(torch.device("cuda", 0), event=FakeEvent)
     _step(t, [4.0, 6.0], [1.0, 3.0])      # step 1: 14 ms, 10 ms of it in the calls
     _step(t, [5.0], [0.0])                # step 2: 5 ms, all compute
     assert FakeEvent.waited == [] and t.step_s == []    # nothing read yet: no wait at all
@@ -49,7 +50,7 @@ def test_cuda_intervals_read_two_steps_late_without_draining():
 def test_cpu_uses_host_time(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(pipeline_record.time, "perf_counter", lambda: now[0])
-    t = StageTimer(cuda=False)
+    t = StageTimer(torch.device("cpu"))
     t.start_step()
     now[0] += 0.5                                     # waiting for a receive
     t.wrap(lambda: now.__setitem__(0, now[0] + 1.5))()

@@ -327,7 +327,7 @@ def test_cuda_step_times_come_from_events_read_once_after_training(monkeypatch):
         def synchronize(self):
             Event.synced += 1
 
-    monkeypatch.setattr(metrics, "_record_event", lambda device: Event())
+    monkeypatch.setattr(metrics, "record_event", lambda device: Event())
     monkeypatch.setattr(metrics, "_sync", lambda device: None)
     cb = StepMetrics(accumulate=1, plan=SimpleNamespace(state_bytes=lambda *a: {}, grad_bytes=lambda *a: 0))
     module = SimpleNamespace(device=torch.device("cuda"))

@@ -74,8 +74,9 @@ class LitModule(L.LightningModule):
     def log_loss(self, loss: torch.Tensor) -> None:
         """`train/loss` of this batch: in trainer.callback_metrics at once (a device tensor: the
         progress bar reads it) and to the loggers LAG_STEPS logged steps late (on_train_batch_end;
-        log_every_n_steps x LAG_STEPS optimizer steps, with the step it belongs to): the rows Lightning's `self.log(..., logger=True)` writes
-        ("train/loss" and "epoch" at its step), without its device reads. Lightning converts a
+        log_every_n_steps x LAG_STEPS optimizer steps, with the step it belongs to): the rows
+        Lightning's `self.log(..., logger=True)` writes ("train/loss" and "epoch" at its step),
+        without its device reads. Lightning converts a
         logged tensor with `.item()` on every logged step, and a `prog_bar=True` one on every batch
         even with no progress bar shown: on CUDA, each a host sync that drains the device queue
         (tests/unit/test_host_syncs.py). And `self.log` itself costs ~1.5 ms of host time per call

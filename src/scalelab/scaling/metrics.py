@@ -23,7 +23,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _record_event(device: torch.device):
+def record_event(device: torch.device):
     """A timing CUDA event recorded on the current stream of `device`; None off CUDA."""
     if device.type != "cuda":
         return None
@@ -141,7 +141,7 @@ class StepMetrics(L.Callback):
             self.host_flops.append(host_speed())
         _sync(pl_module.device)
         self._t_last = time.perf_counter()
-        self._last_event = _record_event(pl_module.device)
+        self._last_event = record_event(pl_module.device)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.resolve()
@@ -156,7 +156,7 @@ class StepMetrics(L.Callback):
         # next step's time starts when it ends, so validation is in no step's time.
         _sync(pl_module.device)
         self._t_last = time.perf_counter()
-        self._last_event = _record_event(pl_module.device)
+        self._last_event = record_event(pl_module.device)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if not self.grad_bytes:  # gradients exist only between backward and the optimizer step
@@ -167,7 +167,7 @@ class StepMetrics(L.Callback):
         if len(self._micro) < self.accumulate:
             return
         loss = torch.stack(self._micro).float().mean()   # this rank's step loss (mean over micro-batches)
-        event = _record_event(pl_module.device)
+        event = record_event(pl_module.device)
         if event is not None:
             self._events.append((self._last_event, event))
             self._last_event = event

@@ -231,7 +231,7 @@ class Pipeline(PipelineRecord, StrategyPlan):
         modules = self._chunks or [pl_module.net]
         stages = [PipelineStage(mod, self._stage_idx + i * self._pp, total, device, group=self._pp_group)
                   for i, mod in enumerate(modules)]
-        self._timer = StageTimer(cuda=device.type == "cuda")
+        self._timer = StageTimer(device)
         timed = self._timer.wrap
         # Bubble measurement: the schedules call these per micro-batch between their send/recv waits.
         for stage in stages:

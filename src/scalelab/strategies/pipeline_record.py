@@ -21,30 +21,24 @@ class StageTimer:
     """Per optimizer step, the time of the schedule step and the time inside the stage's own compute
     calls (`wrap`), for the measured bubble.
 
-    On CUDA the bounds are events recorded on the current stream and read LAG steps later, waiting
+    On CUDA the bounds are events recorded on the current stream and read LAG_STEPS later, waiting
     on those old events only: the stream reaches a call's start event after the waits for its
     received activations were queued before it, so the interval is the call's device time, and
     no device queue is drained (issue 11: it used to synchronize the device before and after every
     call, 4 m + 2 drains per step, which measured the schedule under a load it does not have). Off
     CUDA, perf_counter around the calls (gloo's receives block the host, so host time is the time)."""
 
-    LAG = 2
+    def __init__(self, device: Any, event: Any = None):
+        self.cuda = device.type == "cuda"
+        self.lag, self._event = 0, None
+        if self.cuda:  # imported here: the plan modules load in the launcher, which has no Lightning
+            from scalelab.scaling.metrics import LAG_STEPS, record_event
 
-    def __init__(self, cuda: bool, event: Any = None):
-        self.cuda = cuda
-        self._event = event or (self._cuda_event if cuda else None)
+            self.lag, self._event = LAG_STEPS, event or (lambda: record_event(device))
         self.step_s: list[float] = []
         self.busy_s: list[float] = []
         self._pending: list = []   # CUDA: [start event, [(e0, e1) ...], end event] per step
         self._cur: Any = None
-
-    @staticmethod
-    def _cuda_event():
-        import torch
-
-        e = torch.cuda.Event(enable_timing=True)
-        e.record()
-        return e
 
     def start_step(self) -> None:
         self._cur = [self._event(), [], None] if self.cuda else [time.perf_counter(), 0.0]
@@ -69,7 +63,7 @@ class StageTimer:
             return
         self._cur[2] = self._event()
         self._pending.append(self._cur)
-        self._resolve(keep=self.LAG)
+        self._resolve(keep=self.lag)
 
     def results(self) -> tuple[list[float], list[float]]:
         """Every step's (step_s, busy_s) so far (CUDA: waits for the last step's end event)."""
