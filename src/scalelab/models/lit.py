@@ -44,9 +44,9 @@ class LitModule(L.LightningModule):
             from scalelab.strategies.materialize import materialize
 
             self.net = self.plan.parallelize(self.net, self.device_mesh)
-            # a plan built on the meta device materializes what it keeps in parallelize; this only
-            # catches one that did not (Lightning would otherwise fill it with reset_parameters,
-            # Kaiming instead of the GPT init): a model that holds real tensors passes unchanged
+            # a plan with meta_init has cut the meta-device model: allocate and fill what this rank
+            # kept, on its device, with the GPT's own init (Lightning would otherwise fill it with
+            # reset_parameters: Kaiming). A model that holds real tensors passes unchanged.
             self.net = materialize(self.net, self.trainer.strategy.root_device)
             self._parallelized = True
 

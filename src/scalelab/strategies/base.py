@@ -74,10 +74,10 @@ class StrategyPlan:
     #: every rank holds the whole model on its device (single, DDP, ZeRO-1/2): on a GPU the model
     #: is then built there directly, with no fp32 copy of it in host memory per rank.
     replicates_model: bool = False
-    #: the strategy cuts the model in `parallelize` and then calls strategies.materialize on what
-    #: this rank keeps (FSDP, TP, fsdp_tp, nd, pipeline; ZeRO-3 rebuilds it under
-    #: deepspeed.zero.Init instead): the plain model is built on the meta device, so no rank ever
-    #: holds the whole model.
+    #: the plain model is built on the meta device and the strategy cuts it in `parallelize`;
+    #: LitModule.configure_model then allocates and fills only what this rank kept
+    #: (strategies.materialize; FSDP, TP, fsdp_tp, nd, pipeline). ZeRO-3 rebuilds it under
+    #: deepspeed.zero.Init in its parallelize instead. No rank ever holds the whole model.
     meta_init: bool = False
 
     def __init__(self, name: str | None = None, **options: Any):

@@ -70,7 +70,4 @@ class FSDP(MeshParallelPlan):
         self.reshard_after_forward = bool(reshard_after_forward)
 
     def parallelize(self, net: nn.Module, device_mesh: Any) -> nn.Module:
-        from scalelab.strategies.materialize import materialize, rank_device
-
-        net = apply_fsdp(net, device_mesh["data_parallel"], self.precision, self.reshard_after_forward)
-        return materialize(net, rank_device(device_mesh.device_type))
+        return apply_fsdp(net, device_mesh["data_parallel"], self.precision, self.reshard_after_forward)

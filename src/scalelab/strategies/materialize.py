@@ -4,7 +4,8 @@ Issue 11 measured a 1.2B GPT under fsdp / tp at 5.6 GiB of host RSS per rank: ea
 whole fp32 model on the host, then kept its shard. Now such a rank builds the plain model on the
 meta device (shapes, no storage: `StrategyPlan.init_device`), the strategy cuts it (trims a
 pipeline stage, applies TP styles, fully_shard) while it is still storage-free, and
-`materialize` then allocates only this rank's part, on its own device, and fills it from the
+`materialize` (called by LitModule.configure_model right after the cut) then allocates only
+this rank's part, on its own device, and fills it from the
 model's own per-parameter init (`GPT.fill_initial`): one full parameter at a time is drawn on the
 device, and this rank keeps its shard of it (torchtitan's order: meta -> parallelize ->
 to_empty -> init_weights). Because every parameter draws from its own seeded generator, the
@@ -26,13 +27,6 @@ def supports_meta_init(arch: Any) -> bool:
     from scalelab.models.gpt import GPTConfig
 
     return isinstance(arch, GPTConfig)
-
-
-def rank_device(device_type: str) -> torch.device:
-    """This rank's device for a mesh of `device_type` ("cuda": the current CUDA device)."""
-    if device_type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device(device_type)
 
 
 def is_meta(net: nn.Module) -> bool:

@@ -34,7 +34,7 @@ class MeshParallelPlan(StrategyPlan):
     form a tensor-parallel group (`tp_size`) and implement `parallelize`."""
 
     name = "mesh_parallel"
-    meta_init = True  # parallelize() ends with strategies.materialize
+    meta_init = True  # parallelize() cuts the meta model; LitModule.configure_model materializes it
 
     def __init__(self, name: str | None = None, save_distributed_checkpoint: bool = True, **options: Any):
         super().__init__(name, **options)

@@ -203,7 +203,7 @@ class ND(Pipeline):
             else self._coords
         if got != want:  # the mesh must lay ranks out as rank_coordinates says (data loader, loss ranks)
             raise RuntimeError(f"rank {rank}: device mesh coordinate {got} != expected {want}")
-        from scalelab.strategies.materialize import is_meta, materialize, rank_device
+        from scalelab.strategies.materialize import is_meta
 
         if device_type == "cuda" and not is_meta(net):
             net = net.to(torch.device("cuda", torch.cuda.current_device()))
@@ -225,7 +225,7 @@ class ND(Pipeline):
                     fully_shard(unit, **kw)
                 for chunk in self._chunks:
                     fully_shard(chunk, **kw)
-        return materialize(net, rank_device(device_type))  # this stage, its TP and FSDP shards only
+        return net   # on the meta device: LitModule.configure_model allocates this stage's shards only
 
     def _clip_gradients(self, pl_module) -> None:
         """trainer.gradient_clip_val over the whole model: the norm of this stage's (DTensor)

@@ -72,7 +72,7 @@ def merge_on_rank0(trainer: Any, local: dict) -> dict | None:
 
 class Pipeline(PipelineRecord, StrategyPlan):
     name = "pipeline"
-    meta_init = True  # parallelize() trims, then strategies.materialize fills this stage only
+    meta_init = True  # parallelize() trims the meta model; configure_model fills this stage only
 
     def __init__(self, name: str = "pipeline", schedule: str = "1f1b", microbatches: int = 4, dp: int = 1,
                  stages_per_rank: int = 1, split: str = "uniform", **options):
@@ -204,15 +204,13 @@ class Pipeline(PipelineRecord, StrategyPlan):
         rank = dist.get_rank() if dist.is_initialized() else 0
         self._pp = world // self.dp
         self._stage_idx = rank // self.dp
-        device_type = "cuda" if dist.is_initialized() and "nccl" in str(dist.get_backend()) else "cpu"
         if self.dp > 1:
             from torch.distributed.device_mesh import init_device_mesh
 
+            device_type = "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
             mesh = init_device_mesh(device_type, (self._pp, self.dp), mesh_dim_names=("pp", "dp"))
             self._pp_group, self._dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
-        from scalelab.strategies.materialize import materialize, rank_device
-
-        return materialize(self._trim(net), rank_device(device_type))  # only this stage's layers
+        return self._trim(net)   # on the meta device: LitModule.configure_model allocates this stage only
 
     @property
     def is_first(self) -> bool:

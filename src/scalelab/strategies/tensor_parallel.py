@@ -228,8 +228,6 @@ class TensorParallel(MeshParallelPlan):
         return {"sequence_parallel": self.sequence_parallel}
 
     def parallelize(self, net: nn.Module, device_mesh: Any) -> nn.Module:
-        from scalelab.strategies.materialize import materialize, rank_device
-
         tp_mesh, dp_mesh = device_mesh["tensor_parallel"], device_mesh["data_parallel"]
         if tp_mesh.size() > 1:
             apply_tensor_parallel(net, tp_mesh, self.sequence_parallel)
@@ -239,7 +237,7 @@ class TensorParallel(MeshParallelPlan):
             from torch.distributed._composable.replicate_with_fsdp import replicate
 
             replicate(net, mesh=dp_mesh, mp_policy=mixed_precision_policy(self.precision))
-        return materialize(net, rank_device(device_mesh.device_type))
+        return net
 
 
 class FSDPTensorParallel(TensorParallel):
