@@ -4,8 +4,10 @@
 #   2. `single` with pageable batches (data.pin_memory=false) against stage 1's pinned default: what the
 #      per-step device drain of an unpinned batch copy costs (the foreach-vs-fused AdamW A/B of
 #      run 2 is `SKIP_PAGEABLE=1 FOREACH=1`);
-#   3. the 1.2B GPT (24 x 2048): every strategy again at size (host RSS, device memory, the planner).
-# Stages 2 and 3 run only while the elapsed time leaves room (a device session has 15 minutes).
+#   3. zero3 with DeepSpeed's per-submodule fetch (stage3_fetch_unit=module) against stage 1's whole-Block
+#      default: what the per-submodule hooks cost on the GPU (SKIP_Z3MODULE=1 skips it);
+#   4. the 1.2B GPT (24 x 2048): every strategy again at size (host RSS, device memory, the planner).
+# Stages 2-4 run only while the elapsed time leaves room (a device session has 15 minutes).
 #   source .gpu/env.sh && bash benchmarks/gpu_device_run.sh "$OUT"      (shared/notes/gpu-device.md)
 set -u
 OUT=${1:?usage: gpu_device_run.sh OUT_DIR}
@@ -30,7 +32,8 @@ stage() {  # stage NAME BUDGET_END_S ARGS...: run gpu_check with a deadline at B
 }
 stage main ${MAIN_END:-210}
 [ -z "${SKIP_PAGEABLE:-}" ] && stage pageable 250 --no-hand --strategies single data.pin_memory=false
-[ -n "${FOREACH:-}" ] && stage foreach 290 --no-hand --strategies single optim.fused_on_gpu=false
+[ -z "${SKIP_Z3MODULE:-}" ] && stage z3module 290 --no-hand --strategies zero3 strategy.stage3_fetch_unit=module
+[ -n "${FOREACH:-}" ] && stage foreach 330 --no-hand --strategies single optim.fused_on_gpu=false
 stage big ${BIG_END:-430} --big --no-hand --steps 20 ${BIG_STRATEGIES:+--strategies $BIG_STRATEGIES}
 # everything small that explains the figures: logs, run.json, plans (no checkpoints, no weights)
 (cd "$W" && find . -name '*.json' -o -name '*.log' -o -name '*.txt' -o -name '*.md' -o -name '*.yaml' \

@@ -300,6 +300,8 @@ STRATEGY: dict[str, dict[str, Field]] = {
         "stage3_max_live_parameters": _ZERO_STAGE3,
         "stage3_max_reuse_distance": _ZERO_STAGE3,
         "sub_group_size": _ZERO_STAGE3,
+        "stage3_fetch_unit": Choice(("block", "module"), null=True,
+                                    rule="is not a fetch unit: choose one of block, module"),
         "bf16_check_grad_overflow": Bool("bf16-mixed: skip a step whose gradients hold inf/NaN (DeepSpeed's "
                                          "default; a device read per step)"),
     },

@@ -103,7 +103,9 @@ def zero2_resumed(tmp_path_factory, zero2_saved) -> dict:
 
 @pytest.fixture(scope="module")
 def zero3_resumed(tmp_path_factory, zero3_saved) -> dict:
-    return _resumed(tmp_path_factory, "zero3", zero3_saved, Z3)
+    # zero3_saved fetched whole Blocks (zero3's default); this job DeepSpeed's per-submodule
+    # hooks: the fetch unit is not part of the checkpoint, and both train as single does
+    return _resumed(tmp_path_factory, "zero3", zero3_saved, [*Z3, "strategy.stage3_fetch_unit=module"])
 
 
 def _assert_planner_predicts_states(rec: dict) -> None:
@@ -149,6 +151,13 @@ def test_two_ranks_match_single_device(strategy, request, ref):
     _assert_same_curve(rec, ref["single"], range(1, 11))
     assert rec["loss"]["final"] < rec["loss"]["first"] - 1.0  # it learns
     assert_nano_flops(rec)
+    if strategy == "zero3":
+        # stage3_fetch_unit=block (zero3's default), as DeepSpeed registered it: both Blocks are
+        # leaf modules covering their 10 tensors each (ln1 w/b, q, k, v, out, ln2 w/b, up, down);
+        # the root's 5 (tok_emb, pos_emb, ln_f w/b, lm_head) are fetched per submodule
+        assert rec["zero3_fetch"] == {"unit": "block", "leaf_modules": 2, "params_in_leaves": 20, "params": 25}
+    else:
+        assert "zero3_fetch" not in rec
 
 
 # -- sharding ---------------------------------------------------------------------------------
@@ -205,6 +214,9 @@ def test_deepspeed_checkpoint_resumes_on_the_same_curve(strategy, request, ref):
     rec = _rec(r["resumed"])
     assert rec["resumed_from"] == str(ckpt) and rec["steps"] == 10
     _assert_same_curve(rec, ref["single"], range(11, 21))
+    if strategy == "zero3":  # saved fetching whole Blocks, resumed fetching per submodule (fixtures)
+        assert _rec(r["saved"])["zero3_fetch"]["leaf_modules"] == 2
+        assert rec["zero3_fetch"] == {"unit": "module", "leaf_modules": 0, "params_in_leaves": 0, "params": 25}
     assert rec["loss"]["final"] == pytest.approx(ref["single"]["loss"]["final"], rel=REL)
 
 
@@ -283,6 +295,14 @@ def test_deepspeed_config_is_built_from_the_yaml(strategy, stage, offload_opt, o
     assert "bf16" not in config and "fp16" not in config  # 32-true: DeepSpeed trains in fp32
     # no per-step inf/NaN check and skip (torch's bf16 has none; strategy.bf16_check_grad_overflow)
     assert plan.deepspeed_config(_run("bf16-mixed"))["bf16"] == {"enabled": True, "check_grad_overflow": False}
+    # ZeRO-3 fetches each transformer Block whole (DeepSpeed leaf modules), keeping DeepSpeed's own
+    # default leaf classes (a configured list replaces them); stages 1-2 have nothing to fetch
+    leaves = zero.get("leaf_module", {}).get("classes", [])
+    assert ("scalelab.models.gpt.Block" in leaves) == (stage == 3)
+    assert stage != 3 or any("MixtralSparseMoeBlock" in c for c in leaves)
+    if stage == 3:
+        per_module = _plan(strategy, "strategy.stage3_fetch_unit=module").deepspeed_config(_run())
+        assert "leaf_module" not in per_module["zero_optimization"]
 
 
 def test_lr_schedule_follows_the_swapped_offload_optimizer():
