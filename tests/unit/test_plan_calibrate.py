@@ -20,7 +20,7 @@ from scalelab.plan.step_time import step_time
 import numpy as np
 
 TRUE = Hardware(
-    name="true_cpu", peak_flops={"fp32": 120e9, "bf16": 10e9, "fp16": 5e9}, memory_bytes=8e9,
+    name="true_cpu", kind="cpu", peak_flops={"fp32": 120e9, "bf16": 10e9, "fp16": 5e9}, memory_bytes=8e9,
     memory_bandwidth_bytes_per_s=6e9, intra_node=Link(1.2e9, 8e-5), inter_node=Link(1e8, 1e-4),
     devices_per_node=2, threads_per_device=1, compute_efficiency=0.55, comm_overlap=0.0,
     compute_efficiency_by={"fp32@2": 0.42},       # 2 threads per rank do not give twice 1
@@ -259,3 +259,31 @@ def test_runtime_memory_is_fitted_from_cpu_runs_only():
     assert runtime_bytes_from_rss([(None, gpu, terms)]) is None
     fit, n = runtime_bytes_from_rss([(None, cpu, terms), (None, gpu, terms)])
     assert n == 1 and fit == pytest.approx(TRUE.runtime_memory_bytes, rel=1e-6)
+
+
+def test_a_gpu_ranks_host_threads_do_not_scale_the_gpus_peak(tmp_path):
+    """GPU jobs give each rank cores / ranks host threads (16 on the H200 host of issue 11); only
+    on a CPU profile is a device a rank's threads. The planner once multiplied the GPU's peak by
+    them: --validate of run 3's 1.2B `single` predicted 0.041 s against 0.138 s measured (16x too
+    fast a compute term), while `scalelab plan` with the same shape said 0.144 s."""
+    gpu_hw = replace(TRUE, name="gpu", kind="gpu", compute_efficiency_by={})
+    rec = run_record("gpt_nano", "single", 1, 8)
+    one, many = (dict(rec, hardware={"accelerator": "cuda", "threads_per_rank": n}) for n in (1, 16))
+    terms = terms_from_run(many)
+    assert terms.threads == 0  # a GPU rank's threads are not its device
+    by_hand = terms.hw_flops_per_device / (120e9 * 0.55) + terms.act_traffic_bytes / 1.5e9
+    for r in (one, many):
+        assert step_time(terms_from_run(r), gpu_hw)["compute_s"] == pytest.approx(by_hand, rel=1e-12)
+    # a GPU run's host matmul probe says nothing of the GPU's speed
+    assert speed_factor(dict(many, host_speed={"flops": 1e9}), terms, gpu_hw) == 1.0
+    # on a CPU profile 2 threads per rank still count: twice the peak, at fp32@2's efficiency
+    cpu2 = terms_from_run(run_record("gpt_nano", "single", 1, 8, threads=2))
+    assert step_time(cpu2, TRUE)["compute_s"] == pytest.approx(
+        cpu2.hw_flops_per_device / (2 * 120e9 * 0.42) + cpu2.act_traffic_bytes / 1.5e9, rel=1e-12)
+    # --validate of a GPU run compares device memory (its host RSS is not the planner's memory)
+    many["memory"] = dict(many["memory"], peak_device_bytes_per_rank=[1 << 30], peak_rss_bytes_per_rank=[1 << 33])
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "run.json").write_text(json.dumps(many))
+    row = validate(str(tmp_path), gpu_hw)["runs"][0]
+    assert row["rss_ratio"] is None and row["measured_peak_device_bytes"] == 1 << 30
+    assert row["device_ratio"] == pytest.approx(row["predicted_device_bytes"] / (1 << 30))

@@ -37,7 +37,7 @@ import numpy as np
 
 from .hardware import Hardware, Link, save_hardware
 from .spec import ModelSpec, PlanError, conf_dir, get_strategy
-from .step_time import Terms, build_terms, busy_per_node, linear_features, step_time, theta_of
+from .step_time import Terms, build_terms, busy_per_node, linear_features, rank_threads, step_time, theta_of
 
 BASE_STRATEGIES = ("single",)
 PRIOR_WEIGHT = 1e-4          # pull of a rate towards its prior, relative to one run's squared error
@@ -127,7 +127,8 @@ def terms_from_run(run: dict) -> Terms:
         nodes=int(run.get("num_nodes") or 1), tp=tp, pp=pp, micro_batch=micro, micro_batches=m,
         precision=run.get("precision", "32"), optimizer=run.get("optimizer", "adam"),
         activation_checkpointing=run.get("activation_checkpointing") or "none",  # older records: a bool
-        threads=int(hw.get("threads_per_rank") or 1),
+        # a CPU rank's threads are its device; a GPU rank's host threads are not (step_time.rank_threads)
+        threads=int(hw.get("threads_per_rank") or 1) if hw.get("accelerator") == "cpu" else None,
         # scalelab's tp/fsdp_tp/nd shard the LayerNorm regions only with strategy.sequence_parallel
         sequence_parallel=bool(par.get("sequence_parallel", options.get("sequence_parallel", False))))
 
@@ -167,10 +168,9 @@ def speed_factor(run: dict, terms: Terms, hw: Hardware) -> float:
     are predicted at the reference speed and divided by this. 1 for runs without a probe (GPU
     runs; records from before the probe)."""
     flops = run.get("_host_flops_smoothed") or (run.get("host_speed") or {}).get("flops")
-    if not flops:
+    if not flops or hw.kind != "cpu":   # a host matmul probe says nothing of a GPU's speed
         return 1.0
-    threads = terms.threads or hw.threads_per_device
-    return float(flops) / (hw.peak("fp32") * threads / hw.threads_per_device)
+    return float(flops) / (hw.peak("fp32") * rank_threads(terms, hw) / hw.threads_per_device)
 
 
 def smooth_host_speeds(runs: list[tuple[Path, dict, Terms]], window: int = SPEED_WINDOW) -> None:

@@ -309,12 +309,12 @@ def _validate(a) -> int:
         print(f"predicted ({hw.name}) vs measured, {len(rep['runs'])} runs")
         _print_table(
             ["run", "strategy", "model", "N", "seed", "prec", "host speed", "step pred s", "step meas s",
-             "ratio", "states pred", "states meas", "ratio", "RSS pred/meas"],
+             "ratio", "states pred", "states meas", "ratio", "RSS pred/meas", "device pred/meas"],
             [[_short(r["run"]), r["strategy"], r["model"] or "-", r["world_size"], _opt_str(r["seed"]),
               r["precision"],
               f"{r['host_speed_factor']:.2f}", f"{r['predicted_step_s']:.4f}", f"{r['measured_step_s']:.4f}", f"{r['step_ratio']:.3f}",
               fmt_bytes(r["predicted_model_states_bytes"]), fmt_bytes(r["measured_model_states_bytes"]),
-              _opt(r["model_states_ratio"]), _opt(r["rss_ratio"])] for r in rep["runs"]])
+              _opt(r["model_states_ratio"]), _opt(r["rss_ratio"]), _opt(r["device_ratio"])] for r in rep["runs"]])
         for s in rep["skipped"]:
             print(f"skipped {s['run']}: {s['reason']}")
         repeated = any(c["repeats"] > 1 for c in rep["configs"])

@@ -102,9 +102,15 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
                  threads or 0)
 
 
+def rank_threads(terms: Terms, hw: Hardware) -> int:
+    """Threads per device the compute rate is for. Only a CPU profile's device is a rank's threads;
+    a GPU rank's host threads (threads_per_rank = cores / ranks on GPU jobs) do not scale the
+    GPU's peak."""
+    return (terms.threads if hw.kind == "cpu" else 0) or hw.threads_per_device
+
+
 def _peak(hw: Hardware, terms: Terms) -> float:
-    threads = terms.threads or hw.threads_per_device
-    return hw.peak(compute_dtype(terms.precision)) * threads / hw.threads_per_device
+    return hw.peak(compute_dtype(terms.precision)) * rank_threads(terms, hw) / hw.threads_per_device
 
 
 def _link_params(hw: Hardware, c: Collective) -> tuple[float, float]:
@@ -125,7 +131,7 @@ def busy_per_node(terms: Terms) -> int:
 
 def compute_key(terms: Terms, hw: Hardware) -> str:
     """'fp32@2': the compute dtype at this many threads per device (CPU ranks)."""
-    return f"{compute_dtype(terms.precision)}@{terms.threads or hw.threads_per_device}"
+    return f"{compute_dtype(terms.precision)}@{rank_threads(terms, hw)}"
 
 
 def linear_features(terms: Terms, hw: Hardware, split: bool = False) -> dict[str, float]:
@@ -189,7 +195,7 @@ def theta_of(hw: Hardware) -> dict[str, float]:
 
 
 def _compute_s(terms: Terms, hw: Hardware) -> float:
-    eff = hw.efficiency(compute_dtype(terms.precision), terms.threads)
+    eff = hw.efficiency(compute_dtype(terms.precision), rank_threads(terms, hw))
     return (terms.hw_flops_per_device / (_peak(hw, terms) * eff)
             + terms.act_traffic_bytes / hw.activation_bandwidth)     # memory-bound elementwise ops
 

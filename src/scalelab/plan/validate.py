@@ -11,7 +11,7 @@ import statistics
 
 from .calibrate import SPEED_WINDOW, measured, model_bytes_in_ram, speed_factor, usable_runs
 from .hardware import Hardware
-from .step_time import step_time
+from .step_time import device_total_bytes, step_time
 
 
 def config_label(run: dict, terms) -> str:
@@ -49,6 +49,10 @@ def validate(sweep_dir, hw: Hardware, speed_window: int = SPEED_WINDOW) -> dict:
         st = terms.states
         pred_states = st.total_bytes + st.offloaded_bytes   # on CPU, host and device are one RAM
         pred_rss = model_bytes_in_ram(terms) + hw.runtime_memory_bytes
+        # a GPU run: its host RSS is not what the planner's memory is for, its device peak is
+        gpu = (run.get("hardware") or {}).get("accelerator") not in (None, "cpu")
+        pred_dev = device_total_bytes(terms, hw) if gpu else None
+        meas_dev = max((run.get("memory") or {}).get("peak_device_bytes_per_rank") or [0]) or None
         rows.append({
             "run": str(path.parent), "config": config_label(run, terms), "strategy": terms.strategy.name,
             "world_size": terms.layout.world, "precision": terms.precision,
@@ -60,7 +64,9 @@ def validate(sweep_dir, hw: Hardware, speed_window: int = SPEED_WINDOW) -> dict:
             "model_states_ratio": (pred_states / meas["model_states_bytes"]
                                    if meas["model_states_bytes"] else None),
             "predicted_total_bytes": pred_rss, "measured_peak_rss_bytes": meas["peak_rss_bytes"],
-            "rss_ratio": pred_rss / meas["peak_rss_bytes"] if meas["peak_rss_bytes"] else None,
+            "rss_ratio": pred_rss / meas["peak_rss_bytes"] if meas["peak_rss_bytes"] and not gpu else None,
+            "predicted_device_bytes": pred_dev, "measured_peak_device_bytes": meas_dev,
+            "device_ratio": pred_dev / meas_dev if pred_dev and meas_dev else None,
             "breakdown": t,
         })
     groups: dict[tuple, list[dict]] = {}
@@ -78,6 +84,7 @@ def validate(sweep_dir, hw: Hardware, speed_window: int = SPEED_WINDOW) -> dict:
             "host_speed_factor": _median([r["host_speed_factor"] for r in rs]),
             "model_states_ratio": _median([r["model_states_ratio"] for r in rs]),
             "rss_ratio": _median([r["rss_ratio"] for r in rs]),
+            "device_ratio": _median([r["device_ratio"] for r in rs]),
             "predicted_model_states_bytes": rs[0]["predicted_model_states_bytes"],
             "measured_model_states_bytes": _median([r["measured_model_states_bytes"] for r in rs]),
         })
