@@ -37,6 +37,7 @@ import numpy as np
 
 from .hardware import Hardware, Link, save_hardware
 from .spec import ModelSpec, PlanError, conf_dir, get_strategy
+from .host_floor import fitted_floors, split_host_bound
 from .step_time import Terms, build_terms, busy_per_node, linear_features, rank_threads, step_time, theta_of
 
 BASE_STRATEGIES = ("single",)
@@ -378,15 +379,33 @@ def calibrate(sweep_dir, base: Hardware, out_path=None,
                 runs, times, replace(base, busy_slowdown={**slowdown, str(n): float(f)})))
             slowdown[str(n)] = round(float(best), 3)
     base = replace(base, busy_slowdown=slowdown)
-    rows, prior = _rows(runs, base)
-    theta = fit(rows, times, prior)
     name = Path(out_path).stem if out_path else f"{base.name}_calibrated"
-    hw = apply_theta(base, theta, name)
-    if any(x.get("bubble") for x in rows):
-        # The bubble feature is priced at the profile's compute rates: refit once at the fitted ones.
-        rows = _rows(runs, hw)[0]
-        theta = fit(rows, times, prior)
+    fitted: dict = {}
+
+    def fit_runs(sel: list[int]) -> Hardware:
+        sub, sub_t = [runs[i] for i in sel], [times[i] for i in sel]
+        rows, prior = _rows(sub, base)
+        theta = fit(rows, sub_t, prior)
         hw = apply_theta(base, theta, name)
+        if any(x.get("bubble") for x in rows):
+            # The bubble feature is priced at the profile's compute rates: refit once at the fitted ones.
+            rows = _rows(sub, hw)[0]
+            theta = fit(rows, sub_t, prior)
+            hw = apply_theta(base, theta, name)
+        fitted.update(sel=sel, rows=rows, prior=prior, theta=theta)
+        return hw
+
+    all_terms = [t for _, _, t in runs]
+    host_bound: list[int] = []
+    if base.kind == "cpu":
+        hw = fit_runs(list(range(len(runs))))
+    else:   # GPU: host-bound runs get a floor, not the device rates (plan/host_floor.py)
+        hw, host_bound = split_host_bound(all_terms, times, fit_runs)
+        hw = fit_runs([i for i in range(len(runs)) if i not in host_bound])
+        hw = replace(hw, strategy_host_layer_s=fitted_floors(all_terms, times, host_bound,
+                                                             base.strategy_host_layer_s))
+    theta, prior, sel = fitted["theta"], fitted["prior"], fitted["sel"]
+    rows = dict(zip(sel, fitted["rows"]))
     # Memory: the profile's runtime allowance (a prior: 350 MB on this_cpu) was below a Lightning
     # rank's real baseline (predicted / measured peak RSS 0.54-0.65 in outputs/plan_validation_b20).
     runtime = runtime_bytes_from_rss(runs)
@@ -397,13 +416,16 @@ def calibrate(sweep_dir, base: Hardware, out_path=None,
         pred = step_time(terms, hw)["step_s"]     # both at reference speed: same ratio as measured
         # Leave-one-out: refit without this run, then predict it. In-sample ratios flatter the
         # model; these say how it does on a run it has not seen.
+        # (A host-bound run is predicted by its floor: no leave-one-out of the linear terms.)
         loo = None
-        if len(rows) > 2:
-            th = fit(rows[:i] + rows[i + 1:], times[:i] + times[i + 1:], prior)
+        if len(rows) > 2 and i in rows:
+            others = [j for j in sel if j != i]
+            th = fit([rows[j] for j in others], [times[j] for j in others], prior)
             loo = sum(th.get(k, prior.get(k, 0.0)) * v for k, v in rows[i].items()) / t
         report.append({"run": str(path.parent), "strategy": terms.strategy.name,
                        "world_size": terms.layout.world, "measured_step_s": t,
-                       "predicted_step_s": pred, "ratio": pred / t, "loo_ratio": loo})
+                       "predicted_step_s": pred, "ratio": pred / t, "loo_ratio": loo,
+                       "host_bound": i in host_bound})
     rel = [r["ratio"] - 1 for r in report]
     loo_rel = [r["loo_ratio"] - 1 for r in report if r["loo_ratio"] is not None]
     hw.calibration = {
@@ -416,6 +438,9 @@ def calibrate(sweep_dir, base: Hardware, out_path=None,
         "busy_slowdown": dict(hw.busy_slowdown),
         "runtime_memory": (f"median peak RSS minus predicted model bytes over {runtime[1]} CPU runs"
                            if runtime else "not fitted (no CPU run with a peak RSS): the base profile's"),
+        "host_floors": ({s: f"{v:.3g} s per layer x micro-batch" for s, v in hw.strategy_host_layer_s.items()}
+                        if base.kind != "cpu" else "none on a CPU profile"),
+        "host_bound_runs": [str(runs[i][0].parent) for i in host_bound],
         "strategies_with_own_overhead": sorted(k.split(":", 1)[1] for k in theta if k.startswith("strategy:")),
         "strategies_with_own_layer_overhead": sorted(k.split(":", 1)[1] for k in theta
                                                      if k.startswith("strategy_layer:")),

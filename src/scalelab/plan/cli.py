@@ -289,10 +289,10 @@ def _calibrate(a) -> int:
     print(f"fitted {len(rep['runs'])} runs ({len(rep['skipped'])} skipped) -> {out}")
     print(f"use it with: scalelab plan --validate SWEEP_DIR --hardware {out}\n")
     print(yaml.safe_dump(hw.to_dict(), sort_keys=False, width=100))
-    _print_table(["run", "strategy", "N", "measured s", "fit s", "ratio", "leave-one-out ratio"],
+    _print_table(["run", "strategy", "N", "measured s", "fit s", "ratio", "leave-one-out ratio", "bound by"],
                  [[_short(r["run"]), r["strategy"], r["world_size"], f"{r['measured_step_s']:.4f}",
-                   f"{r['predicted_step_s']:.4f}", f"{r['ratio']:.3f}", _opt(r["loo_ratio"])]
-                  for r in rep["runs"]])
+                   f"{r['predicted_step_s']:.4f}", f"{r['ratio']:.3f}", _opt(r["loo_ratio"]),
+                   "host (floor)" if r["host_bound"] else "device"] for r in rep["runs"]])
     for s in rep["skipped"]:
         print(f"skipped {s['run']}: {s['reason']}")
     return 0
