@@ -6,7 +6,8 @@
 #      run 2 is `SKIP_PAGEABLE=1 FOREACH=1`);
 #   3. zero3 with DeepSpeed's per-submodule fetch (stage3_fetch_unit=module) against stage 1's whole-Block
 #      default: what the per-submodule hooks cost on the GPU (SKIP_Z3MODULE=1 skips it);
-#   4. the 1.2B GPT (24 x 2048): every strategy again at size (host RSS, device memory, the planner).
+#   4. the 1.2B GPT (24 x 2048): every strategy again at size (host RSS, device memory, the planner);
+# then `scalelab plan --calibrate` of the 86M sweep (h200_fit.yaml) and `--validate` of the 1.2B one with it.
 # Stages 2-4 run only while the elapsed time leaves room (a device session has 15 minutes).
 #   source .gpu/env.sh && bash benchmarks/gpu_device_run.sh "$OUT"      (shared/notes/gpu-device.md)
 set -u
@@ -35,6 +36,13 @@ stage main ${MAIN_END:-210}
 [ -z "${SKIP_Z3MODULE:-}" ] && stage z3module 290 --no-hand --strategies zero3 strategy.stage3_fetch_unit=module
 [ -n "${FOREACH:-}" ] && stage foreach 330 --no-hand --strategies single optim.fused_on_gpu=false
 stage big ${BIG_END:-430} --big --no-hand --steps 20 ${BIG_STRATEGIES:+--strategies $BIG_STRATEGIES}
+# the planner refitted to this run's 86M sweep (host floors included), checked on its unseen 1.2B sweep
+if [ -d "$W/main/sweep" ]; then
+  python3 -m scalelab.cli plan --calibrate "$W/main/sweep" --hardware h200 --out "$W/h200_fit.yaml" \
+    > "$W/calibrate_main.txt" 2>&1; tail -12 "$W/calibrate_main.txt"
+  [ -d "$W/big/sweep" ] && python3 -m scalelab.cli plan --validate "$W/big/sweep" --hardware "$W/h200_fit.yaml" \
+    > "$W/validate_big.txt" 2>&1 && cat "$W/validate_big.txt"
+fi
 # everything small that explains the figures: logs, run.json, plans (no checkpoints, no weights)
 (cd "$W" && find . -name '*.json' -o -name '*.log' -o -name '*.txt' -o -name '*.md' -o -name '*.yaml' \
   | grep -v -e checkpoints -e '/wandb/' | tar czf "$OUT/results.tgz" -T -)
