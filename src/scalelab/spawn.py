@@ -29,11 +29,16 @@ from scalelab import launch
 from scalelab.checkpointing import PROGRESS, RESUMED
 
 PRELOAD = ["scalelab.worker"]
-# The server must have one thread when it forks (a fork copies only the calling thread, and a
-# library thread caught inside malloc leaves the child's heap corrupt: a forked ddp_powersgd rank
-# once died of "malloc(): unsorted double linked list corrupted"). Importing the worker starts
-# numpy's OpenBLAS pool and pyarrow's jemalloc background thread unless told not to; every rank
-# sets its own torch threads after the fork (worker: torch.set_num_threads).
+# The server forks with one thread (a fork copies only the calling thread; a library pool caught
+# mid-operation would be left half-held in the child). Importing the worker starts numpy's
+# OpenBLAS pool and pyarrow's jemalloc background thread unless told not to; every rank sets its
+# own torch threads after the fork (worker: torch.set_num_threads). Not the cause of the
+# ddp_powersgd "malloc(): unsorted double linked list corrupted" aborts, which are not fork-related:
+# torchrun_local ranks abort the same way (2 of 40 each, 2026-11-30). They come from the
+# ProfileWindow (scaling/breakdown.py) stopping torch.profiler while a gloo worker thread is still
+# finishing the PowerSGD hook's work (Work::finish ends its profiler event after the hook's future
+# has woken the main thread), most likely a write into event storage the stop has freed; a barrier
+# before the stop removed them (0 of 155 runs; fix proposed for breakdown.py).
 SERVER_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 _CTX = None

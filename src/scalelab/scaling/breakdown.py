@@ -75,6 +75,8 @@ class ProfileWindow(L.Callback):
             return
         _sync(pl_module)
         wall = time.perf_counter() - self._t0
+        with torch.profiler.record_function(_DRAIN):
+            _drain_collectives()
         self._prof.__exit__(None, None, None)
         step_s = wall / self.steps
         if self._cuda:
@@ -92,7 +94,10 @@ class ProfileWindow(L.Callback):
                            "device": device_anatomy(trace, self.steps, step_s),
                            "top_host_ops_ms": top_host_ops(self._prof, self.steps)}
         else:
-            comm = [(e.time_range.start, e.time_range.end) for e in self._prof.events() if _COMM.search(e.name)]
+            events = self._prof.events()
+            drain_at = min((e.time_range.start for e in events if e.name == _DRAIN), default=float("inf"))
+            comm = [(e.time_range.start, e.time_range.end) for e in events
+                    if _COMM.search(e.name) and e.time_range.start < drain_at]  # not the drain's barrier
             comm_s = _union_length(comm) / 1e6 / self.steps  # profiler times are in microseconds
             self.result = {"step_s": step_s, "comm_s": min(comm_s, step_s), "steps": self.steps,
                            "source": "cpu ops"}
@@ -145,6 +150,23 @@ def top_host_ops(prof, steps: int, top: int = 12) -> list[dict]:
     except Exception:  # noqa: BLE001 - a summary only; the breakdown stands without it
         return []
     return [{"name": e.key[:90], "ms": e.self_cpu_time_total / 1e3 / steps, "calls": e.count / steps} for e in rows]
+
+
+_DRAIN = "scalelab::profile_drain"
+
+
+def _drain_collectives() -> None:
+    """Fixes ranks aborting with glibc heap corruption ("malloc(): unsorted double linked list
+    corrupted", ~1 in 20 2-rank ddp_powersgd runs on CPU, forked or torchrun ranks alike) when the
+    window stops torch.profiler while a gloo worker thread is still finishing a collective: gloo
+    completes a work's future (running the DDP comm hook's callbacks and waking this thread)
+    before Work::finish ends the work's profiler event, which then writes into event storage the
+    profiler has just freed. ProcessGroupGloo's barrier waits for every work in flight or queued
+    to finish first (its recorded time is left out of comm_s)."""
+    # gloo only: NCCL's collectives run on the device, which _sync has already drained
+    if torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_backend() == "gloo":
+        torch.distributed.barrier()
 
 
 def _sync(pl_module) -> None:
