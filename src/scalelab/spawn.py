@@ -32,13 +32,9 @@ PRELOAD = ["scalelab.worker"]
 # The server forks with one thread (a fork copies only the calling thread; a library pool caught
 # mid-operation would be left half-held in the child). Importing the worker starts numpy's
 # OpenBLAS pool and pyarrow's jemalloc background thread unless told not to; every rank sets its
-# own torch threads after the fork (worker: torch.set_num_threads). Not the cause of the
-# ddp_powersgd "malloc(): unsorted double linked list corrupted" aborts, which are not fork-related:
-# torchrun_local ranks abort the same way (2 of 40 each, 2026-11-30). They come from the
-# ProfileWindow (scaling/breakdown.py) stopping torch.profiler while a gloo worker thread is still
-# finishing the PowerSGD hook's work (Work::finish ends its profiler event after the hook's future
-# has woken the main thread), most likely a write into event storage the stop has freed; a barrier
-# before the stop removed them (0 of 155 runs; fix proposed for breakdown.py).
+# own torch threads after the fork (worker: torch.set_num_threads). The ddp_powersgd heap
+# corruption once blamed on forking was not fork-related (torchrun ranks aborted alike): see
+# scaling/breakdown.py _drain_collectives.
 SERVER_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 _CTX = None

@@ -400,8 +400,7 @@ def calibrate(sweep_dir, base: Hardware, out_path=None,
     if base.kind == "cpu":
         hw = fit_runs(list(range(len(runs))))
     else:   # GPU: host-bound runs get a floor, not the device rates (plan/host_floor.py)
-        hw, host_bound = split_host_bound(all_terms, times, fit_runs)
-        hw = fit_runs([i for i in range(len(runs)) if i not in host_bound])
+        hw, host_bound = split_host_bound(all_terms, times, fit_runs)   # its last fit: the device-bound runs
         hw = replace(hw, strategy_host_layer_s=fitted_floors(all_terms, times, host_bound,
                                                              base.strategy_host_layer_s))
     theta, prior, sel = fitted["theta"], fitted["prior"], fitted["sel"]

@@ -22,15 +22,10 @@ from dataclasses import replace
 from typing import Callable
 
 from .hardware import Hardware
-from .step_time import Terms, _local_layers, step_time
+from .step_time import Terms, host_floor_units, step_time
 
 HOST_BOUND_MARGIN = 0.10   # a run measured > 1.10 x its device-bound prediction is host-bound
 MAX_ROUNDS = 5
-
-
-def per_layer_micro(terms: Terms) -> int:
-    """The floor's unit count for one run: layers (of the slowest stage) x micro-batches."""
-    return _local_layers(terms) * terms.layout.micro_batches
 
 
 def split_host_bound(terms: list[Terms], times: list[float], fit: Callable[[list[int]], Hardware],
@@ -55,7 +50,7 @@ def fitted_floors(terms: list[Terms], times: list[float], host_bound: list[int],
     """strategy_host_layer_s from the host-bound runs (module docstring)."""
     per: dict[str, list[float]] = {}
     for i in host_bound:
-        per.setdefault(terms[i].strategy.name, []).append(times[i] / per_layer_micro(terms[i]))
+        per.setdefault(terms[i].strategy.name, []).append(times[i] / host_floor_units(terms[i]))
     measured = {t.strategy.name for t in terms}
     kept = {k: v for k, v in base.items() if k not in measured}
     return {**kept, **{s: float(statistics.median(v)) for s, v in sorted(per.items())}}

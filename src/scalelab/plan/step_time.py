@@ -124,6 +124,11 @@ def _local_layers(terms: Terms) -> int:
     return flops_mod.slowest_stage(terms.model, terms.layout.pp, terms.layout.split)[0]
 
 
+def host_floor_units(terms: Terms) -> int:
+    """What a strategy's host floor is per: layers (of the slowest stage) x micro-batches."""
+    return _local_layers(terms) * terms.layout.micro_batches
+
+
 def busy_per_node(terms: Terms) -> int:
     """Devices of a node working at once (all of them: every rank computes)."""
     return min(terms.layout.world, terms.layout.devices_per_node)
@@ -227,7 +232,7 @@ def step_time(terms: Terms, hw: Hardware) -> dict[str, float]:
     # A GPU step cannot be shorter than the host's time to issue it: a strategy whose hooks and
     # per-parameter dispatch (FSDP2, DeepSpeed) take longer than the device's work leaves the
     # device idle (host-bound; the profile window's `device.idle_s` in run.json shows it).
-    host = hw.strategy_host_layer_s.get(name, 0.0) * m * _local_layers(terms)
+    host = hw.strategy_host_layer_s.get(name, 0.0) * host_floor_units(terms)
     return {"step_s": max(step, host), **parts, "host_floor_s": host}
 
 
