@@ -248,7 +248,7 @@ def part_weak(st: Settings, work: Path, part: Part, states: Part) -> None:
                    "@1 run, which is sweep.json's weak group where it has one")
 
     # model states of the same sweep's 2-rank runs
-    from scalelab.plan.calibrate import terms_from_run
+    from scalelab.plan.run_records import terms_from_run
     from scalelab.plan.spec import get_strategy
 
     for s in WEAK_STRATEGIES[1:]:
@@ -277,7 +277,7 @@ def part_weak(st: Settings, work: Path, part: Part, states: Part) -> None:
                      "after the first step); ZeRO formula (Rajbhandari et al. 2020) for fp32 Adam: 4 Psi params + 4 Psi "
                      "grads + 8 Psi Adam, the sharded terms / N_d (zero1: opt, zero2: opt + grads, zero3 and fsdp: all), "
                      "Psi = parameters per device (tp: the rank's slice; pipeline: the largest stage); planner = "
-                     "plan.model_states via plan.calibrate.terms_from_run (DeepSpeed's fp32 master copy, ZeRO-1 "
+                     "plan.model_states via plan.run_records.terms_from_run (DeepSpeed's fp32 master copy, ZeRO-1 "
                      "gradient partition, ZeRO-3 persistent small tensors)")
     states.data = {"from": str(sweep)}
 

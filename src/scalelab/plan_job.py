@@ -6,7 +6,7 @@
 The overrides are composed by the same Hydra config and validated by the same code as
 `scalelab-train` (config.validate), for the device kind of the hardware profile instead of this
 machine's; the job is then described as a run record (results.record.base_record) and the
-planner reads it exactly as it reads a measured run (plan.calibrate.terms_from_run). So the
+planner reads it exactly as it reads a measured run (plan.run_records.terms_from_run). So the
 batch split (micro-batch x accumulation), the parallel degrees, precision, optimizer and
 activation checkpointing of a plan are those the run would use. Lives outside plan/ because
 it builds the training config (strategies, Hydra); plan/ stays free of them.
@@ -28,7 +28,7 @@ def terms_for_job(overrides: list[str]):
     from scalelab.config import validate
     from scalelab.models.lit import build_net
     from scalelab.paths import conf_dir
-    from scalelab.plan.calibrate import terms_from_run
+    from scalelab.plan.run_records import terms_from_run
     from scalelab.preflight import _check_group_values, _compose
     from scalelab.results.record import base_record
     from scalelab.scaling.mfu import profile_name

@@ -81,7 +81,7 @@ def _check_layout(rec: dict, pp: int, tp: int, dp: int) -> None:
 
 
 def _planner_ratio(rec: dict) -> float:
-    from scalelab.plan.calibrate import terms_from_run
+    from scalelab.plan.run_records import terms_from_run
 
     return terms_from_run(rec).states.total_bytes / max(rec["memory"]["model_state_bytes_per_rank"])
 

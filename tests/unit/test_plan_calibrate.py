@@ -13,8 +13,8 @@ import pytest
 
 from scalelab.plan import Hardware, Link, ModelSpec, calibrate, load_hardware, save_hardware, validate
 from scalelab.plan import cli
-from scalelab.plan.calibrate import (model_bytes_in_ram, nnls, runtime_bytes_from_rss, speed_factor,
-                                     terms_from_run)
+from scalelab.plan.calibrate import nnls
+from scalelab.plan.run_records import model_bytes_in_ram, runtime_bytes_from_rss, speed_factor, terms_from_run
 from scalelab.plan.step_time import step_time
 
 import numpy as np
@@ -222,7 +222,7 @@ def test_host_speed_is_the_median_probe_of_neighbouring_jobs(tmp_path):
     median over the jobs within SPEED_WINDOW of each run drops the misreading and keeps the drift
     (a whole-sweep median would not); another sweep's jobs and plain runs are not mixed in;
     window 0 trusts each probe."""
-    from scalelab.plan.calibrate import usable_runs
+    from scalelab.plan.run_records import usable_runs
 
     def write(sweep, num, speed, multirun=True):
         rec = run_record("gpt_nano", "ddp", 2, 8)

@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from scalelab.plan import Hardware, Link, calibrate
-from scalelab.plan.calibrate import terms_from_run
+from scalelab.plan.run_records import terms_from_run
 from scalelab.plan.step_time import step_time
 
 from .test_plan_calibrate import run_record

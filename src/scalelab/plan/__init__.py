@@ -17,7 +17,8 @@ from .activations import activation_bytes_per_device, layer_activation_bytes
 from .flops import model_flops, hardware_flops, megatron_flops
 from .comm import Collective, collectives
 from .step_time import plan, build_terms, step_time
-from .calibrate import calibrate, find_runs, terms_from_run
+from .calibrate import calibrate
+from .run_records import find_runs, terms_from_run
 from .validate import validate
 
 __all__ = [

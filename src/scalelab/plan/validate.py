@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 
-from .calibrate import SPEED_WINDOW, measured, model_bytes_in_ram, speed_factor, usable_runs
+from .run_records import SPEED_WINDOW, measured, model_bytes_in_ram, speed_factor, usable_runs
 from .hardware import Hardware
 from .step_time import device_total_bytes, step_time
 

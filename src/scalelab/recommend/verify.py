@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from scalelab.plan.calibrate import speed_factor
+from scalelab.plan.run_records import speed_factor
 from scalelab.plan.hardware import Hardware
 from scalelab.plan.spec import PlanError
 
@@ -135,7 +135,7 @@ def records_by_candidate(sweep: Path) -> dict[int, list[dict]]:
 def measured_row(c: Candidate, recs: list[dict], objective: str, hw: Hardware, tokens: float | None) -> dict:
     """Predicted vs measured for one verified candidate (the median over its repeats). On a CPU the
     prediction is also given at the runs' own host speed (their matmul probe;
-    plan/calibrate.speed_factor), as `--validate` does."""
+    plan/run_records.speed_factor), as `--validate` does."""
     pred_step = c.times["step_s"]
     row = {"predicted_step_s": pred_step, "predicted_tokens_per_s": tokens_per_s(c),
            "predicted_score": score(c, objective, hw, tokens), "status": "not run", "runs": len(recs)}

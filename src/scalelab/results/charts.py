@@ -199,7 +199,7 @@ def predictions(records: list[dict], cache: str | Path | None = None) -> tuple[l
     """The planner's step time and memory for each completed run, from the run's own hardware
     profile (mfu.hardware_profile): (rows of job, measured/predicted step_s and memory bytes,
     [(job, why)] of the runs the planner cannot model)."""
-    from scalelab.plan.calibrate import model_bytes_in_ram, speed_factor, terms_from_run
+    from scalelab.plan.run_records import model_bytes_in_ram, speed_factor, terms_from_run
     from scalelab.plan.hardware import HOST_CPU, host_cpu_profile_path, load_hardware
     from scalelab.plan.spec import PlanError
     from scalelab.plan.step_time import device_total_bytes, step_time
