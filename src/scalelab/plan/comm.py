@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, asdict, replace
 
-from .model_states import DS_REDUCE_BUCKET_ELEMENTS, local_params, persistent_params
+from .model_states import local_params, persistent_params
 from .spec import Layout, ModelSpec, Strategy
 
 MiB = 2 ** 20
@@ -152,7 +152,7 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
                                   units * m, True, dp_x))
         else:                                          # zero1, zero2(_offload)
             per_step = 1 if strategy.zero_stage == 1 else m
-            b = _buckets(psi, DS_REDUCE_BUCKET_ELEMENTS)
+            b = _buckets(psi, strategy.reduce_bucket_elements)
             overlapped = strategy.zero_stage == 2 or m == 1     # stage 1: hooks at every boundary
             out.append(Collective("grad_reduce_scatter", "reduce_scatter", "dp", n, psi * g / b,
                                   b * per_step, overlapped, dp_x))

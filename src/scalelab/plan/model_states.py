@@ -18,8 +18,8 @@ How each strategy family stores the states (bytes per parameter: params, grads, 
   (its reuse branch never fires in 0.19.8: see bytes_per_param).
 Where DeepSpeed 0.19.8 departs from the paper (each measured by StepMetrics on CPU runs, see
 strategies/deepspeed.py `state_bytes`, and checked in tests/unit/test_plan_model_states_ds.py):
-- ZeRO-1 with overlap_comm/contiguous_gradients (Lightning's and conf/strategy/zero1.yaml's
-  defaults, assumed here) reduces gradients in backward hooks like ZeRO-2 and keeps only the
+- ZeRO-1 with overlap_comm or contiguous_gradients on (Lightning's and conf/strategy/zero1.yaml's
+  defaults) reduces gradients in backward hooks like ZeRO-2 and keeps only the
   partition when every micro-batch is an accumulation boundary (no accumulation): grads Psi / N
   then, full grads otherwise.
 - ZeRO-3 keeps every parameter tensor below stage3_param_persistence_threshold (1e5 elements)
@@ -35,8 +35,26 @@ from dataclasses import dataclass, asdict
 from .flops import stage_layers
 from .spec import Layout, ModelSpec, Strategy
 
-# Lightning's DeepSpeedStrategy default reduce_bucket_size (elements).
-DS_REDUCE_BUCKET_ELEMENTS = 200_000_000
+
+
+def zero_bucket_bytes(strategy: Strategy, psi: float, g_b: int) -> tuple[float, float]:
+    """(allocated, written) bytes of DeepSpeed 0.19.8's gradient reduce buckets on one rank, at
+    any world size, with B = strategy.reduce_bucket_elements (the config's reduce_bucket_size)
+    in the gradients' 16-bit or fp32 dtype (g_b bytes). Counted on real engines in
+    tests/integration/test_plan_ds_buffers.py:
+    - ZeRO-1/2 with contiguous_gradients allocate B elements at the start of every backward
+      (stage_1_and_2.py setup_buckets), twice with overlap_comm (double buffering), and free
+      them after the step; without it they flatten each bucket's gradients into a new tensor
+      to reduce it (allreduce_bucket): up to min(Psi, B) elements.
+    - ZeRO-3 with contiguous_gradients allocates one buffer of B elements at init and keeps it.
+    A device allocator counts all of it; on a CPU only the pages written reach the RSS (the
+    gradients copied in: at most min(Psi, B) elements)."""
+    bucket = strategy.reduce_bucket_elements
+    written = min(psi, bucket) * g_b
+    if not strategy.contiguous_gradients:
+        return (written, written) if strategy.zero_stage in (1, 2) else (0.0, 0.0)
+    copies = 2 if strategy.overlap_comm and strategy.zero_stage in (1, 2) else 1
+    return copies * bucket * g_b, written
 
 
 def zero_paper_bytes(psi: float, n_d: int, stage: int, k: int = 12) -> float:
@@ -140,7 +158,8 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
     n = layout.dp
     params = psi * p_b / (n if strategy.shard_params else 1)
     # DeepSpeed ZeRO-1 keeps the gradient partition only without accumulation (module docstring)
-    ds_zero1_partitioned = strategy.zero_stage == 1 and layout.micro_batches == 1
+    ds_zero1_partitioned = (strategy.zero_stage == 1 and layout.micro_batches == 1
+                            and (strategy.overlap_comm or strategy.contiguous_gradients))
     grads = psi * g_b / (n if strategy.shard_grads or ds_zero1_partitioned else 1)
     opt = psi * o_b / (n if strategy.shard_optimizer else 1)
     updated = psi / (n if strategy.shard_optimizer else 1)
@@ -178,13 +197,7 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
         else:
             # SHARD_GRAD_OP keeps the whole gathered model from forward to the end of backward.
             buffers = psi * gathered_b + largest * g_b
-    elif strategy.family == "deepspeed" and strategy.zero_stage in (1, 2):
-        # ZeRO-1/2 with contiguous_gradients allocate the gradient reduce bucket whole, twice
-        # with overlap_comm (double buffering), at any world size (deepspeed stage_1_and_2.py
-        # setup_buckets): 2 x reduce_bucket_size elements, 16-bit for ZeRO-2, fp32 for ZeRO-1.
-        # A device allocator counts all of it; on a CPU only the pages written reach the RSS (at
-        # most one bucket's worth of gradients).
-        buffers = 2 * DS_REDUCE_BUCKET_ELEMENTS * (g_b if strategy.zero_stage == 2 else 4)
-        unwritten = buffers - min(psi, DS_REDUCE_BUCKET_ELEMENTS) * g_b
-        return ModelStates(params, grads, opt, buffers, offloaded, psi, updated, unwritten)
+    if strategy.family == "deepspeed" and strategy.zero_stage in (1, 2, 3):
+        allocated, written = zero_bucket_bytes(strategy, psi, g_b)
+        return ModelStates(params, grads, opt, buffers + allocated, offloaded, psi, updated, allocated - written)
     return ModelStates(params, grads, opt, buffers, offloaded, psi, updated)

@@ -54,6 +54,11 @@ class Strategy:
     # ZeRO-3 keeps parameter tensors of fewer elements than this whole on every rank
     # (stage3_param_persistence_threshold; DeepSpeed's and Lightning's default 1e5)
     param_persistence_elements: int = 0
+    # DeepSpeed's gradient reduce buckets (model_states.zero_bucket_bytes): reduce_bucket_size
+    # elements, held whole with contiguous_gradients, twice with overlap_comm (ZeRO-1/2)
+    reduce_bucket_elements: int = 200_000_000
+    contiguous_gradients: bool = True
+    overlap_comm: bool = True
     note: str = ""
 
 
@@ -143,6 +148,11 @@ def _apply_options(st: Strategy, cfg: dict) -> Strategy:
             kw["param_persistence_elements"] = 100_000
     if st.family == "deepspeed" and cfg.get("stage3_param_persistence_threshold") is not None:
         kw["param_persistence_elements"] = int(cfg["stage3_param_persistence_threshold"])
+    if st.family == "deepspeed" and isinstance(cfg.get("reduce_bucket_size"), int):
+        kw["reduce_bucket_elements"] = int(cfg["reduce_bucket_size"])
+    for key in ("contiguous_gradients", "overlap_comm"):
+        if st.family == "deepspeed" and isinstance(cfg.get(key), bool):
+            kw[key] = cfg[key]
     if st.family == "deepspeed" and "offload_optimizer" in cfg:
         kw["offload_optimizer"] = cfg["offload_optimizer"] not in (None, "none", False)
     if st.family == "deepspeed" and "offload_params" in cfg:

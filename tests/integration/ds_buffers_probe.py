@@ -1,0 +1,108 @@
+"""DeepSpeed's gradient reduce buckets, counted on real engines (tests/integration/test_plan_ds_buffers.py,
+started by torchrun with 2 gloo ranks). Not a test module itself: it writes one JSON file per rank.
+
+For each case, rank by rank: a small GPT, deepspeed.initialize with the config ScaleLab's own
+ZeRO plan builds (strategies/deepspeed.py `deepspeed_config`) and two optimizer steps. Recorded:
+- `allocated`: the bytes of the bucket buffers DeepSpeed holds. ZeRO-1/2 allocate them at the
+  start of each backward (`setup_buckets`, wrapped here to read them right after) and free them
+  after the step; ZeRO-3 allocates its one buffer at init (`ipg_buckets[dtype].buffer`).
+- `flattened`: the largest set of gradients ZeRO-1/2 flatten into a new tensor to reduce it
+  (`allreduce_bucket`, wrapped). Without contiguous_gradients that is each bucket's gradients;
+  with it, at 2+ ranks, the buffer's slices per destination rank (average_tensor), at the end
+  of backward.
+- `params`: the model's parameter count.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+CASES = {   # name: (stage, strategy options, precision)
+    "zero1": (1, {}, "32-true"),
+    "zero1_bf16": (1, {}, "bf16-mixed"),
+    "zero2": (2, {}, "32-true"),
+    "zero2_bf16": (2, {}, "bf16-mixed"),
+    "zero2_bucket_1e5": (2, {"reduce_bucket_size": 100_000}, "32-true"),
+    "zero2_no_overlap": (2, {"overlap_comm": False}, "32-true"),
+    "zero2_not_contiguous": (2, {"contiguous_gradients": False}, "32-true"),
+    "zero3": (3, {}, "32-true"),
+    "zero3_bf16": (3, {}, "bf16-mixed"),
+    "zero3_bucket_1e6": (3, {"reduce_bucket_size": 1_000_000}, "32-true"),
+    "zero3_not_contiguous": (3, {"contiguous_gradients": False}, "32-true"),
+}
+
+
+def _bytes(t) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def main(out: str) -> None:
+    from scalelab.strategies.deepspeed_cpu import select_cpu_accelerator
+
+    select_cpu_accelerator()   # before deepspeed is imported
+    import deepspeed
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    from scalelab.models.gpt import GPT, GPTConfig
+    from scalelab.strategies.deepspeed import ZeRO
+
+    dist.init_process_group("gloo")
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.set_num_threads(1)
+    seen = {"allocated": 0, "flattened": 0}
+
+    setup_buckets, allreduce_bucket = DeepSpeedZeroOptimizer.setup_buckets, DeepSpeedZeroOptimizer.allreduce_bucket
+
+    def counted_setup(self, *a, **k):
+        r = setup_buckets(self, *a, **k)
+        held = sum(_bytes(b) for bucket in self.ipg_buckets.values() for b in bucket.buffer)
+        seen["allocated"] = max(seen["allocated"], held)
+        return r
+
+    def counted_allreduce(self, bucket, *a, **k):
+        # it flattens `bucket` (_flatten_dense_tensors): a copy of several tensors; one tensor (the
+        # contiguous buffer's view) is only viewed
+        if len(bucket) > 1:
+            seen["flattened"] = max(seen["flattened"], sum(_bytes(t) for t in bucket))
+        return allreduce_bucket(self, bucket, *a, **k)
+
+    DeepSpeedZeroOptimizer.setup_buckets = counted_setup
+    DeepSpeedZeroOptimizer.allreduce_bucket = counted_allreduce
+
+    result = {}
+    for name, (stage, options, precision) in CASES.items():
+        seen.update(allocated=0, flattened=0)
+        torch.manual_seed(0)
+        net = GPT(GPTConfig(n_layers=2, n_heads=2, d_model=32, seq_len=16, vocab_size=64))
+        n_params = sum(p.numel() for p in net.parameters())
+        plan = ZeRO(name=name, stage=stage, **options)
+        config = plan.deepspeed_config(SimpleNamespace(batch=None, precision=precision))
+        config["train_micro_batch_size_per_gpu"] = 2
+        engine, opt, _, _ = deepspeed.initialize(
+            model=net, optimizer=torch.optim.AdamW(net.parameters(), lr=1e-3), config=config)
+        dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float32
+        for _ in range(2):
+            idx = torch.randint(0, 64, (2, 16))
+            logits = engine(idx)
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), idx.flatten())
+            engine.backward(loss)
+            engine.step()
+        if stage == 3:
+            seen["allocated"] = sum(_bytes(getattr(b, "buffer", None)) for b in opt.ipg_buckets.values())
+        result[name] = {**seen, "params": n_params, "param_dtype": str(dtype)}
+        del engine, opt, net
+    with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
+        json.dump(result, f)
+    dist.barrier()
+    # DeepSpeed's engines leave threads that abort a normal interpreter exit ("terminate called
+    # without an active exception"); the results are written, so leave at once.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
