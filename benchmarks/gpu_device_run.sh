@@ -6,6 +6,7 @@
 #      run 2 is `SKIP_PAGEABLE=1 FOREACH=1`);
 #   3. zero3 with DeepSpeed's per-submodule fetch (stage3_fetch_unit=module) against stage 1's whole-Block
 #      default: what the per-submodule hooks cost on the GPU (SKIP_Z3MODULE=1 skips it);
+#   (Z2FLAT=1: zero2 with contiguous_gradients=false, the CPU stand-in's faster ZeRO-2 path, benchmarks/gpu_h200.md)
 #   4. the 1.2B GPT (24 x 2048): every strategy again at size (host RSS, device memory, the planner);
 # then `scalelab plan --calibrate` of the 86M sweep (h200_fit.yaml) and `--validate` of the 1.2B one with it.
 # Stages 2-4 run only while the elapsed time leaves room (a device session has 15 minutes).
@@ -34,6 +35,7 @@ stage() {  # stage NAME BUDGET_END_S ARGS...: run gpu_check with a deadline at B
 stage main ${MAIN_END:-210}
 [ -z "${SKIP_PAGEABLE:-}" ] && stage pageable 250 --no-hand --strategies single data.pin_memory=false
 [ -z "${SKIP_Z3MODULE:-}" ] && stage z3module 290 --no-hand --strategies zero3 strategy.stage3_fetch_unit=module
+[ -n "${Z2FLAT:-}" ] && stage z2flat 330 --no-hand --strategies zero2 strategy.contiguous_gradients=false
 [ -n "${FOREACH:-}" ] && stage foreach 330 --no-hand --strategies single optim.fused_on_gpu=false
 stage big ${BIG_END:-430} --big --no-hand --steps 20 ${BIG_STRATEGIES:+--strategies $BIG_STRATEGIES}
 # the planner refitted to this run's 86M sweep (host floors included), checked on its unseen 1.2B sweep
