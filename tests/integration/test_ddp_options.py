@@ -62,12 +62,11 @@ def opts(tmp_path_factory) -> dict:
     out = {
         "bf16": _run(root, "bf16", ["strategy=ddp_compress"]),
         "fp16": _run(root, "fp16", ["strategy=ddp_compress", "strategy.comm_hook=fp16"]),
-        # KNOWN DEFECT, open: with launcher=local (ranks forked from the fork server) a ddp_powersgd
-        # rank aborts with glibc heap corruption ("malloc(): unsorted double linked list corrupted")
-        # in about 1 of 25 runs (measured 2026-11-30: 1/25 forked, 0/20 with torchrun_local; 4 such
-        # crashes seen in all, every one forked). Cause not found yet. This fixture checks PowerSGD's
-        # numerics, so it runs its ranks as fresh interpreters until the fork path is fixed.
-        "powersgd": _run(root, "powersgd", ["strategy=ddp_powersgd", "launcher=torchrun_local"]),
+        # The default launcher (ranks forked from the fork server), as users run it. Its PowerSGD
+        # ranks used to abort now and then with heap corruption: the profile window stopped
+        # torch.profiler while a gloo worker was still finishing the hook's collective (fixed by
+        # ProfileWindow's barrier, scaling/breakdown.py; README "Fixed (2026-11-30)").
+        "powersgd": _run(root, "powersgd", ["strategy=ddp_powersgd"]),
         "local1_sgd": _run(root, "local1_sgd", ["strategy=local_sgd", "strategy.local_sgd_period=1"]),
     }
     out["root"] = root
