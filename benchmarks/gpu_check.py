@@ -132,6 +132,26 @@ def table(hand: dict, recs: list[dict], plans: dict) -> tuple[str, list[dict]]:
     return "\n".join(lines), rows
 
 
+def phases_table(recs: list[dict], plans: dict) -> str:
+    """Device memory peak per phase of one steady step (run.json memory.peak_device_bytes_by_phase_per_rank,
+    rank 0) next to the planner's parts: which phase sets the peak, and which of the planner's
+    summed parts (states + activations + buffers + runtime) are alive in it."""
+    head = ("| run | forward GiB | backward GiB | optimizer step GiB | plan: params | grads | optimizer "
+            "| activations | buffers | runtime |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in recs:
+        ph = ((r.get("memory") or {}).get("peak_device_bytes_by_phase_per_rank") or [None])[0]
+        if not ph:
+            continue
+        m = (plans.get(r["strategy"]) or {}).get("memory") or {}
+        parts = [m.get(f"{k}_bytes_per_device") for k in
+                 ("parameters", "gradients", "optimizer", "activations", "buffers", "runtime")]
+        lines.append(f"| {r['strategy']} | " + " | ".join(_fmt(ph.get(k), ".2f", 1 / GIB) for k in
+                                                         ("forward", "backward", "optimizer_step"))
+                     + " | " + " | ".join(_fmt(x, ".2f", 1 / GIB) for x in parts) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def goals(rows: list[dict], no_hand: bool = False) -> list[tuple[str, bool]]:
     out = []
     for r in rows:
@@ -175,11 +195,13 @@ def main() -> int:
     print(f"[gpu_check] sweep: {len(recs)} runs ({time.time() - t0:.0f} s)", flush=True)
     plans = {r["strategy"]: plan(r, s, out) for r in recs}
     md, rows = table(hand, recs, plans)
+    phases = phases_table(recs, plans)
     checks = [] if a.smoke else goals(rows, a.no_hand)
     device = hand["device_name"] if hand else (recs[0].get("mfu") or {}).get("hardware_profile", "?")
     report = (f"# gpu_check ({'smoke, CPU' if a.smoke else 'GPU'}): {device}, model {s}, overrides {a.overrides}, "
-              f"{time.time() - t0:.0f} s\n\n{md}\n\n" + "\n".join(f"- {'PASS' if ok else 'FAIL'} {what}"
-                                                                  for what, ok in checks))
+              f"{time.time() - t0:.0f} s\n\n{md}\n\n"
+              + (f"Device memory by phase of one steady step (rank 0):\n\n{phases}\n\n" if phases else "")
+              + "\n".join(f"- {'PASS' if ok else 'FAIL'} {what}" for what, ok in checks))
     (out / "gpu_check.md").write_text(report + "\n")
     (out / "gpu_check.json").write_text(json.dumps({"hand": hand, "rows": rows, "shape": s,
                                                     "goals": [{"goal": w, "pass": ok} for w, ok in checks]}, indent=2))

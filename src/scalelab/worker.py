@@ -172,7 +172,11 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
                                 spec.batch.per_device_batch_size, plan.dp_rank(rank, world),
                                 spec.batch.dp_size, cfg.seed, cfg.data.num_workers,
                                 pin_memory=pins_batches(cfg.data.get("pin_memory", "auto"), spec.run.accelerator))
-    metrics = StepMetrics(spec.batch.accumulate_grad_batches, plan)
+    from scalelab.scaling.phase_memory import PhasePeaks
+
+    # device memory by phase of the first steady step (CUDA ranks only: PhasePeaks checks the device)
+    metrics = StepMetrics(spec.batch.accumulate_grad_batches, plan,
+                          PhasePeaks(int(cfg.trainer.warmup_steps), spec.batch.accumulate_grad_batches))
     from scalelab.results.throughput_live import LiveThroughput
     from scalelab.scaling.metrics import HostLRMonitor
 

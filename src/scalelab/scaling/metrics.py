@@ -115,8 +115,9 @@ def host_speed(seconds: float = 0.1, n: int = 256) -> float:
 
 
 class StepMetrics(L.Callback):
-    def __init__(self, accumulate: int, plan: Any):
+    def __init__(self, accumulate: int, plan: Any, phase_peaks: Any = None):
         self.accumulate, self.plan = accumulate, plan
+        self.phase_peaks = phase_peaks       # scaling.phase_memory.PhasePeaks (CUDA ranks), or None
         self.step_times: list[float] = []
         self.losses: list[float] = []
         self.global_steps: list[int] = []  # optimizer step numbers (continue after a resume)
@@ -150,6 +151,8 @@ class StepMetrics(L.Callback):
         # Peaks of training itself: read now, before Lightning's teardown and before any
         # checkpoint or consolidated export the job does after fit.
         self.peaks = read_peaks(trainer.strategy.root_device)
+        if self.phase_peaks is not None:
+            self.peaks = self.phase_peaks.merged(self.peaks)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         # Validation (trainer.val_every_n_steps) runs after one step's on_train_batch_end: the
@@ -158,11 +161,25 @@ class StepMetrics(L.Callback):
         self._t_last = time.perf_counter()
         self._last_event = record_event(pl_module.device)
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.phase_peaks is not None:
+            self.phase_peaks.batch_start(trainer.strategy.root_device, len(self.global_steps))
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        if self.phase_peaks is not None:
+            self.phase_peaks.before_backward()
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        if self.phase_peaks is not None:
+            self.phase_peaks.after_backward()
+
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if not self.grad_bytes:  # gradients exist only between backward and the optimizer step
             self.grad_bytes = self.plan.grad_bytes(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.phase_peaks is not None:
+            self.phase_peaks.batch_end()
         self._micro.append(outputs["raw_loss"])
         if len(self._micro) < self.accumulate:
             return
@@ -292,6 +309,9 @@ def summarize(per_rank: list[dict], global_batch: int, tokens_per_sample: int | 
                 "device_memory_method": "torch.cuda.max_memory_allocated / max_memory_reserved of each "
                                         "rank's own device, since process start"}
                if "peak_device_bytes" in per_rank[0] else {}),
+            # the same counter per phase of one steady step (scaling/phase_memory.py)
+            **({"peak_device_bytes_by_phase_per_rank": [r["peak_device_bytes_by_phase"] for r in per_rank]}
+               if all(r.get("peak_device_bytes_by_phase") for r in per_rank) else {}),
         },
         "loss": {"first": curve[0][1] if curve else None, "final": curve[-1][1] if curve else None,
                  "curve": curve},
