@@ -71,11 +71,14 @@ def render(doc: dict) -> str:
                        ("buffers (gathered layers, buckets)", "buffers_bytes_per_device"),
                        ("runtime (context / process)", "runtime_bytes_per_device")):
         out.append(f"  {label:<36}{fmt_bytes(mem[key]):>12}")
-    verdict = "fits" if mem["fits"] else "DOES NOT FIT"
+    verdict = "fits" if mem["total_bytes_per_device"] <= mem["device_memory_bytes"] else "DOES NOT FIT"
     out.append(f"  {'total':<36}{fmt_bytes(mem['total_bytes_per_device']):>12}  of "
                f"{fmt_bytes(mem['device_memory_bytes'])} -> {verdict}")
     if mem["offloaded_bytes_per_device"]:
         out.append(f"  {'offloaded to host memory':<36}{fmt_bytes(mem['offloaded_bytes_per_device']):>12}")
+    if mem.get("host_bytes_per_node") and mem.get("host_memory_bytes"):
+        out.append(f"  {'host memory per node':<36}{fmt_bytes(mem['host_bytes_per_node']):>12}  of "
+                   f"{fmt_bytes(mem['host_memory_bytes'])} -> {'fits' if mem['fits_host'] else 'DOES NOT FIT'}")
     out += ["", "communication per step per device"]
     for c in doc["comm"]["collectives"]:
         out.append(f"  {c['name']:<30} {c['op']:<15} group {c['group']}={c['group_size']:<4} "
@@ -134,8 +137,12 @@ def render_rows(docs: list[dict]) -> str:
 
 def render_alternatives(doc: dict, alternatives: list[dict]) -> str:
     m = doc["memory"]
-    out = [f"does not fit: {fmt_bytes(m['total_bytes_per_device'])} per device of "
-           f"{fmt_bytes(m['device_memory_bytes'])}"]
+    if m["total_bytes_per_device"] > m["device_memory_bytes"]:
+        out = [f"does not fit: {fmt_bytes(m['total_bytes_per_device'])} per device of "
+               f"{fmt_bytes(m['device_memory_bytes'])}"]
+    else:   # the device holds it; the node's host memory does not hold the offloaded states
+        out = [f"does not fit: {fmt_bytes(m['host_bytes_per_node'])} of host memory per node of "
+               f"{fmt_bytes(m['host_memory_bytes'])} (offloaded states)"]
     if not alternatives:
         return "; ".join(out + ["no nearby layout fits (more devices, or a smaller model or sequence)"])
     out[0] += "; the nearest layouts that fit:"

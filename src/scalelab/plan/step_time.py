@@ -258,8 +258,26 @@ def device_total_bytes(terms: Terms, hw: Hardware) -> float:
             + hw.runtime_memory_bytes)
 
 
+def host_node_bytes(terms: Terms, hw: Hardware) -> float | None:
+    """Host RAM one node's ranks need on a GPU profile: each rank's offloaded model states
+    (ZeRO-Offload) plus its process (hw.host.runtime_bytes_per_rank: interpreter, torch,
+    Lightning, pinned staging; measured on the H200 as a rank's peak RSS), times the ranks on the
+    node. None on CPU profiles (a CPU rank's states are in its device memory, counted there)."""
+    if hw.kind == "cpu":
+        return None
+    per_rank = terms.states.offloaded_bytes + float(hw.host.get("runtime_bytes_per_rank") or 0.0)
+    return per_rank * terms.layout.devices_per_node
+
+
+def fits_host(terms: Terms, hw: Hardware) -> bool:
+    """The node's host RAM holds what its ranks keep there (True where the profile gives no host
+    memory_bytes)."""
+    need, have = host_node_bytes(terms, hw), hw.host.get("memory_bytes")
+    return need is None or not have or need <= float(have)
+
+
 def fits(terms: Terms, hw: Hardware) -> bool:
-    return device_total_bytes(terms, hw) <= hw.memory_bytes
+    return device_total_bytes(terms, hw) <= hw.memory_bytes and fits_host(terms, hw)
 
 
 def baseline(terms: Terms, hw: Hardware) -> tuple[Terms, str] | tuple[None, str]:
@@ -342,8 +360,11 @@ def plan_terms(terms: Terms, hw: Hardware, tokens: float | None = None) -> dict:
             "runtime_bytes_per_device": float(hw.runtime_memory_bytes),
             "total_bytes_per_device": float(device_total),
             "device_memory_bytes": float(hw.memory_bytes),
-            "fits": bool(device_total <= hw.memory_bytes),
+            "fits": bool(device_total <= hw.memory_bytes) and fits_host(terms, hw),
             "offloaded_bytes_per_device": float(st.offloaded_bytes),
+            "host_bytes_per_node": host_node_bytes(terms, hw),
+            "host_memory_bytes": float(hw.host["memory_bytes"]) if hw.host.get("memory_bytes") else None,
+            "fits_host": fits_host(terms, hw),
         },
         "comm": {
             "bytes_per_step_per_device": float(sum(c.bytes_per_step for c in colls if c.op != "host_copy")),

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 from scalelab.plan.hardware import Hardware, list_hardware
 from scalelab.plan.spec import STRATEGIES, ModelSpec, PlanError, get_strategy
-from scalelab.plan.step_time import Terms, build_terms, device_total_bytes, fits, step_time
+from scalelab.plan.step_time import Terms, build_terms, device_total_bytes, fits_host, step_time
 
 # Strategies that compute the same gradients as single-device training (the default search).
 EXACT = ("single", "ddp", "fsdp", "fsdp_grad_op", "zero1", "zero2", "zero3", "zero2_offload",
@@ -195,8 +195,11 @@ def _build(req: Request, name, devices, nodes, tp, pp, micro, m, gb, ckpt, prec,
         prune(f"planner refused: {str(exc).split(';')[0]}")
         return None
     total = device_total_bytes(terms, req.hardware)
-    if not fits(terms, req.hardware) or total > (1 - req.headroom) * req.hardware.memory_bytes:
+    if total > (1 - req.headroom) * req.hardware.memory_bytes:
         prune("does not fit device memory" + (f" less {req.headroom:.0%} headroom" if req.headroom else ""))
+        return None
+    if not fits_host(terms, req.hardware):
+        prune("offloaded states do not fit the node's host memory")
         return None
     L = terms.layout
     return Candidate(name, devices, nodes, L.tp, L.pp, L.dp, L.micro_batch, L.micro_batches, L.global_batch,
