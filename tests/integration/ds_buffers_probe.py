@@ -10,7 +10,9 @@ ZeRO plan builds (strategies/deepspeed.py `deepspeed_config`) and two optimizer 
   (`allreduce_bucket`, wrapped). Without contiguous_gradients that is each bucket's gradients;
   with it, at 2+ ranks, the buffer's slices per destination rank (average_tensor), at the end
   of backward.
-- `params`: the model's parameter count.
+- `offload_temp`: ZeRO-1/2 offload's staging copies of the largest parameter's gradient (one on the
+  device, one pinned in host memory: temp_grad_buffer_for_{gpu,cpu}_offload).
+- `params`, `largest_param`: the model's parameter count and largest tensor.
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ CASES = {   # name: (stage, strategy options, precision)
     "zero2_bucket_1e5": (2, {"reduce_bucket_size": 100_000}, "32-true"),
     "zero2_no_overlap": (2, {"overlap_comm": False}, "32-true"),
     "zero2_not_contiguous": (2, {"contiguous_gradients": False}, "32-true"),
+    # offload (torch's AdamW on the host partition: zero_force_ds_cpu_optimizer off, no CPU Adam build)
+    "zero2_offload_not_contiguous": (2, {"offload_optimizer": "cpu", "contiguous_gradients": False}, "32-true"),
     "zero3": (3, {}, "32-true"),
     "zero3_bf16": (3, {}, "bf16-mixed"),
     "zero3_bucket_1e6": (3, {"reduce_bucket_size": 1_000_000}, "32-true"),
@@ -83,6 +87,8 @@ def main(out: str) -> None:
         plan = ZeRO(name=name, stage=stage, **options)
         config = plan.deepspeed_config(SimpleNamespace(batch=None, precision=precision))
         config["train_micro_batch_size_per_gpu"] = 2
+        if plan.offload_optimizer != "none":
+            config["zero_force_ds_cpu_optimizer"] = False
         engine, opt, _, _ = deepspeed.initialize(
             model=net, optimizer=torch.optim.AdamW(net.parameters(), lr=1e-3), config=config)
         dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float32
@@ -94,7 +100,10 @@ def main(out: str) -> None:
             engine.step()
         if stage == 3:
             seen["allocated"] = sum(_bytes(getattr(b, "buffer", None)) for b in opt.ipg_buckets.values())
-        result[name] = {**seen, "params": n_params, "param_dtype": str(dtype)}
+        offload_temp = sum(_bytes(getattr(opt, k, None)) for k in
+                           ("temp_grad_buffer_for_gpu_offload", "temp_grad_buffer_for_cpu_offload"))
+        result[name] = {**seen, "params": n_params, "param_dtype": str(dtype), "offload_temp": offload_temp,
+                        "largest_param": max(p.numel() for p in net.parameters())}
         del engine, opt, net
     with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(result, f)

@@ -11,6 +11,8 @@ keeps 16-bit gradients, ZeRO-1 too); the probe's GPT has Psi = 29,504 parameters
   ZeRO-2, no overlap_comm:            1 x 2e8 x 4 = 8e8
   ZeRO-2, not contiguous:             no buffer; each bucket's gradients flattened to reduce
                                       them: min(Psi, B) x 4 = 118,016 (the planner's buffer)
+  ZeRO-2 offload, not contiguous:     contiguous anyway (DeepSpeed forces it): 1.6e9, plus two
+                                      staging copies of the largest tensor's gradient
   ZeRO-3, contiguous:                 1 buffer of B (kept from init): fp32 8e8, bf16 4e8;
                                       reduce_bucket_size 1e6: 4e6
   ZeRO-3, not contiguous:             0
@@ -22,12 +24,13 @@ from pathlib import Path
 import pytest
 
 from scalelab.plan import ModelSpec, get_strategy, model_states, resolve_layout
-from scalelab.plan.model_states import zero_bucket_bytes
+from scalelab.plan.model_states import ds_contiguous_gradients, zero_bucket_bytes, zero_offload_staging_bytes
 
 from ..conftest import torchrun_probe
 
 PSI = 29_504   # GPT(n_layers=2, n_heads=2, d_model=32, seq_len=16, vocab_size=64): checked against the probe
 B = 200_000_000
+SPEC = ModelSpec(PSI, 2, 32, 2, 64, 16)   # the probe's GPT (MLP 4 x 32)
 HAND = {   # case: (stage, options, bytes per gradient element, allocated bytes, flattened bytes)
     "zero1": (1, {}, 4, 2 * B * 4, None),
     "zero1_bf16": (1, {}, 2, 2 * B * 2, None),
@@ -36,6 +39,9 @@ HAND = {   # case: (stage, options, bytes per gradient element, allocated bytes,
     "zero2_bucket_1e5": (2, {"reduce_bucket_size": 100_000}, 4, 2 * 100_000 * 4, None),
     "zero2_no_overlap": (2, {"overlap_comm": False}, 4, B * 4, None),
     "zero2_not_contiguous": (2, {"contiguous_gradients": False}, 4, 0, PSI * 4),
+    # offloading the optimizer turns contiguous_gradients back on (DeepSpeed: "CPU-Offload requires it")
+    "zero2_offload_not_contiguous": (2, {"offload_optimizer": "cpu", "contiguous_gradients": False}, 4, 2 * B * 4,
+                                     None),
     "zero3": (3, {}, 4, B * 4, 0),
     "zero3_bf16": (3, {}, 2, B * 2, 0),
     "zero3_bucket_1e6": (3, {"reduce_bucket_size": 1_000_000}, 4, 1_000_000 * 4, 0),
@@ -69,14 +75,26 @@ def test_planner_buckets_equal_deepspeed_s(probe, case):
     planned, written = zero_bucket_bytes(st, PSI, g_b)
     got = probe[0][case]
     # contiguous: the buffers; not: ZeRO-1/2's flattened bucket (ZeRO-3 reduces in place)
-    measured = got["allocated"] if st.contiguous_gradients else got["flattened"]
+    measured = got["allocated"] if ds_contiguous_gradients(st) else got["flattened"]
     assert planned == measured
     assert written == (min(PSI, st.reduce_bucket_elements) * g_b if planned else 0)
 
 
+@pytest.mark.parametrize("case", sorted(HAND))
+def test_offload_staging_buffers(probe, case):
+    """ZeRO-1/2 offload: one device and one pinned host copy of the largest tensor's gradient
+    (the probe GPT's MLP matrix, 32 x 128 = 4,096 elements, fp32: 2 x 16,384 bytes); nothing else."""
+    stage, options, g_b, _, _ = HAND[case]
+    st = get_strategy(f"zero{stage}", options)
+    got = probe[0][case]
+    assert got["largest_param"] == 32 * 128
+    assert 2 * zero_offload_staging_bytes(SPEC, st, g_b) == got["offload_temp"]
+    assert got["offload_temp"] == (2 * 4096 * 4 if case == "zero2_offload_not_contiguous" else 0)
+
+
 def test_buckets_reach_the_memory_figure():
     """model_states carries them: a device allocator sees all, a CPU's RSS the written part."""
-    spec = ModelSpec(PSI, 2, 32, 2, 64, 16)
+    spec = SPEC
     for name in ("zero2", "zero3"):
         st = get_strategy(name)
         lay = resolve_layout(st, spec, 2, micro_batch=2, global_batch=4)

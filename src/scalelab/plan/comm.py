@@ -153,10 +153,12 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
         else:                                          # zero1, zero2(_offload)
             per_step = 1 if strategy.zero_stage == 1 else m
             b = _buckets(psi, strategy.reduce_bucket_elements)
-            overlapped = strategy.zero_stage == 2 or m == 1     # stage 1: hooks at every boundary
+            # in backward hooks (stage 1: at every boundary) with overlap_comm; else after backward
+            overlapped = strategy.overlap_comm and (strategy.zero_stage == 2 or m == 1)
             out.append(Collective("grad_reduce_scatter", "reduce_scatter", "dp", n, psi * g / b,
                                   b * per_step, overlapped, dp_x))
-            out.append(Collective("param_all_gather", "all_gather", "dp", n, psi * p / b, b, False, dp_x))
+            ag = _buckets(psi, strategy.allgather_bucket_elements)
+            out.append(Collective("param_all_gather", "all_gather", "dp", n, psi * p / ag, ag, False, dp_x))
 
     if strategy.offload_optimizer:
         out.append(Collective("grad_to_host", "host_copy", "host", 1, psi / n * 4,

@@ -26,7 +26,8 @@ strategies/deepspeed.py `state_bytes`, and checked in tests/unit/test_plan_model
   whole on every rank, besides its partition: LayerNorms and biases on big models, every tensor
   on our tiny CPU models.
 - ZeRO-3 with an offloaded optimizer reduces gradients into a host partition buffer in the
-  gradient accumulation dtype (fp32) and steps on a second fp32 copy: 8 Psi / N on the host.
+  gradient accumulation dtype (the model's: fp32 in fp32, 16-bit under bf16-mixed) and steps on
+  an fp32 copy: 8 Psi / N on the host in fp32, 6 Psi / N under bf16-mixed.
 """
 from __future__ import annotations
 
@@ -35,6 +36,21 @@ from dataclasses import dataclass, asdict
 from .flops import stage_layers
 from .spec import Layout, ModelSpec, Strategy
 
+
+
+def ds_contiguous_gradients(strategy: Strategy) -> bool:
+    """contiguous_gradients as DeepSpeed applies it: ZeRO-1/2 turn it on whenever the optimizer is
+    offloaded (stage_1_and_2.py: "CPU-Offload requires contiguous gradients")."""
+    return strategy.contiguous_gradients or (strategy.offload_optimizer and strategy.zero_stage in (1, 2))
+
+
+def zero_offload_staging_bytes(model: ModelSpec, strategy: Strategy, g_b: int) -> float:
+    """ZeRO-1/2 with an offloaded optimizer stage each gradient through a buffer the size of the
+    model's largest parameter tensor, one on the device and one (pinned) in host memory
+    (stage_1_and_2.py temp_grad_buffer_for_{gpu,cpu}_offload): the bytes of one of them."""
+    if not (strategy.offload_optimizer and strategy.zero_stage in (1, 2)):
+        return 0.0
+    return max(e for e, _ in model.weight_matrices()) * g_b
 
 
 def zero_bucket_bytes(strategy: Strategy, psi: float, g_b: int) -> tuple[float, float]:
@@ -47,11 +63,12 @@ def zero_bucket_bytes(strategy: Strategy, psi: float, g_b: int) -> tuple[float, 
       them after the step; without it they flatten each bucket's gradients into a new tensor
       to reduce it (allreduce_bucket): up to min(Psi, B) elements.
     - ZeRO-3 with contiguous_gradients allocates one buffer of B elements at init and keeps it.
+    - ZeRO-1/2 with an offloaded optimizer always use contiguous buckets (ds_contiguous_gradients).
     A device allocator counts all of it; on a CPU only the pages written reach the RSS (the
     gradients copied in: at most min(Psi, B) elements)."""
     bucket = strategy.reduce_bucket_elements
     written = min(psi, bucket) * g_b
-    if not strategy.contiguous_gradients:
+    if not ds_contiguous_gradients(strategy):
         return (written, written) if strategy.zero_stage in (1, 2) else (0.0, 0.0)
     copies = 2 if strategy.overlap_comm and strategy.zero_stage in (1, 2) else 1
     return copies * bucket * g_b, written
@@ -94,6 +111,7 @@ class ModelStates:
     params_per_device: float     # parameters this device holds a shard of (Psi / (tp pp))
     updated_params_per_device: float  # parameters whose optimizer step this device runs
     unwritten_buffer_bytes: float = 0.0  # of buffers_bytes: allocated, never written (not in a CPU's RSS)
+    host_buffer_bytes: float = 0.0       # offload's pinned staging buffers in host memory (not model state)
 
     @property
     def total_bytes(self) -> float:
@@ -159,7 +177,7 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
     params = psi * p_b / (n if strategy.shard_params else 1)
     # DeepSpeed ZeRO-1 keeps the gradient partition only without accumulation (module docstring)
     ds_zero1_partitioned = (strategy.zero_stage == 1 and layout.micro_batches == 1
-                            and (strategy.overlap_comm or strategy.contiguous_gradients))
+                            and (strategy.overlap_comm or ds_contiguous_gradients(strategy)))
     grads = psi * g_b / (n if strategy.shard_grads or ds_zero1_partitioned else 1)
     opt = psi * o_b / (n if strategy.shard_optimizer else 1)
     updated = psi / (n if strategy.shard_optimizer else 1)
@@ -171,8 +189,10 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
         # ZeRO-Offload (Ren et al. 2021): fp32 master + moments and the fp32 gradient partition
         # live on the host; the device keeps the 16-bit params (stage 2 estimate: 2 Psi).
         offloaded += opt + psi * 4 / n
-        if strategy.zero_stage == 3:      # + the host gradient partition buffer (fp32)
-            offloaded += psi * 4 / n
+        if strategy.zero_stage == 3:
+            # + the host gradient partition buffer, in the gradient accumulation dtype (DeepSpeed's
+            # default: the model's, 16-bit under bf16-mixed; stage3.py grad_partitions_flat_buffer)
+            offloaded += psi * g_b / n
         opt, grads = 0.0, 0.0
     if strategy.offload_params:
         offloaded += params
@@ -199,5 +219,7 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
             buffers = psi * gathered_b + largest * g_b
     if strategy.family == "deepspeed" and strategy.zero_stage in (1, 2, 3):
         allocated, written = zero_bucket_bytes(strategy, psi, g_b)
-        return ModelStates(params, grads, opt, buffers + allocated, offloaded, psi, updated, allocated - written)
+        staging = zero_offload_staging_bytes(model, strategy, g_b)         # its device copy (zeroed: written)
+        return ModelStates(params, grads, opt, buffers + allocated + staging, offloaded, psi, updated,
+                           allocated - written, host_buffer_bytes=staging)   # and its pinned host copy
     return ModelStates(params, grads, opt, buffers, offloaded, psi, updated)

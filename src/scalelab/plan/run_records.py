@@ -20,14 +20,14 @@ from .step_time import Terms, build_terms, rank_threads
 SPEED_WINDOW = 5             # host speed = median probe of the jobs within 5 of a run (smooth_host_speeds)
 
 
-def as_dirs(sweepas_dirs) -> list[Path]:
-    return [Path(d) for d in ([sweepas_dirs] if isinstance(sweepas_dirs, (str, Path)) else sweepas_dirs)]
+def as_dirs(sweep_dirs) -> list[Path]:
+    return [Path(d) for d in ([sweep_dirs] if isinstance(sweep_dirs, (str, Path)) else sweep_dirs)]
 
 
-def find_runs(sweepas_dirs) -> list[tuple[Path, dict]]:
+def find_runs(sweep_dirs) -> list[tuple[Path, dict]]:
     """Every run.json under one sweep directory or several."""
     runs = []
-    for root in as_dirs(sweepas_dirs):
+    for root in as_dirs(sweep_dirs):
         if not root.exists():
             raise PlanError(f"sweep directory {str(root)!r} does not exist")
         for p in sorted(root.rglob("run.json")):
@@ -36,7 +36,7 @@ def find_runs(sweepas_dirs) -> list[tuple[Path, dict]]:
             except (OSError, json.JSONDecodeError) as exc:
                 runs.append((p, {"status": "unreadable", "error": str(exc)}))
     if not runs:
-        raise PlanError(f"no run.json under {', '.join(repr(str(d)) for d in as_dirs(sweepas_dirs))}")
+        raise PlanError(f"no run.json under {', '.join(repr(str(d)) for d in as_dirs(sweep_dirs))}")
     return runs
 
 

@@ -57,6 +57,7 @@ class Strategy:
     # DeepSpeed's gradient reduce buckets (model_states.zero_bucket_bytes): reduce_bucket_size
     # elements, held whole with contiguous_gradients, twice with overlap_comm (ZeRO-1/2)
     reduce_bucket_elements: int = 200_000_000
+    allgather_bucket_elements: int = 200_000_000     # ZeRO-1/2's parameter all-gather (comm.py)
     contiguous_gradients: bool = True
     overlap_comm: bool = True
     note: str = ""
@@ -148,8 +149,10 @@ def _apply_options(st: Strategy, cfg: dict) -> Strategy:
             kw["param_persistence_elements"] = 100_000
     if st.family == "deepspeed" and cfg.get("stage3_param_persistence_threshold") is not None:
         kw["param_persistence_elements"] = int(cfg["stage3_param_persistence_threshold"])
-    if st.family == "deepspeed" and isinstance(cfg.get("reduce_bucket_size"), int):
-        kw["reduce_bucket_elements"] = int(cfg["reduce_bucket_size"])
+    for key, field_name in (("reduce_bucket_size", "reduce_bucket_elements"),
+                            ("allgather_bucket_size", "allgather_bucket_elements")):
+        if st.family == "deepspeed" and isinstance(cfg.get(key), int) and not isinstance(cfg.get(key), bool):
+            kw[field_name] = int(cfg[key])
     for key in ("contiguous_gradients", "overlap_comm"):
         if st.family == "deepspeed" and isinstance(cfg.get(key), bool):
             kw[key] = cfg[key]

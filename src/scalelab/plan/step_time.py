@@ -260,12 +260,13 @@ def device_total_bytes(terms: Terms, hw: Hardware) -> float:
 
 def host_node_bytes(terms: Terms, hw: Hardware) -> float | None:
     """Host RAM one node's ranks need on a GPU profile: each rank's offloaded model states
-    (ZeRO-Offload) plus its process (hw.host.runtime_bytes_per_rank: interpreter, torch,
-    Lightning, pinned staging; measured on the H200 as a rank's peak RSS), times the ranks on the
-    node. None on CPU profiles (a CPU rank's states are in its device memory, counted there)."""
+    (ZeRO-Offload) and pinned staging buffers, plus its process (hw.host.runtime_bytes_per_rank:
+    interpreter, torch, Lightning, DeepSpeed; a rank's peak RSS measured on the H200), times the
+    ranks on the node. None on CPU profiles (a CPU rank's states are in its device memory, counted there)."""
     if hw.kind == "cpu":
         return None
-    per_rank = terms.states.offloaded_bytes + float(hw.host.get("runtime_bytes_per_rank") or 0.0)
+    st = terms.states
+    per_rank = st.offloaded_bytes + st.host_buffer_bytes + float(hw.host.get("runtime_bytes_per_rank") or 0.0)
     return per_rank * terms.layout.devices_per_node
 
 

@@ -2,16 +2,18 @@
 `memory.peak_device_bytes_by_phase_per_rank`), on CUDA ranks.
 
 Why: the planner predicts one peak as the sum of model states, activations and buffers, as if
-they all coincided. They do not all coincide: activations are largest at the end of forward,
-gradients (and DeepSpeed's partitioned gradients) only exist from backward on, the optimizer
-step's temporaries after it. The H200 runs hint at it (zero2 predicted 3-7 % over, by about
-its 16-bit gradient bytes: gradients that live in DeepSpeed's reduce bucket while activations
-are alive), and the overall peak alone cannot tell which phase set it. This records it.
+they all coincided. Whether they do depends on the strategy: Lightning's automatic optimization
+zeroes gradients inside its closure after training_step and before backward, so under single,
+ddp, fsdp and tp the previous step's gradients are still alive at the end of forward, when the
+activations peak; DeepSpeed's engine clears them in its own step, so under ZeRO they are not,
+and ZeRO-1/2's new gradients first land in the reduce bucket (counted as a buffer). The H200
+runs fit that (the planner matched single within 1 % but put zero2 3-7 % over, by about its
+16-bit gradient bytes), and the overall peak alone cannot tell which phase set it. This records it.
 
 How: at each phase boundary of the chosen step (forward: from the batch's start, or from the
 previous micro-batch's backward, to `on_before_backward`; backward: to `on_after_backward`;
-optimizer_step: from the last backward to the end of the batch: clipping, the optimizer step
-and zero_grad), the allocator's peak since the previous boundary is read and the peak counter
+optimizer_step: from the last backward to the end of the batch: clipping and the optimizer step;
+Lightning's zero_grad falls in the forward phase, just before backward), the allocator's peak since the previous boundary is read and the peak counter
 reset (`torch.cuda.max_memory_allocated` / `reset_peak_memory_stats`: host-side counters of the
 caching allocator, no device sync). Resetting loses the process-wide peak the run record also
 reports, so the largest values read (from before the step too) are kept, and `merged` reports
