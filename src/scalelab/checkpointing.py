@@ -55,9 +55,11 @@ def valid_checkpoints(ckpt_dir: Path) -> tuple[list[tuple[int, Path]], list[str]
     return good, problems
 
 
-def find_resume(job_dir: Path) -> tuple[Path | None, int, list[str]]:
-    """The newest valid checkpoint of this job dir: (path, step, problems); (None, 0, ...) if none."""
+def find_resume(job_dir: Path, below: int | None = None) -> tuple[Path | None, int, list[str]]:
+    """The newest valid checkpoint of this job dir (before step `below` if given): (path, step,
+    problems); (None, 0, ...) if none."""
     good, problems = valid_checkpoints(job_dir / "checkpoints")
+    good = [g for g in good if below is None or g[0] < below]
     if good:
         return good[0][1], good[0][0], problems
     return None, 0, problems

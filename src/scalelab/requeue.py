@@ -80,6 +80,25 @@ def slurm_info(environ=None) -> dict | None:
             "partition": env.get("SLURM_JOB_PARTITION"), "requeues": int(env.get("SLURM_RESTART_COUNT") or 0)}
 
 
+
+def requeue_count(environ=None) -> int:
+    """How many times SLURM has requeued this job (0 outside SLURM and on the first attempt)."""
+    env = os.environ if environ is None else environ
+    return int(env.get("SLURM_RESTART_COUNT") or 0) if in_slurm_job(env) else 0
+
+
+def completed_earlier(record: dict | None, environ=None) -> bool:
+    """Whether `record` (the job dir's run.json) is a completed run of an earlier attempt of this
+    very SLURM job. SLURM requeues finished work too: `scontrol requeue` of a finished job, or a
+    preemption or requeue that lands between the last step and the job's exit. Starting over there
+    would redo the whole run and replace its record (seen in CI: a `scontrol requeue` that landed
+    after the last step restarted the run from step 0)."""
+    env = os.environ if environ is None else environ
+    info = slurm_info(env)
+    if not record or info is None or requeue_count(env) == 0 or record.get("status") != "completed":
+        return False
+    return (record.get("slurm") or {}).get("job_id") == info["job_id"]
+
 # ---- the ranks ---------------------------------------------------------------------------------
 EARLY: list[int] = []  # a warning signal that arrived while the rank was still starting
 

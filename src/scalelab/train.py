@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -72,6 +73,14 @@ def run_job(cfg: DictConfig) -> dict:
         layout["rdzv_id"] = layout["rdzv_id"] or _rdzv_id(resolved["job"]["overrides"], layout, resolved["job"]["num"])
         resolved["launcher"].update(rdzv_endpoint=layout["endpoint"], node_rank=layout["node_rank"],
                                     rdzv_id=layout["rdzv_id"])
+    done = _read_record(job_dir / RUN_FILE)
+    if requeue.completed_earlier(done):  # requeued after it finished: keep its record, run nothing
+        with open(job_dir / "ranks.log", "a") as f:
+            f.write(f"{ATTEMPT_MARK} {os.environ['SLURM_JOB_ID']} requeue {requeue.requeue_count()}: the run "
+                    f"completed in requeue {done['slurm'].get('requeues', 0)}; its record is kept\n")
+        log.info(f"[scalelab] {resolved['job']['name']}: completed in an earlier attempt of SLURM job "
+                 f"{done['slurm']['job_id']} (requeue {done['slurm'].get('requeues', 0)}); record kept, nothing to run")
+        return done
     OmegaConf.save(OmegaConf.create(scrub(resolved)), job_dir / "config_resolved.yaml")
     (job_dir / RUN_FILE).unlink(missing_ok=True)
     log.info(f"[scalelab] {resolved['job']['name']}: strategy={cfg.strategy.name} world={spec.run.world_size} "
@@ -134,6 +143,13 @@ def run_job(cfg: DictConfig) -> dict:
     # To the console and the job's train.log (Hydra's job logging): a sweep prints its table at the end.
     log.info(_one_line(record) if multirun else render([record]))
     return record
+
+
+def _read_record(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _rdzv_id(overrides: list[str], layout: dict, num: int) -> str:

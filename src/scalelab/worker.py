@@ -306,6 +306,10 @@ def _resume_point(cfg, job_dir: Path, rank: int) -> tuple[str | None, int | None
     if cfg.checkpoint.get("resume", "auto") != "auto":
         return None, None
     path, step, problems = find_resume(job_dir)
+    if path is not None and step >= cfg.trainer.max_steps and requeue.requeue_count() > 0:
+        # SLURM requeued the job after its last step but before its record was written: redo the
+        # steps since the checkpoint before, so that this attempt has steps to measure
+        path, step, problems = find_resume(job_dir, below=cfg.trainer.max_steps)
     if path is not None and step >= cfg.trainer.max_steps:   # a finished job run again: start over
         if rank == 0:
             print(f"[scalelab] newest checkpoint {path} is at trainer.max_steps={cfg.trainer.max_steps}: "

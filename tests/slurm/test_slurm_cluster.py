@@ -91,7 +91,8 @@ def jobs(tmp_path_factory) -> dict:
                              stderr=subprocess.PIPE, text=True)
     sub = cwd / "submit"
     sub.mkdir()
-    proc, log, job, run_dir = start_submit([*RUN, "logger=wandb", "logger.mode=offline", HOSTILE], sub)
+    proc, log, job, run_dir = start_submit([*RUN, "strategy._target_=tests.slurm.crash.SlowDDP", "logger=wandb",
+                                            "logger.mode=offline", HOSTILE], sub)
     at = wait_for_step(run_dir, 20, timeout=180)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True, capture_output=True)
     deadline = time.monotonic() + 180
@@ -102,8 +103,18 @@ def jobs(tmp_path_factory) -> dict:
     wait_for_step(run_dir, first_resume + 15, timeout=180)
     subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True)
     text = finish(proc, log)
+    # requeued once more after it finished (as a preemption between the last step and the exit
+    # does): the third requeue must keep the record and run nothing
+    record = (run_dir / "run.json").read_text()
+    subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True)
     stdout, stderr = sweep.communicate(timeout=240)
-    return {"sweep": (sweep.returncode, stdout, stderr, out), "submit": (text, job, run_dir, at, first_resume, sub)}
+    deadline = time.monotonic() + 120
+    while not ("record is kept" in (run_dir / "ranks.log").read_text() and sacct_state(job) == "COMPLETED"):
+        assert time.monotonic() < deadline, (run_dir / "ranks.log").read_text()[-3000:]
+        time.sleep(0.2)
+    again = (record, (run_dir / "run.json").read_text(), (run_dir / "ranks.log").read_text())
+    return {"sweep": (sweep.returncode, stdout, stderr, out), "submit": (text, job, run_dir, at, first_resume, sub),
+            "again": again}
 
 
 def test_sweep_on_slurm_records_a_crashed_job_and_finishes_the_others(jobs):
@@ -140,6 +151,14 @@ def test_submit_wait_requeued_twice_resumes_by_itself_and_ends_like_the_uninterr
     # the injection test, through sbatch itself: nothing ran, the value arrived whole
     assert rec["config"]["note"] == "a b; touch PWN1 $(touch PWN2) `touch PWN3` \"q\" && touch PWN4"
     assert not list(cwd.parent.rglob("PWN*"))
+
+
+def test_a_finished_job_requeued_again_keeps_its_record_and_runs_nothing(jobs):
+    before, after, ranks_log = jobs["again"]
+    assert after == before
+    last = ranks_log[ranks_log.rindex("SLURM attempt: job"):]
+    assert "requeue 3: the run completed in requeue 2; its record is kept" in last
+    assert "resuming from" not in last and "step" not in last.split("\n", 1)[1]   # no rank started
 
 
 def test_bad_override_fails_before_anything_is_submitted(tmp_path):
