@@ -115,6 +115,24 @@ class LitModule(L.LightningModule):
         for (step, epoch), values in due:
             self.trainer._logger_connector.log_metrics({"train/loss": values[0], "epoch": epoch}, step=step)
 
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        # Free the gradients right after the step, as a hand-written loop does. Lightning frees
+        # them only after the next training_step, just before its backward: the whole gradient
+        # (fp32: 4 bytes per parameter) then sits beside that step's activations at their peak
+        # (the 86M GPT on an H200: 7.29 GiB for `single` against 7.02 for the hand-written loop;
+        # 4.8 GB of the 1.2B GPT's 35.5 GiB). Lightning's own zero_grad stays (idempotent: the
+        # gradients are None by then). DeepSpeed's engine clears them in its own step; DDP's
+        # gradients are views of its buckets, which it keeps (plan.model_states.grads_at_peak).
+        if not self._deepspeed:
+            optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def _deepspeed(self) -> bool:
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        return isinstance(self.trainer.strategy, DeepSpeedStrategy)
+
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         self.log("val/loss", self.loss(batch), sync_dist=True)
 

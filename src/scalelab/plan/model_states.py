@@ -112,6 +112,7 @@ class ModelStates:
     updated_params_per_device: float  # parameters whose optimizer step this device runs
     unwritten_buffer_bytes: float = 0.0  # of buffers_bytes: allocated, never written (not in a CPU's RSS)
     host_buffer_bytes: float = 0.0       # offload's pinned staging buffers in host memory (not model state)
+    grads_at_peak: bool = True           # False: freed before the forward (grads_at_peak())
 
     @property
     def total_bytes(self) -> float:
@@ -169,6 +170,22 @@ def persistent_params(model: ModelSpec, strategy: Strategy, psi: float) -> float
     return model.small_params(strategy.param_persistence_elements) * psi / model.n_params
 
 
+# DDP keeps its gradients in buckets it allocates once (gradient_as_bucket_view: .grad is a view)
+DDP_BUCKETS = ("ddp", "ddp_compress", "ddp_powersgd", "local_sgd")
+
+
+def grads_at_peak(strategy: Strategy, layout: Layout) -> bool:
+    """Whether the gradients live through the forward, where the activations peak. ScaleLab's
+    torch strategies free them right after the optimizer step (models.lit.LitModule), as a
+    hand-written loop does; the next forward then runs without them and backward creates them
+    as it frees the activations, so the step's peak holds the larger of the two, not their sum.
+    They live on under gradient accumulation (micro-batch 2's forward runs beside micro-batch 1's
+    gradients), in a pipeline's schedule (a stage's gradients from the first micro-batch's
+    backward on), in DDP's persistent buckets, and in DeepSpeed's own partitions and buckets."""
+    return (strategy.family == "deepspeed" or strategy.pipeline or layout.micro_batches > 1
+            or strategy.name in DDP_BUCKETS)
+
+
 def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision: str,
                  optimizer: str) -> ModelStates:
     psi = local_params(model, layout)
@@ -222,4 +239,5 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
         staging = zero_offload_staging_bytes(model, strategy, g_b)         # its device copy (zeroed: written)
         return ModelStates(params, grads, opt, buffers + allocated + staging, offloaded, psi, updated,
                            allocated - written, host_buffer_bytes=staging)   # and its pinned host copy
-    return ModelStates(params, grads, opt, buffers, offloaded, psi, updated)
+    return ModelStates(params, grads, opt, buffers, offloaded, psi, updated,
+                       grads_at_peak=grads_at_peak(strategy, layout))

@@ -71,6 +71,8 @@ def render(doc: dict) -> str:
                        ("buffers (gathered layers, buckets)", "buffers_bytes_per_device"),
                        ("runtime (context / process)", "runtime_bytes_per_device")):
         out.append(f"  {label:<36}{fmt_bytes(mem[key]):>12}")
+    if mem.get("gradients_at_peak") is False:
+        out.append("  (gradients freed after each step: the peak holds the larger of gradients and activations)")
     verdict = "fits" if mem["total_bytes_per_device"] <= mem["device_memory_bytes"] else "DOES NOT FIT"
     out.append(f"  {'total':<36}{fmt_bytes(mem['total_bytes_per_device']):>12}  of "
                f"{fmt_bytes(mem['device_memory_bytes'])} -> {verdict}")

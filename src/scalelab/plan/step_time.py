@@ -253,8 +253,12 @@ def plan(model: ModelSpec, strategy: str | Strategy, hardware: Hardware | str, *
 
 
 def device_total_bytes(terms: Terms, hw: Hardware) -> float:
+    """The step's peak: model states + activations + buffers + runtime, where gradients freed
+    before the forward (model_states.grads_at_peak) count as the larger of them and the activations."""
     st = terms.states
-    return (st.total_bytes + terms.activations_bytes + st.resident_buffer_bytes(hw.kind == "cpu")
+    grads_acts = (st.grads_bytes + terms.activations_bytes if st.grads_at_peak
+                  else max(st.grads_bytes, terms.activations_bytes))
+    return (st.params_bytes + st.optimizer_bytes + grads_acts + st.resident_buffer_bytes(hw.kind == "cpu")
             + hw.runtime_memory_bytes)
 
 
@@ -354,6 +358,7 @@ def plan_terms(terms: Terms, hw: Hardware, tokens: float | None = None) -> dict:
         "memory": {
             "parameters_bytes_per_device": float(st.params_bytes),
             "gradients_bytes_per_device": float(st.grads_bytes),
+            "gradients_at_peak": st.grads_at_peak,
             "optimizer_bytes_per_device": float(st.optimizer_bytes),
             "model_states_bytes_per_device": float(st.total_bytes),
             "activations_bytes_per_device": float(terms.activations_bytes),

@@ -1,14 +1,16 @@
 """Device memory peak of each phase of one steady optimizer step (run.json
 `memory.peak_device_bytes_by_phase_per_rank`), on CUDA ranks.
 
-Why: the planner predicts one peak as the sum of model states, activations and buffers, as if
-they all coincided. Whether they do depends on the strategy: Lightning's automatic optimization
-zeroes gradients inside its closure after training_step and before backward, so under single,
-ddp, fsdp and tp the previous step's gradients are still alive at the end of forward, when the
-activations peak; DeepSpeed's engine clears them in its own step, so under ZeRO they are not,
-and ZeRO-1/2's new gradients first land in the reduce bucket (counted as a buffer). The H200
-runs fit that (the planner matched single within 1 % but put zero2 3-7 % over, by about its
-16-bit gradient bytes), and the overall peak alone cannot tell which phase set it. This records it.
+Why: the planner predicts one peak from model states, activations and buffers, and which of
+them coincide depends on the strategy. Lightning's automatic optimization zeroes gradients
+inside its closure after training_step and before backward, so under single, ddp, fsdp and tp
+the previous step's gradients were alive at the end of forward, when the activations peak (the
+H200 runs up to run 3); LitModule now frees them right after the optimizer step, and the planner
+counts the larger of gradients and activations there (plan.model_states.grads_at_peak; DDP's
+buckets and accumulation keep them). DeepSpeed's engine clears them in its own step, and
+ZeRO-1/2's new gradients first land in the reduce bucket (counted as a buffer): the planner put
+zero2 3-7 % over on the H200, by about its 16-bit gradient bytes. The overall peak alone cannot
+tell which phase set it; this records it.
 
 How: at each phase boundary of the chosen step (forward: from the batch's start, or from the
 previous micro-batch's backward, to `on_before_backward`; backward: to `on_after_backward`;

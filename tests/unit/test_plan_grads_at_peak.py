@@ -1,0 +1,46 @@
+"""The step's device peak where the gradients are freed right after the optimizer step
+(models.lit.LitModule, tests/unit/test_grads_freed.py): the forward runs without them and
+backward creates them while it frees the activations, so the peak holds the larger of the two.
+Expected totals are hand sums of the parts: fp32 Adam, 1e6 parameters -> params 4e6, grads
+4e6, moments 8e6 bytes; the activations from the saved-tensor-checked formula."""
+import pytest
+
+from scalelab.plan import ModelSpec, activation_bytes_per_device
+from scalelab.plan.hardware import load_hardware
+from scalelab.plan.step_time import build_terms, device_total_bytes, plan_terms
+
+M = ModelSpec(1_000_000, 2, 64, 4, 256, 64)
+HW = load_hardware("h200")
+RUNTIME = HW.runtime_memory_bytes
+
+
+def total(strategy, **kw):
+    t = build_terms(M, strategy, precision="32", **kw)
+    return t, device_total_bytes(t, HW)
+
+
+def test_single_holds_the_larger_of_gradients_and_activations():
+    t, got = total("single", micro_batch=8)               # activations >> 4e6 bytes of gradients
+    acts = activation_bytes_per_device(M, t.layout, "32", "none")
+    assert acts > 4e6 and got == pytest.approx(4e6 + 8e6 + acts + RUNTIME)
+    t, got = total("single", micro_batch=1)               # the other way round: the gradients win
+    acts = activation_bytes_per_device(M, t.layout, "32", "none")
+    assert acts < 4e6 and got == pytest.approx(4e6 + 8e6 + 4e6 + RUNTIME)
+
+
+@pytest.mark.parametrize("strategy,kw", [("ddp", {}),                     # DDP's buckets persist
+                                         ("single", {"global_batch": 16}),  # accumulation: 2 micro-batches
+                                         ("zero2", {})])                   # DeepSpeed's own partitions
+def test_gradients_that_live_through_the_forward_add_to_the_activations(strategy, kw):
+    t, got = total(strategy, micro_batch=8, **kw)
+    st = t.states
+    acts = activation_bytes_per_device(M, t.layout, "32", "none")
+    assert st.grads_at_peak
+    assert got == pytest.approx(st.params_bytes + st.grads_bytes + st.optimizer_bytes + acts
+                                + st.resident_buffer_bytes(False) + RUNTIME)
+
+
+def test_the_plan_says_which_rule_it_used():
+    doc = plan_terms(build_terms(M, "fsdp", micro_batch=8, precision="32"), HW)
+    assert doc["memory"]["gradients_at_peak"] is False
+    assert plan_terms(build_terms(M, "ddp", micro_batch=8, precision="32"), HW)["memory"]["gradients_at_peak"]
