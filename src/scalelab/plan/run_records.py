@@ -15,7 +15,7 @@ import numpy as np
 
 from .hardware import Hardware
 from .spec import ModelSpec, PlanError, get_strategy
-from .step_time import Terms, build_terms, rank_threads
+from .step_time import Terms, build_terms, peak_states_and_activations, rank_threads
 
 SPEED_WINDOW = 5             # host speed = median probe of the jobs within 5 of a run (smooth_host_speeds)
 
@@ -117,7 +117,7 @@ def model_bytes_in_ram(terms: Terms) -> float:
     """What the planner puts in a CPU rank's RAM besides the runtime: model states (offloaded ones
     too: on CPU, host and device are one RAM), activations and communication buffers."""
     st = terms.states
-    return st.total_bytes + st.offloaded_bytes + terms.activations_bytes + st.resident_buffer_bytes(cpu=True)
+    return peak_states_and_activations(terms) + st.offloaded_bytes + st.resident_buffer_bytes(cpu=True)
 
 
 def runtime_bytes_from_rss(runs) -> tuple[float, int] | None:

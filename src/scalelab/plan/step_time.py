@@ -252,13 +252,18 @@ def plan(model: ModelSpec, strategy: str | Strategy, hardware: Hardware | str, *
     return plan_terms(terms, hw, tokens)
 
 
-def device_total_bytes(terms: Terms, hw: Hardware) -> float:
-    """The step's peak: model states + activations + buffers + runtime, where gradients freed
-    before the forward (model_states.grads_at_peak) count as the larger of them and the activations."""
+def peak_states_and_activations(terms: Terms) -> float:
+    """Model states + activations at the step's peak: gradients freed before the forward
+    (model_states.grads_at_peak) count as the larger of them and the activations, not their sum."""
     st = terms.states
     grads_acts = (st.grads_bytes + terms.activations_bytes if st.grads_at_peak
                   else max(st.grads_bytes, terms.activations_bytes))
-    return (st.params_bytes + st.optimizer_bytes + grads_acts + st.resident_buffer_bytes(hw.kind == "cpu")
+    return st.params_bytes + st.optimizer_bytes + grads_acts
+
+
+def device_total_bytes(terms: Terms, hw: Hardware) -> float:
+    """The step's peak on one device: states and activations, buffers, runtime."""
+    return (peak_states_and_activations(terms) + terms.states.resident_buffer_bytes(hw.kind == "cpu")
             + hw.runtime_memory_bytes)
 
 
