@@ -55,14 +55,23 @@ def valid_checkpoints(ckpt_dir: Path) -> tuple[list[tuple[int, Path]], list[str]
     return good, problems
 
 
-def find_resume(job_dir: Path, below: int | None = None) -> tuple[Path | None, int, list[str]]:
-    """The newest valid checkpoint of this job dir (before step `below` if given): (path, step,
-    problems); (None, 0, ...) if none."""
+def find_resume(job_dir: Path, below: int | None = None, slurm_job: str | None = None
+                ) -> tuple[Path | None, int, list[str]]:
+    """The newest valid checkpoint of this job dir (before step `below`, saved by SLURM job
+    `slurm_job`, if given): (path, step, problems); (None, 0, ...) if none."""
     good, problems = valid_checkpoints(job_dir / "checkpoints")
-    good = [g for g in good if below is None or g[0] < below]
+    good = [g for g in good if (below is None or g[0] < below)
+            and (slurm_job is None or _manifest(g[1]).get("slurm_job") == slurm_job)]
     if good:
         return good[0][1], good[0][0], problems
     return None, 0, problems
+
+
+def _manifest(ckpt: Path) -> dict:
+    try:
+        return json.loads(ckpt.with_name(ckpt.name + MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def periodic_checkpoint(job_dir: Path, every: int | None, keep: int, note_progress: bool = True):
@@ -127,7 +136,8 @@ class PeriodicCheckpoint:
             _remove(final)
             os.replace(tmp, final)
             manifest = final.with_name(final.name + MANIFEST)
-            manifest.with_suffix(".tmp").write_text(json.dumps({"step": step, "files": _files(final)}))
+            manifest.with_suffix(".tmp").write_text(json.dumps({"step": step, "files": _files(final),
+                                                                "slurm_job": os.environ.get("SLURM_JOB_ID")}))
             os.replace(manifest.with_suffix(".tmp"), manifest)
             for _, old in valid_checkpoints(self.dir)[0][self.keep:]:
                 _remove(old)

@@ -87,17 +87,21 @@ def requeue_count(environ=None) -> int:
     return int(env.get("SLURM_RESTART_COUNT") or 0) if in_slurm_job(env) else 0
 
 
-def completed_earlier(record: dict | None, environ=None) -> bool:
+def completed_earlier(record: dict | None, overrides: list[str], environ=None) -> bool:
     """Whether `record` (the job dir's run.json) is a completed run of an earlier attempt of this
-    very SLURM job. SLURM requeues finished work too: `scontrol requeue` of a finished job, or a
-    preemption or requeue that lands between the last step and the job's exit. Starting over there
-    would redo the whole run and replace its record (seen in CI: a `scontrol requeue` that landed
-    after the last step restarted the run from step 0)."""
+    very SLURM job, with these overrides. SLURM requeues finished work too: `scontrol requeue` of
+    a finished job, or a preemption or requeue that lands between the last step and the job's
+    exit. Starting over there would redo the whole run and replace its record (seen in CI: a
+    `scontrol requeue` that landed after the last step restarted the run from step 0). Only the
+    batch step's own final record counts (its `ranks_exited` mark): rank 0's record, written
+    before the batch step adds its part, may be all that is left of an attempt killed meanwhile."""
     env = os.environ if environ is None else environ
     info = slurm_info(env)
     if not record or info is None or requeue_count(env) == 0 or record.get("status") != "completed":
         return False
-    return (record.get("slurm") or {}).get("job_id") == info["job_id"]
+    final = bool(((record.get("timing") or {}).get("marks") or {}).get("ranks_exited"))
+    return (final and (record.get("slurm") or {}).get("job_id") == info["job_id"]
+            and (record.get("job") or {}).get("overrides") == list(overrides))
 
 # ---- the ranks ---------------------------------------------------------------------------------
 EARLY: list[int] = []  # a warning signal that arrived while the rank was still starting

@@ -74,7 +74,7 @@ def run_job(cfg: DictConfig) -> dict:
         resolved["launcher"].update(rdzv_endpoint=layout["endpoint"], node_rank=layout["node_rank"],
                                     rdzv_id=layout["rdzv_id"])
     done = _read_record(job_dir / RUN_FILE)
-    if requeue.completed_earlier(done):  # requeued after it finished: keep its record, run nothing
+    if requeue.completed_earlier(done, resolved["job"]["overrides"]):  # requeued after it finished: keep it
         with open(job_dir / "ranks.log", "a") as f:
             f.write(f"{ATTEMPT_MARK} {os.environ['SLURM_JOB_ID']} requeue {requeue.requeue_count()}: the run "
                     f"completed in requeue {done['slurm'].get('requeues', 0)}; its record is kept\n")

@@ -264,6 +264,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
                                 plan.loss_ranks(world), profiled))
         record.update(plan.record_fields([r["strategy_metrics"] for r in per_rank], cfg.trainer.warmup_steps,
                                          profiled))
+        record["memory"]["grads_freed_after_step"] = module.frees_grads_after_step
         record["breakdown"] = combine([r["breakdown"] for r in per_rank])
         record["placement"] = [r.get("placement") for r in per_rank]
         if any(r.get("device_syncs") for r in per_rank):
@@ -307,9 +308,13 @@ def _resume_point(cfg, job_dir: Path, rank: int) -> tuple[str | None, int | None
         return None, None
     path, step, problems = find_resume(job_dir)
     if path is not None and step >= cfg.trainer.max_steps and requeue.requeue_count() > 0:
-        # SLURM requeued the job after its last step but before its record was written: redo the
-        # steps since the checkpoint before, so that this attempt has steps to measure
-        path, step, problems = find_resume(job_dir, below=cfg.trainer.max_steps)
+        # SLURM requeued the job after its last step but before its record was complete: redo the
+        # steps since this job's checkpoint before, so that this attempt has steps to measure
+        path, step, problems = find_resume(job_dir, below=cfg.trainer.max_steps,
+                                           slurm_job=os.environ.get("SLURM_JOB_ID"))
+        if path is None and rank == 0:
+            print(f"[scalelab] requeued after its last step, and no earlier checkpoint of SLURM job "
+                  f"{os.environ.get('SLURM_JOB_ID')} (checkpoint.every_n_steps): starting over", flush=True)
     if path is not None and step >= cfg.trainer.max_steps:   # a finished job run again: start over
         if rank == 0:
             print(f"[scalelab] newest checkpoint {path} is at trainer.max_steps={cfg.trainer.max_steps}: "

@@ -74,7 +74,8 @@ def run_record(model, strategy, world, micro, threads=1, precision="32-true", ac
     # A rank's RAM: the runtime (interpreter, torch, ...) plus what the planner says the model takes.
     rec["memory"] = {"peak_rss_bytes_per_rank": [int(TRUE.runtime_memory_bytes + model_bytes_in_ram(terms))] * world,
                      "model_state_bytes_per_rank": [int(states)] * world,
-                     "model_state_breakdown_per_rank": [{"params": 0, "grads": 0, "optimizer": 0}] * world}
+                     "model_state_breakdown_per_rank": [{"params": 0, "grads": 0, "optimizer": 0}] * world,
+                     "grads_freed_after_step": True}   # as worker.py records a torch strategy's run
     return rec
 
 

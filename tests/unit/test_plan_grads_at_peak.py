@@ -44,3 +44,23 @@ def test_the_plan_says_which_rule_it_used():
     doc = plan_terms(build_terms(M, "fsdp", micro_batch=8, precision="32"), HW)
     assert doc["memory"]["gradients_at_peak"] is False
     assert plan_terms(build_terms(M, "ddp", micro_batch=8, precision="32"), HW)["memory"]["gradients_at_peak"]
+
+
+def test_a_ddp_config_under_another_name_keeps_its_buckets():
+    from scalelab.plan import get_strategy
+
+    st = get_strategy("my_ddp", {"_target_": "scalelab.strategies.ddp.DDP"})
+    assert st.grad_buckets and not get_strategy("fsdp").grad_buckets
+    t = build_terms(M, st, micro_batch=8, precision="32")
+    assert t.states.grads_at_peak
+
+
+def test_records_measured_with_lightning_s_order_are_read_with_the_sum():
+    from scalelab.plan.run_records import terms_from_run
+
+    run = {"strategy": "single", "world_size": 1, "per_device_batch_size": 8, "precision": "32",
+           "optimizer": "adam", "model": {"n_params": 1_000_000, "n_layers": 2, "hidden": 64, "heads": 4,
+                                          "vocab": 256, "seq_len": 64}}
+    assert not terms_from_run(run).states.grads_at_peak                       # a plan: no measurement
+    assert not terms_from_run({**run, "memory": {"grads_freed_after_step": True}}).states.grads_at_peak
+    assert terms_from_run({**run, "memory": {"peak_rss_bytes_per_rank": [1]}}).states.grads_at_peak  # older

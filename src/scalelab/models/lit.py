@@ -124,14 +124,16 @@ class LitModule(L.LightningModule):
         # 4.8 GB of the 1.2B GPT's 35.5 GiB). Lightning's own zero_grad stays (idempotent: the
         # gradients are None by then). DeepSpeed's engine clears them in its own step; DDP's
         # gradients are views of its buckets, which it keeps (plan.model_states.grads_at_peak).
-        if not self._deepspeed:
+        if self.frees_grads_after_step:
             optimizer.zero_grad(set_to_none=True)
 
     @property
-    def _deepspeed(self) -> bool:
+    def frees_grads_after_step(self) -> bool:
+        """Whether this run frees gradients right after the step (run.json
+        memory.grads_freed_after_step: the planner reads older records with Lightning's order)."""
         from lightning.pytorch.strategies import DeepSpeedStrategy
 
-        return isinstance(self.trainer.strategy, DeepSpeedStrategy)
+        return self.automatic_optimization and not isinstance(self.trainer.strategy, DeepSpeedStrategy)
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         self.log("val/loss", self.loss(batch), sync_dist=True)

@@ -170,10 +170,6 @@ def persistent_params(model: ModelSpec, strategy: Strategy, psi: float) -> float
     return model.small_params(strategy.param_persistence_elements) * psi / model.n_params
 
 
-# DDP keeps its gradients in buckets it allocates once (gradient_as_bucket_view: .grad is a view)
-DDP_BUCKETS = ("ddp", "ddp_compress", "ddp_powersgd", "local_sgd")
-
-
 def grads_at_peak(strategy: Strategy, layout: Layout) -> bool:
     """Whether the gradients live through the forward, where the activations peak. ScaleLab's
     torch strategies free them right after the optimizer step (models.lit.LitModule), as a
@@ -183,7 +179,7 @@ def grads_at_peak(strategy: Strategy, layout: Layout) -> bool:
     gradients), in a pipeline's schedule (a stage's gradients from the first micro-batch's
     backward on), in DDP's persistent buckets, and in DeepSpeed's own partitions and buckets."""
     return (strategy.family == "deepspeed" or strategy.pipeline or layout.micro_batches > 1
-            or strategy.name in DDP_BUCKETS)
+            or strategy.grad_buckets)
 
 
 def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision: str,

@@ -9,6 +9,7 @@ drifts by up to 1.5x over an hour. A GPU run's probe says nothing of its device,
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -93,7 +94,7 @@ def terms_from_run(run: dict) -> Terms:
     hw = run.get("hardware") or {}
     # Model what one rank does: `micro` samples per forward/backward, m of them per optimizer step
     # (the global batch follows as dp x micro x m).
-    return build_terms(
+    terms = build_terms(
         model_from_run(run), strategy, devices=int(run.get("devices_per_node") or run["world_size"]),
         nodes=int(run.get("num_nodes") or 1), tp=tp, pp=pp, micro_batch=micro, micro_batches=m,
         precision=run.get("precision", "32"), optimizer=run.get("optimizer", "adam"),
@@ -102,6 +103,12 @@ def terms_from_run(run: dict) -> Terms:
         threads=int(hw.get("threads_per_rank") or 1) if hw.get("accelerator") == "cpu" else None,
         # scalelab's tp/fsdp_tp/nd shard the LayerNorm regions only with strategy.sequence_parallel
         sequence_parallel=bool(par.get("sequence_parallel", options.get("sequence_parallel", False))))
+    mem = run.get("memory")
+    if isinstance(mem, dict) and not mem.get("grads_freed_after_step"):
+        # measured with the gradients alive through the forward: Lightning's own order (records
+        # from before LitModule freed them after the step), DeepSpeed, manual optimization
+        terms = replace(terms, states=replace(terms.states, grads_at_peak=True))
+    return terms
 
 
 def measured(run: dict) -> dict:

@@ -47,6 +47,7 @@ class Strategy:
     grad_comm_bytes: int = 0            # DDP comm hook fp16/bf16 -> 2 (0: the family's default)
     powersgd_rank: int = 0              # DDP PowerSGD hook (Vogels et al. 2019), 0 = off
     local_sgd_period: int = 0           # post-local SGD: params averaged every N steps, 0 = off
+    grad_buckets: bool = False          # DDP: gradients live in its persistent buckets (bucket views)
     default_tp: int = 0                 # tensor_parallel_size from the strategy config (0: auto)
     default_pp: int = 0                 # nd: pp from the strategy config (0: as many stages as fit)
     pipeline_split: str = "uniform"     # pipeline / nd `split`: uniform | balanced (flops.stage_layers)
@@ -65,7 +66,8 @@ class Strategy:
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     Strategy("single", "torch", note="one replica per device, no gradient sync"),
-    Strategy("ddp", "torch", note="replicate, all-reduce gradients (bucketed, overlapped with backward)"),
+    Strategy("ddp", "torch", grad_buckets=True,
+             note="replicate, all-reduce gradients (bucketed, overlapped with backward)"),
     Strategy("fsdp", "fsdp", True, True, True, note="FULL_SHARD: ZeRO-3-like, per-layer units"),
     Strategy("fsdp_grad_op", "fsdp", True, True, True, reshard_after_forward=False,
              note="SHARD_GRAD_OP: ZeRO-2-like, params stay gathered from forward to backward"),
@@ -82,9 +84,11 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     Strategy("pipeline", "torch", pipeline=True, note="1F1B pipeline (+ DDP over dp)"),
     Strategy("nd", "fsdp", True, True, True, tensor_parallel=True, pipeline=True,
              note="3D: pipeline stages x tensor parallel inside a node x FSDP over dp, one mesh"),
-    Strategy("ddp_compress", "torch", grad_comm_bytes=2, note="DDP, buckets cast to bf16 for the all-reduce"),
-    Strategy("ddp_powersgd", "torch", powersgd_rank=1, note="DDP, PowerSGD low-rank gradients"),
-    Strategy("local_sgd", "torch", local_sgd_period=4, note="no gradient sync; params averaged every N steps"),
+    Strategy("ddp_compress", "torch", grad_comm_bytes=2, grad_buckets=True,
+             note="DDP, buckets cast to bf16 for the all-reduce"),
+    Strategy("ddp_powersgd", "torch", powersgd_rank=1, grad_buckets=True, note="DDP, PowerSGD low-rank gradients"),
+    Strategy("local_sgd", "torch", local_sgd_period=4, grad_buckets=True,
+             note="no gradient sync; params averaged every N steps"),
 ]}
 
 # A config in conf/strategy/ that the table above does not name maps by its _target_ class.
