@@ -1,0 +1,162 @@
+"""The planner's strategies: what each one shards, where it keeps things, and how it
+communicates; refined by the strategy's config in conf/strategy/ and a run's own options."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .base import PlanError, conf_dir
+
+
+# --------------------------------------------------------------------------------------------
+# Strategies: what each one shards, where it keeps things, and how it communicates.
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    family: str                 # "torch" (autocast, fp32 weights), "fsdp", "deepspeed"
+    shard_params: bool = False  # parameters partitioned at rest across the data-parallel group
+    shard_grads: bool = False
+    shard_optimizer: bool = False
+    reshard_after_forward: bool = True  # FSDP FULL_SHARD / ZeRO-3 free gathered params after use
+    zero_stage: int | None = None
+    offload_optimizer: bool = False     # optimizer states (+ fp32 grads) live in host memory
+    offload_params: bool = False
+    tensor_parallel: bool = False
+    pipeline: bool = False
+    grad_comm_bytes: int = 0            # DDP comm hook fp16/bf16 -> 2 (0: the family's default)
+    powersgd_rank: int = 0              # DDP PowerSGD hook (Vogels et al. 2019), 0 = off
+    local_sgd_period: int = 0           # post-local SGD: params averaged every N steps, 0 = off
+    grad_buckets: bool = False          # DDP: gradients live in its persistent buckets (bucket views)
+    default_tp: int = 0                 # tensor_parallel_size from the strategy config (0: auto)
+    default_pp: int = 0                 # nd: pp from the strategy config (0: as many stages as fit)
+    pipeline_split: str = "uniform"     # pipeline / nd `split`: uniform | balanced (flops.stage_layers)
+    stages_per_rank: int = 1            # pipeline / nd interleaved_1f1b: virtual stages per rank
+    # ZeRO-3 keeps parameter tensors of fewer elements than this whole on every rank
+    # (stage3_param_persistence_threshold; DeepSpeed's and Lightning's default 1e5)
+    param_persistence_elements: int = 0
+    # DeepSpeed's gradient reduce buckets (model_states.zero_bucket_bytes): reduce_bucket_size
+    # elements, held whole with contiguous_gradients, twice with overlap_comm (ZeRO-1/2)
+    reduce_bucket_elements: int = 200_000_000
+    allgather_bucket_elements: int = 200_000_000     # ZeRO-1/2's parameter all-gather (comm.py)
+    contiguous_gradients: bool = True
+    overlap_comm: bool = True
+    note: str = ""
+
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
+    Strategy("single", "torch", note="one replica per device, no gradient sync"),
+    Strategy("ddp", "torch", grad_buckets=True,
+             note="replicate, all-reduce gradients (bucketed, overlapped with backward)"),
+    Strategy("fsdp", "fsdp", True, True, True, note="FULL_SHARD: ZeRO-3-like, per-layer units"),
+    Strategy("fsdp_grad_op", "fsdp", True, True, True, reshard_after_forward=False,
+             note="SHARD_GRAD_OP: ZeRO-2-like, params stay gathered from forward to backward"),
+    Strategy("zero1", "deepspeed", shard_optimizer=True, zero_stage=1),
+    Strategy("zero2", "deepspeed", shard_grads=True, shard_optimizer=True, zero_stage=2),
+    Strategy("zero3", "deepspeed", True, True, True, zero_stage=3, param_persistence_elements=100_000),
+    Strategy("zero2_offload", "deepspeed", shard_grads=True, shard_optimizer=True, zero_stage=2,
+             offload_optimizer=True),
+    Strategy("zero3_offload", "deepspeed", True, True, True, zero_stage=3,
+             offload_optimizer=True, offload_params=True, param_persistence_elements=100_000),
+    Strategy("tp", "torch", tensor_parallel=True, note="Megatron tensor parallel (+ DDP over dp)"),
+    Strategy("fsdp_tp", "fsdp", True, True, True, tensor_parallel=True,
+             note="2D: tensor parallel inside, FSDP over the data-parallel dimension"),
+    Strategy("pipeline", "torch", pipeline=True, note="1F1B pipeline (+ DDP over dp)"),
+    Strategy("nd", "fsdp", True, True, True, tensor_parallel=True, pipeline=True,
+             note="3D: pipeline stages x tensor parallel inside a node x FSDP over dp, one mesh"),
+    Strategy("ddp_compress", "torch", grad_comm_bytes=2, grad_buckets=True,
+             note="DDP, buckets cast to bf16 for the all-reduce"),
+    Strategy("ddp_powersgd", "torch", powersgd_rank=1, grad_buckets=True, note="DDP, PowerSGD low-rank gradients"),
+    Strategy("local_sgd", "torch", local_sgd_period=4, grad_buckets=True,
+             note="no gradient sync; params averaged every N steps"),
+]}
+
+# A config in conf/strategy/ that the table above does not name maps by its _target_ class.
+_TARGETS = {"single.Single": "single", "ddp.DDP": "ddp", "fsdp.FSDP": "fsdp",
+            "deepspeed.ZeRO": "zero2", "tensor_parallel.TensorParallel": "tp",
+            "tensor_parallel.FSDPTensorParallel": "fsdp_tp", "nd.ND": "nd"}
+
+
+def strategy_names() -> list[str]:
+    d = conf_dir() / "strategy"
+    confs = [p.stem for p in sorted(d.glob("*.yaml"))] if d.is_dir() else []
+    return list(STRATEGIES) + [n for n in confs if n not in STRATEGIES]
+
+
+def _strategy_config(name: str) -> dict:
+    path = conf_dir() / "strategy" / f"{name}.yaml"
+    if not path.is_file():
+        return {}
+    return dict(_read_yaml(str(path), path.stat().st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=64)
+def _read_yaml(path: str, mtime_ns: int) -> dict:
+    import yaml
+    try:
+        return yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError:
+        return {}
+
+
+def get_strategy(name: str, options: dict | None = None) -> Strategy:
+    """The planner's view of a strategy: the table above, refined by its config in conf/strategy/
+    (comm hook, PowerSGD rank, local SGD period, ZeRO stage / offload, FSDP resharding, TP size)
+    and then by `options` (e.g. a run's resolved `config.strategy`)."""
+    cfg = {**_strategy_config(name), **(options or {})}
+    if name in STRATEGIES:
+        base = STRATEGIES[name]
+    else:
+        target = str(cfg.get("_target_", "")).rsplit(".", 2)
+        key = ".".join(target[-2:]) if len(target) >= 2 else ""
+        if key not in _TARGETS:
+            raise PlanError(f"unknown strategy {name!r}; valid: {', '.join(strategy_names())}")
+        base = replace(STRATEGIES[_TARGETS[key]], name=name)
+    return _apply_options(base, cfg)
+
+
+def _apply_options(st: Strategy, cfg: dict) -> Strategy:
+    kw: dict = {}
+    hook = cfg.get("comm_hook")
+    if hook in ("fp16", "bf16"):
+        kw["grad_comm_bytes"] = 2
+    elif hook == "powersgd":
+        kw["powersgd_rank"] = int(cfg.get("powersgd_rank") or 1)
+    elif hook in ("none", None) and "comm_hook" in cfg:
+        kw.update(grad_comm_bytes=0, powersgd_rank=0)
+    if "local_sgd_period" in cfg:
+        kw["local_sgd_period"] = int(cfg["local_sgd_period"] or 0)
+    if st.family == "deepspeed" and cfg.get("stage") in (1, 2, 3):
+        stage = int(cfg["stage"])
+        kw.update(zero_stage=stage, shard_optimizer=True, shard_grads=stage >= 2, shard_params=stage == 3)
+        if stage == 3 and not st.param_persistence_elements:
+            kw["param_persistence_elements"] = 100_000
+    if st.family == "deepspeed" and cfg.get("stage3_param_persistence_threshold") is not None:
+        kw["param_persistence_elements"] = int(cfg["stage3_param_persistence_threshold"])
+    for key, field_name in (("reduce_bucket_size", "reduce_bucket_elements"),
+                            ("allgather_bucket_size", "allgather_bucket_elements")):
+        if st.family == "deepspeed" and isinstance(cfg.get(key), int) and not isinstance(cfg.get(key), bool):
+            kw[field_name] = int(cfg[key])
+    for key in ("contiguous_gradients", "overlap_comm"):
+        if st.family == "deepspeed" and isinstance(cfg.get(key), bool):
+            kw[key] = cfg[key]
+    if st.family == "deepspeed" and "offload_optimizer" in cfg:
+        kw["offload_optimizer"] = cfg["offload_optimizer"] not in (None, "none", False)
+    if st.family == "deepspeed" and "offload_params" in cfg:
+        kw["offload_params"] = cfg["offload_params"] not in (None, "none", False) and kw.get(
+            "zero_stage", st.zero_stage) == 3
+    if st.family == "fsdp" and "reshard_after_forward" in cfg:
+        kw["reshard_after_forward"] = bool(cfg["reshard_after_forward"])
+    if st.tensor_parallel and isinstance(cfg.get("tensor_parallel_size"), int):
+        kw["default_tp"] = cfg["tensor_parallel_size"]
+    if st.tensor_parallel and st.pipeline:   # nd: its degrees are `tp` and `pp`
+        if isinstance(cfg.get("tp"), int) and not isinstance(cfg.get("tp"), bool):
+            kw["default_tp"] = cfg["tp"]
+        if isinstance(cfg.get("pp"), int) and not isinstance(cfg.get("pp"), bool):
+            kw["default_pp"] = cfg["pp"]
+    if st.pipeline and cfg.get("split") in ("uniform", "balanced"):
+        kw["pipeline_split"] = cfg["split"]
+    if st.pipeline and isinstance(cfg.get("stages_per_rank"), int) and not isinstance(cfg["stages_per_rank"], bool):
+        kw["stages_per_rank"] = max(int(cfg["stages_per_rank"]), 1)
+    return replace(st, **kw) if kw else st
