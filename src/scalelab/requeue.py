@@ -80,7 +80,6 @@ def slurm_info(environ=None) -> dict | None:
             "partition": env.get("SLURM_JOB_PARTITION"), "requeues": int(env.get("SLURM_RESTART_COUNT") or 0)}
 
 
-
 def requeue_count(environ=None) -> int:
     """How many times SLURM has requeued this job (0 outside SLURM and on the first attempt)."""
     env = os.environ if environ is None else environ
@@ -102,6 +101,7 @@ def completed_earlier(record: dict | None, overrides: list[str], environ=None) -
     final = bool(((record.get("timing") or {}).get("marks") or {}).get("ranks_exited"))
     return (final and (record.get("slurm") or {}).get("job_id") == info["job_id"]
             and (record.get("job") or {}).get("overrides") == list(overrides))
+
 
 # ---- the ranks ---------------------------------------------------------------------------------
 EARLY: list[int] = []  # a warning signal that arrived while the rank was still starting
