@@ -124,16 +124,18 @@ class LitModule(L.LightningModule):
         # 4.8 GB of the 1.2B GPT's 35.5 GiB). Lightning's own zero_grad stays (idempotent: the
         # gradients are None by then). DeepSpeed's engine clears them in its own step; DDP's
         # gradients are views of its buckets, which it keeps (plan.model_states.grads_at_peak).
-        if self.frees_grads_after_step:
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        if self.automatic_optimization and not isinstance(self.trainer.strategy, DeepSpeedStrategy):
             optimizer.zero_grad(set_to_none=True)
 
     @property
     def frees_grads_after_step(self) -> bool:
-        """Whether this run frees gradients right after the step (run.json
-        memory.grads_freed_after_step: the planner reads older records with Lightning's order)."""
-        from lightning.pytorch.strategies import DeepSpeedStrategy
-
-        return self.automatic_optimization and not isinstance(self.trainer.strategy, DeepSpeedStrategy)
+        """Whether this run's gradients are freed at the optimizer step (run.json
+        memory.grads_freed_after_step; the planner reads torch-strategy records without it with
+        Lightning's order): by optimizer_step above, or by DeepSpeed's engine in its own step.
+        Not under manual optimization (a pipeline's schedule zeroes them before its forward)."""
+        return self.automatic_optimization
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         self.log("val/loss", self.loss(batch), sync_dist=True)

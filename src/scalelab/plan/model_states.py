@@ -173,12 +173,15 @@ def persistent_params(model: ModelSpec, strategy: Strategy, psi: float) -> float
 def grads_at_peak(strategy: Strategy, layout: Layout) -> bool:
     """Whether the gradients live through the forward, where the activations peak. ScaleLab's
     torch strategies free them right after the optimizer step (models.lit.LitModule), as a
-    hand-written loop does; the next forward then runs without them and backward creates them
-    as it frees the activations, so the step's peak holds the larger of the two, not their sum.
-    They live on under gradient accumulation (micro-batch 2's forward runs beside micro-batch 1's
-    gradients), in a pipeline's schedule (a stage's gradients from the first micro-batch's
-    backward on), in DDP's persistent buckets, and in DeepSpeed's own partitions and buckets."""
-    return (strategy.family == "deepspeed" or strategy.pipeline or layout.micro_batches > 1
+    hand-written loop does, and DeepSpeed ZeRO-1/2 allocate their gradient partition and reduce
+    buckets in backward and free them in the step (stage_1_and_2.py: grads_in_partition,
+    averaged_gradients, _release_ipg_buffers). The next forward then runs without them and
+    backward creates them as it frees the activations, so the step's peak holds the larger of
+    the two, not their sum. They live on under gradient accumulation (micro-batch 2's forward runs
+    beside micro-batch 1's gradients), in a pipeline's schedule (a stage's gradients from the first
+    micro-batch's backward on), in DDP's persistent buckets, and in ZeRO-3's gradient partition
+    buffer (allocated once at init: stage3.py grad_partitions_flat_buffer)."""
+    return (strategy.zero_stage == 3 or strategy.pipeline or layout.micro_batches > 1
             or strategy.grad_buckets)
 
 
@@ -234,6 +237,7 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
         allocated, written = zero_bucket_bytes(strategy, psi, g_b)
         staging = zero_offload_staging_bytes(model, strategy, g_b)         # its device copy (zeroed: written)
         return ModelStates(params, grads, opt, buffers + allocated + staging, offloaded, psi, updated,
-                           allocated - written, host_buffer_bytes=staging)   # and its pinned host copy
+                           allocated - written, host_buffer_bytes=staging,   # and its pinned host copy
+                           grads_at_peak=grads_at_peak(strategy, layout))
     return ModelStates(params, grads, opt, buffers, offloaded, psi, updated,
                        grads_at_peak=grads_at_peak(strategy, layout))

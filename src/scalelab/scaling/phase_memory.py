@@ -7,10 +7,10 @@ inside its closure after training_step and before backward, so under single, ddp
 the previous step's gradients were alive at the end of forward, when the activations peak (the
 H200 runs up to run 3); LitModule now frees them right after the optimizer step, and the planner
 counts the larger of gradients and activations there (plan.model_states.grads_at_peak; DDP's
-buckets and accumulation keep them). DeepSpeed's engine clears them in its own step, and
-ZeRO-1/2's new gradients first land in the reduce bucket (counted as a buffer): the planner put
-zero2 3-7 % over on the H200, by about its 16-bit gradient bytes. The overall peak alone cannot
-tell which phase set it; this records it.
+buckets and accumulation keep them). DeepSpeed ZeRO-1/2 allocate their gradient partition and
+buckets in backward and free them in the step: counted as the sum, the planner put zero2 3-7 %
+over on the H200, by its 16-bit gradient bytes (now 1.001 and 0.990). The overall peak alone
+cannot tell which phase set it; this records it.
 
 How: at each phase boundary of the chosen step (forward: from the batch's start, or from the
 previous micro-batch's backward, to `on_before_backward`; backward: to `on_after_backward`;
