@@ -13,6 +13,10 @@ ZeRO plan builds (strategies/deepspeed.py `deepspeed_config`) and two optimizer 
 - `offload_temp`: ZeRO-1/2 offload's staging copies of the largest parameter's gradient (one on the
   device, one pinned in host memory: temp_grad_buffer_for_{gpu,cpu}_offload).
 - `params`, `largest_param`: the model's parameter count and largest tensor.
+- `grads_in_forward`, `buckets_in_forward`: the gradient bytes (module .grad, ZeRO-1/2's
+  grads_in_partition and averaged_gradients, ZeRO-3's grad_partitions_flat_buffer) and bucket
+  bytes alive at the end of a forward after two steps, where the activations peak
+  (plan.model_states.grads_at_peak).
 """
 from __future__ import annotations
 
@@ -43,6 +47,29 @@ CASES = {   # name: (stage, strategy options, precision)
 
 def _bytes(t) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _tensors(x) -> list:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, dict):
+        x = list(x.values())
+    return [t for v in x for t in _tensors(v)] if isinstance(x, (list, tuple)) else []
+
+
+def _alive(opt, net) -> tuple[int, int]:
+    """(gradient bytes, bucket bytes) held now: storages counted once."""
+    grads = [p.grad for p in net.parameters()] + _tensors(getattr(opt, "grads_in_partition", None)) \
+        + _tensors(getattr(opt, "averaged_gradients", None)) + _tensors(getattr(opt, "grad_partitions_flat_buffer", None))
+    buckets = [t for b in getattr(opt, "ipg_buckets", {}).values() for t in _tensors(getattr(b, "buffer", None))]
+
+    def unique(ts):
+        seen = {}
+        for t in ts:
+            if isinstance(t, torch.Tensor) and t.numel():
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(seen.values())
+    return unique(grads), unique(buckets)
 
 
 def main(out: str) -> None:
@@ -92,9 +119,11 @@ def main(out: str) -> None:
         engine, opt, _, _ = deepspeed.initialize(
             model=net, optimizer=torch.optim.AdamW(net.parameters(), lr=1e-3), config=config)
         dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float32
-        for _ in range(2):
+        for step in range(3):
             idx = torch.randint(0, 64, (2, 16))
             logits = engine(idx)
+            if step == 2:   # the third forward's end: what the first two steps left alive
+                grads_in_forward, buckets_in_forward = _alive(opt, net)
             loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), idx.flatten())
             engine.backward(loss)
             engine.step()
@@ -103,7 +132,8 @@ def main(out: str) -> None:
         offload_temp = sum(_bytes(getattr(opt, k, None)) for k in
                            ("temp_grad_buffer_for_gpu_offload", "temp_grad_buffer_for_cpu_offload"))
         result[name] = {**seen, "params": n_params, "param_dtype": str(dtype), "offload_temp": offload_temp,
-                        "largest_param": max(p.numel() for p in net.parameters())}
+                        "largest_param": max(p.numel() for p in net.parameters()),
+                        "grads_in_forward": grads_in_forward, "buckets_in_forward": buckets_in_forward}
         del engine, opt, net
     with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(result, f)

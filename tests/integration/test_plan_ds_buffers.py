@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from scalelab.plan import ModelSpec, get_strategy, model_states, resolve_layout
-from scalelab.plan.model_states import ds_contiguous_gradients, zero_bucket_bytes, zero_offload_staging_bytes
+from scalelab.plan.model_states import (ds_contiguous_gradients, grads_at_peak, zero_bucket_bytes,
+                                        zero_offload_staging_bytes)
 
 from ..conftest import torchrun_probe
 
@@ -90,6 +91,21 @@ def test_offload_staging_buffers(probe, case):
     assert got["largest_param"] == 32 * 128
     assert 2 * zero_offload_staging_bytes(SPEC, st, g_b) == got["offload_temp"]
     assert got["offload_temp"] == (2 * 4096 * 4 if case == "zero2_offload_not_contiguous" else 0)
+
+
+@pytest.mark.parametrize("case", sorted(HAND))
+def test_gradients_alive_in_the_forward_are_what_the_planner_counts(probe, case):
+    """At the end of a forward after two steps (the activations' peak): ZeRO-1/2 hold no gradient
+    and no bucket (allocated in backward, freed by the step), ZeRO-3 its gradient partition
+    buffer from init: Psi / 2 ranks x the gradient bytes (fp32 59,008, bf16 29,504) and its
+    bucket. The planner sums gradients and activations exactly where they are alive."""
+    stage, options, g_b, allocated, _ = HAND[case]
+    got = probe[0][case]
+    assert got["grads_in_forward"] == (PSI // 2 * g_b if stage == 3 else 0)
+    assert got["buckets_in_forward"] == (allocated if stage == 3 else 0)
+    st = get_strategy(f"zero{stage}", options)
+    lay = resolve_layout(st, SPEC, 2, micro_batch=2, global_batch=4)
+    assert grads_at_peak(st, lay) == (got["grads_in_forward"] > 0)
 
 
 def test_buckets_reach_the_memory_figure():
