@@ -34,6 +34,7 @@ CASES = {   # name: (stage, strategy options, precision)
     "zero2": (2, {}, "32-true"),
     "zero2_bf16": (2, {}, "bf16-mixed"),
     "zero2_bucket_1e5": (2, {"reduce_bucket_size": 100_000}, "32-true"),
+    "zero2_bucket_5e3": (2, {"reduce_bucket_size": 5_000}, "32-true"),   # below Psi: several buckets
     "zero2_no_overlap": (2, {"overlap_comm": False}, "32-true"),
     "zero2_not_contiguous": (2, {"contiguous_gradients": False}, "32-true"),
     # offload (torch's AdamW on the host partition: zero_force_ds_cpu_optimizer off, no CPU Adam build)
@@ -57,11 +58,17 @@ def _tensors(x) -> list:
     return [t for v in x for t in _tensors(v)] if isinstance(x, (list, tuple)) else []
 
 
-def _alive(opt, net) -> tuple[int, int]:
-    """(gradient bytes, bucket bytes) held now: storages counted once."""
-    grads = [p.grad for p in net.parameters()] + _tensors(getattr(opt, "grads_in_partition", None)) \
-        + _tensors(getattr(opt, "averaged_gradients", None)) + _tensors(getattr(opt, "grad_partitions_flat_buffer", None))
+def _alive(opt, net) -> tuple[int, int, int]:
+    """(gradient bytes, bucket bytes, fp32 gradient partition bytes of an offloaded optimizer: host
+    memory) held now; storages counted once. Gradients: each parameter's .grad and grad_accum,
+    ZeRO-1/2's grads_in_partition, averaged_gradients and all_grad_tensors (kept across micro-batches
+    under accumulation), ZeRO-3's grad_partitions_flat_buffer, bf16_optimizer's flat fp32 gradients."""
+    grads = [t for p in net.parameters() for t in (p.grad, getattr(p, "grad_accum", None))]
+    for name in ("grads_in_partition", "averaged_gradients", "all_grad_tensors", "grad_partitions_flat_buffer",
+                 "fp32_groups_gradients_flat"):
+        grads += _tensors(getattr(opt, name, None))
     buckets = [t for b in getattr(opt, "ipg_buckets", {}).values() for t in _tensors(getattr(b, "buffer", None))]
+    fp32 = [g.grad for g in getattr(opt, "single_partition_of_fp32_groups", [])]
 
     def unique(ts):
         seen = {}
@@ -69,7 +76,7 @@ def _alive(opt, net) -> tuple[int, int]:
             if isinstance(t, torch.Tensor) and t.numel():
                 seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return sum(seen.values())
-    return unique(grads), unique(buckets)
+    return unique(grads), unique(buckets), unique(fp32)
 
 
 def main(out: str) -> None:
@@ -102,12 +109,25 @@ def main(out: str) -> None:
             seen["flattened"] = max(seen["flattened"], sum(_bytes(t) for t in bucket))
         return allreduce_bucket(self, bucket, *a, **k)
 
+    reduce_hook = DeepSpeedZeroOptimizer.reduce_independent_p_g_buckets_and_remove_grads
+
+    def counted_hook(self, param, *a, **k):
+        # gradient elements that reached the hook before the partition existed (first backward)
+        if getattr(self, "grads_in_partition", None) is None and not seen.get("partition_seen"):
+            seen["elements_before_partition"] = seen.get("elements_before_partition", 0) + param.numel()
+        r = reduce_hook(self, param, *a, **k)
+        if getattr(self, "grads_in_partition", None) is not None and not seen.get("partition_seen"):
+            seen["partition_seen"] = True
+            seen["elements_before_partition"] -= param.numel()   # this one arrived with it
+        return r
+
+    DeepSpeedZeroOptimizer.reduce_independent_p_g_buckets_and_remove_grads = counted_hook
     DeepSpeedZeroOptimizer.setup_buckets = counted_setup
     DeepSpeedZeroOptimizer.allreduce_bucket = counted_allreduce
 
     result = {}
     for name, (stage, options, precision) in CASES.items():
-        seen.update(allocated=0, flattened=0)
+        seen.update(allocated=0, flattened=0, elements_before_partition=0, partition_seen=False)
         torch.manual_seed(0)
         net = GPT(GPTConfig(n_layers=2, n_heads=2, d_model=32, seq_len=16, vocab_size=64))
         n_params = sum(p.numel() for p in net.parameters())
@@ -123,7 +143,7 @@ def main(out: str) -> None:
             idx = torch.randint(0, 64, (2, 16))
             logits = engine(idx)
             if step == 2:   # the third forward's end: what the first two steps left alive
-                grads_in_forward, buckets_in_forward = _alive(opt, net)
+                grads_in_forward, buckets_in_forward, fp32_grads_in_forward = _alive(opt, net)
             loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), idx.flatten())
             engine.backward(loss)
             engine.step()
@@ -133,7 +153,8 @@ def main(out: str) -> None:
                            ("temp_grad_buffer_for_gpu_offload", "temp_grad_buffer_for_cpu_offload"))
         result[name] = {**seen, "params": n_params, "param_dtype": str(dtype), "offload_temp": offload_temp,
                         "largest_param": max(p.numel() for p in net.parameters()),
-                        "grads_in_forward": grads_in_forward, "buckets_in_forward": buckets_in_forward}
+                        "grads_in_forward": grads_in_forward, "buckets_in_forward": buckets_in_forward,
+                        "fp32_grads_in_forward": fp32_grads_in_forward}
         del engine, opt, net
     with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(result, f)

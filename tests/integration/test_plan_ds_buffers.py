@@ -25,7 +25,7 @@ import pytest
 
 from scalelab.plan import ModelSpec, get_strategy, model_states, resolve_layout
 from scalelab.plan.model_states import (ds_contiguous_gradients, grads_at_peak, zero_bucket_bytes,
-                                        zero_offload_staging_bytes)
+                                        zero_grads_allocated_early, zero_offload_staging_bytes)
 
 from ..conftest import torchrun_probe
 
@@ -38,6 +38,7 @@ HAND = {   # case: (stage, options, bytes per gradient element, allocated bytes,
     "zero2": (2, {}, 4, 2 * B * 4, None),
     "zero2_bf16": (2, {}, 2, 2 * B * 2, None),
     "zero2_bucket_1e5": (2, {"reduce_bucket_size": 100_000}, 4, 2 * 100_000 * 4, None),
+    "zero2_bucket_5e3": (2, {"reduce_bucket_size": 5_000}, 4, 2 * 5_000 * 4, None),
     "zero2_no_overlap": (2, {"overlap_comm": False}, 4, B * 4, None),
     "zero2_not_contiguous": (2, {"contiguous_gradients": False}, 4, 0, PSI * 4),
     # offloading the optimizer turns contiguous_gradients back on (DeepSpeed: "CPU-Offload requires it")
@@ -55,8 +56,12 @@ def probe(tmp_path_factory) -> list[dict]:
     return torchrun_probe(Path(__file__).with_name("ds_buffers_probe.py"), 2, tmp_path_factory.mktemp("ds_buffers"))
 
 
+RANK_OWN = ("elements_before_partition", "partition_seen")   # differ by rank (which partition)
+
+
 def test_the_probe_ran_every_case_on_both_ranks(probe):
-    assert sorted(probe[0]) == sorted(HAND) and probe[0] == probe[1]
+    same = [{c: {k: v for k, v in r.items() if k not in RANK_OWN} for c, r in rank.items()} for rank in probe]
+    assert sorted(probe[0]) == sorted(HAND) and same[0] == same[1]
     assert {c["params"] for c in probe[0].values()} == {PSI}
 
 
@@ -103,9 +108,31 @@ def test_gradients_alive_in_the_forward_are_what_the_planner_counts(probe, case)
     got = probe[0][case]
     assert got["grads_in_forward"] == (PSI // 2 * g_b if stage == 3 else 0)
     assert got["buckets_in_forward"] == (allocated if stage == 3 else 0)
+    # an offloaded optimizer's fp32 gradient partition stays, in host memory (the planner's offloaded)
+    assert got["fp32_grads_in_forward"] == (PSI // 2 * 4 if "offload" in case else 0)
     st = get_strategy(f"zero{stage}", options)
     lay = resolve_layout(st, SPEC, 2, micro_batch=2, global_batch=4)
     assert grads_at_peak(st, lay) == (got["grads_in_forward"] > 0)
+
+
+@pytest.mark.parametrize("case", sorted(c for c in HAND if HAND[c][0] in (1, 2)))
+def test_zero12_allocate_the_gradient_partition_when_the_first_bucket_is_reduced(probe, case):
+    """Psi at or below reduce_bucket_size: no bucket is reduced during backward's hooks, the
+    partition comes at the end of backward (after the activations are freed). Below it
+    (zero2_bucket_5e3): during backward, on the rank owning the last layers after 2,112 of 29,504
+    gradient elements (the next tensor, the 4,096-element MLP matrix, would overflow 5,000). The
+    planner's fraction of activations still alive then, 1 - (5,000 - 4,096) / 29,504 = 0.969,
+    bounds what happened: 1 - 2,112 / 29,504 = 0.928."""
+    stage, options, _, _, _ = HAND[case]
+    st = get_strategy(f"zero{stage}", options)
+    ranks = [probe[r][case] for r in (0, 1)]
+    frac = zero_grads_allocated_early(st, PSI, 32 * 128)
+    if st.reduce_bucket_elements >= PSI or not ds_contiguous_gradients(st):
+        assert not any(r["partition_seen"] for r in ranks) and frac == 0.0
+        return
+    first = min(r["elements_before_partition"] for r in ranks)
+    assert all(r["partition_seen"] for r in ranks) and first == 2_112
+    assert frac == pytest.approx(1 - (5_000 - 4_096) / PSI) and frac >= 1 - first / PSI
 
 
 def test_buckets_reach_the_memory_figure():

@@ -44,7 +44,7 @@ def test_gradients_that_live_through_the_forward_add_to_the_activations(strategy
 def test_zero2_frees_its_gradient_partition_and_buckets_in_the_step():
     # DeepSpeed ZeRO-1/2 allocate grads_in_partition and the reduce buckets in backward and free
     # them in the step. H200 (runs 2): zero2 device memory plan/meas 1.026 (86M) and 1.067 (1.2B)
-    # with the sum; 1.001 and 0.990 with the larger of the two.
+    # with the sum; 1.001 and 1.004 now (the 1.2B one with zero_grads_allocated_early).
     t, got = total("zero2", micro_batch=8)
     st = t.states
     acts = activation_bytes_per_device(M, t.layout, "32", "none")
@@ -80,3 +80,18 @@ def test_records_measured_with_lightning_s_order_are_read_with_the_sum():
     # DeepSpeed's engine always freed ZeRO-2's gradients in its step: older records keep the new rule
     zero2 = {**run, "strategy": "zero2", "memory": {"peak_rss_bytes_per_rank": [1]}}
     assert not terms_from_run(zero2).states.grads_at_peak
+
+
+def test_zero2_with_buckets_smaller_than_the_model_allocates_its_partition_early():
+    # B = 1e5 of Psi = 1e6 elements; the largest tensor of this spec (its MLP matrix: 64 x 256 =
+    # 16,384 elements) -> the partition arrives beside 1 - (1e5 - 16,384) / 1e6 = 0.916 of the
+    # activations (ds_buffers_probe.py counts when real engines allocate it)
+    from scalelab.plan import get_strategy
+
+    st = get_strategy("zero2", {"reduce_bucket_size": 100_000})
+    t = build_terms(M, st, micro_batch=8, precision="32")
+    s = t.states
+    assert s.acts_alive_at_grads == pytest.approx(1 - (100_000 - 16_384) / 1e6)
+    acts = activation_bytes_per_device(M, t.layout, "32", "none")
+    assert device_total_bytes(t, HW) == pytest.approx(s.params_bytes + s.optimizer_bytes + s.grads_bytes + 0.916384 * acts
+                                                      + s.resident_buffer_bytes(False) + RUNTIME)

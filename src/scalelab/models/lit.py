@@ -133,8 +133,10 @@ class LitModule(L.LightningModule):
     def frees_grads_after_step(self) -> bool:
         """Whether this run's gradients are freed at the optimizer step (run.json
         memory.grads_freed_after_step; the planner reads torch-strategy records without it with
-        Lightning's order): by optimizer_step above, or by DeepSpeed's engine in its own step.
-        Not under manual optimization (a pipeline's schedule zeroes them before its forward)."""
+        Lightning's order): by optimizer_step above, or by DeepSpeed's engine in its own step
+        (ZeRO-3 still keeps its gradient partition buffer: the planner's grads_at_peak knows, and
+        does not read this flag for DeepSpeed). Not under manual optimization (a pipeline's
+        schedule zeroes them before its forward)."""
         return self.automatic_optimization
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:

@@ -113,6 +113,9 @@ class ModelStates:
     unwritten_buffer_bytes: float = 0.0  # of buffers_bytes: allocated, never written (not in a CPU's RSS)
     host_buffer_bytes: float = 0.0       # offload's pinned staging buffers in host memory (not model state)
     grads_at_peak: bool = True           # False: freed before the forward (grads_at_peak())
+    # of the activations, the fraction still alive when the whole gradient is first allocated in
+    # backward (0: it grows as they are freed); ZeRO-1/2: zero_grads_allocated_early()
+    acts_alive_at_grads: float = 0.0
 
     @property
     def total_bytes(self) -> float:
@@ -185,6 +188,20 @@ def grads_at_peak(strategy: Strategy, layout: Layout) -> bool:
             or strategy.grad_buckets)
 
 
+def zero_grads_allocated_early(strategy: Strategy, psi: float, largest: float) -> float:
+    """ZeRO-1/2 with contiguous_gradients allocate a rank's whole gradient partition when the first
+    bucket holding its gradients is reduced (stage_1_and_2.py copy_grads_in_partition:
+    grads_in_partition). With psi gradient elements above reduce_bucket_size B, the first bucket
+    is reduced when the next gradient would overflow it, after more than B - largest elements
+    (the largest tensor): early in backward, beside up to 1 - (B - largest) / psi of the
+    activations (on the rank that owns the last layers). At or below B: at the end of backward.
+    Counted on real engines: tests/integration/ds_buffers_probe.py (zero2_bucket_5e3)."""
+    if strategy.zero_stage not in (1, 2) or not ds_contiguous_gradients(strategy) \
+            or psi <= strategy.reduce_bucket_elements:
+        return 0.0
+    return min(1.0, 1.0 - max(strategy.reduce_bucket_elements - largest, 0.0) / psi)
+
+
 def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision: str,
                  optimizer: str) -> ModelStates:
     psi = local_params(model, layout)
@@ -238,6 +255,8 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
         staging = zero_offload_staging_bytes(model, strategy, g_b)         # its device copy (zeroed: written)
         return ModelStates(params, grads, opt, buffers + allocated + staging, offloaded, psi, updated,
                            allocated - written, host_buffer_bytes=staging,   # and its pinned host copy
-                           grads_at_peak=grads_at_peak(strategy, layout))
+                           grads_at_peak=grads_at_peak(strategy, layout),
+                           acts_alive_at_grads=zero_grads_allocated_early(
+                               strategy, psi, max(e for e, _ in model.weight_matrices()) / layout.tp))
     return ModelStates(params, grads, opt, buffers, offloaded, psi, updated,
                        grads_at_peak=grads_at_peak(strategy, layout))

@@ -253,11 +253,14 @@ def plan(model: ModelSpec, strategy: str | Strategy, hardware: Hardware | str, *
 
 
 def peak_states_and_activations(terms: Terms) -> float:
-    """Model states + activations at the step's peak: gradients freed before the forward
-    (model_states.grads_at_peak) count as the larger of them and the activations, not their sum."""
+    """Model states + activations at the step's peak. Gradients freed before the forward
+    (model_states.grads_at_peak) appear in backward as the activations are freed: the peak is the
+    larger of the activations and the gradients plus what activations are still alive when the
+    whole gradient is allocated (none where it grows layer by layer), not their sum."""
     st = terms.states
-    grads_acts = (st.grads_bytes + terms.activations_bytes if st.grads_at_peak
-                  else max(st.grads_bytes, terms.activations_bytes))
+    acts = terms.activations_bytes
+    grads_acts = (st.grads_bytes + acts if st.grads_at_peak
+                  else max(acts, st.grads_bytes + st.acts_alive_at_grads * acts))
     return st.params_bytes + st.optimizer_bytes + grads_acts
 
 

@@ -9,7 +9,7 @@ H200 runs up to run 3); LitModule now frees them right after the optimizer step,
 counts the larger of gradients and activations there (plan.model_states.grads_at_peak; DDP's
 buckets and accumulation keep them). DeepSpeed ZeRO-1/2 allocate their gradient partition and
 buckets in backward and free them in the step: counted as the sum, the planner put zero2 3-7 %
-over on the H200, by its 16-bit gradient bytes (now 1.001 and 0.990). The overall peak alone
+over on the H200, by its 16-bit gradient bytes (now 1.001 and 1.004). The overall peak alone
 cannot tell which phase set it; this records it.
 
 How: at each phase boundary of the chosen step (forward: from the batch's start, or from the
