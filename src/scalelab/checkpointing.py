@@ -39,10 +39,8 @@ def valid_checkpoints(ckpt_dir: Path) -> tuple[list[tuple[int, Path]], list[str]
         m = _NAME.match(p.name)
         if not m:
             continue
-        manifest = p.with_name(p.name + MANIFEST)
-        try:
-            want = json.loads(manifest.read_text())["files"]
-        except (OSError, ValueError, KeyError):
+        want = _manifest(p).get("files")
+        if want is None:
             problems.append(f"{p}: no manifest (a save that did not finish)")
             continue
         have = _files(p)

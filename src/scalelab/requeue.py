@@ -77,7 +77,7 @@ def slurm_info(environ=None) -> dict | None:
             "array_job_id": env.get("SLURM_ARRAY_JOB_ID"), "array_task_id": int(task) if task else None,
             "node_list": env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST"),
             "nodes": expand_nodelist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""),
-            "partition": env.get("SLURM_JOB_PARTITION"), "requeues": int(env.get("SLURM_RESTART_COUNT") or 0)}
+            "partition": env.get("SLURM_JOB_PARTITION"), "requeues": requeue_count(env)}
 
 
 def requeue_count(environ=None) -> int:

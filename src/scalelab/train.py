@@ -3,7 +3,6 @@
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -18,8 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from scalelab import launch, requeue, timing
 from scalelab.errors import ConfigError
 from scalelab.paths import conf_dir
-from scalelab.results.record import (RUN_FILE, base_record, install_log_redaction, redact_text,
-                                     register_override_secrets, scrub, scrub_file, write_json)
+from scalelab.results.record import (RUN_FILE, BadRecord, base_record, install_log_redaction, load_record,
+                                     redact_text, register_override_secrets, scrub, scrub_file, write_json)
 
 # Light imports only at the top: main() starts the ranks' fork server before anything imports
 # torch (scalelab.config, preflight), so the server's imports overlap the launcher's own.
@@ -73,11 +72,12 @@ def run_job(cfg: DictConfig) -> dict:
         layout["rdzv_id"] = layout["rdzv_id"] or _rdzv_id(resolved["job"]["overrides"], layout, resolved["job"]["num"])
         resolved["launcher"].update(rdzv_endpoint=layout["endpoint"], node_rank=layout["node_rank"],
                                     rdzv_id=layout["rdzv_id"])
-    done = _read_record(job_dir / RUN_FILE)
+    try:
+        done = load_record(job_dir / RUN_FILE)
+    except BadRecord:                        # none yet (or unusable): nothing to keep
+        done = None
     if requeue.completed_earlier(done, resolved["job"]["overrides"]):  # requeued after it finished: keep it
-        with open(job_dir / "ranks.log", "a") as f:
-            f.write(f"{ATTEMPT_MARK} {os.environ['SLURM_JOB_ID']} requeue {requeue.requeue_count()}: the run "
-                    f"completed in requeue {done['slurm'].get('requeues', 0)}; its record is kept\n")
+        _mark_attempt(job_dir, f": the run completed in requeue {done['slurm'].get('requeues', 0)}; its record is kept")
         log.info(f"[scalelab] {resolved['job']['name']}: completed in an earlier attempt of SLURM job "
                  f"{done['slurm']['job_id']} (requeue {done['slurm'].get('requeues', 0)}); record kept, nothing to run")
         return done
@@ -98,8 +98,7 @@ def run_job(cfg: DictConfig) -> dict:
         signals = requeue.BatchSignals()
         for stale in [job_dir / requeue.PREEMPTED, *job_dir.glob("error-rank*.txt")]:  # an earlier attempt's
             stale.unlink(missing_ok=True)
-        with open(job_dir / "ranks.log", "a") as f:  # ranks.log keeps every attempt; errors are read from the last
-            f.write(f"{ATTEMPT_MARK} {os.environ['SLURM_JOB_ID']} requeue {os.environ.get('SLURM_RESTART_COUNT', 0)}\n")
+        _mark_attempt(job_dir)
     spawned = timing.now()
     if cfg.launcher.name == "local":   # forks of a pre-imported server (scalelab.spawn)
         from scalelab import spawn
@@ -145,11 +144,11 @@ def run_job(cfg: DictConfig) -> dict:
     return record
 
 
-def _read_record(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+def _mark_attempt(job_dir: Path, what: str = "") -> None:
+    """A line in ranks.log for this SLURM attempt: ranks.log keeps every attempt; errors are read
+    from the last one (after the last ATTEMPT_MARK)."""
+    with open(job_dir / "ranks.log", "a") as f:
+        f.write(f"{ATTEMPT_MARK} {os.environ['SLURM_JOB_ID']} requeue {requeue.requeue_count()}{what}\n")
 
 
 def _rdzv_id(overrides: list[str], layout: dict, num: int) -> str:

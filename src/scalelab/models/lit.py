@@ -10,6 +10,7 @@ from typing import Any, Callable
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.strategies import DeepSpeedStrategy
 
 from scalelab.scaling.lr import build_scheduler
 
@@ -124,9 +125,8 @@ class LitModule(L.LightningModule):
         # 4.8 GB of the 1.2B GPT's 35.5 GiB). Lightning's own zero_grad stays (idempotent: the
         # gradients are None by then). DeepSpeed's engine clears them in its own step; DDP's
         # gradients are views of its buckets, which it keeps (plan.model_states.grads_at_peak).
-        from lightning.pytorch.strategies import DeepSpeedStrategy
-
-        if self.automatic_optimization and not isinstance(self.trainer.strategy, DeepSpeedStrategy):
+        # (Lightning calls this hook under automatic optimization only)
+        if not isinstance(self.trainer.strategy, DeepSpeedStrategy):
             optimizer.zero_grad(set_to_none=True)
 
     @property

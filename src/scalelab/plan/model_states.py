@@ -50,7 +50,12 @@ def zero_offload_staging_bytes(model: ModelSpec, strategy: Strategy, g_b: int) -
     (stage_1_and_2.py temp_grad_buffer_for_{gpu,cpu}_offload): the bytes of one of them."""
     if not (strategy.offload_optimizer and strategy.zero_stage in (1, 2)):
         return 0.0
-    return max(e for e, _ in model.weight_matrices()) * g_b
+    return largest_tensor(model) * g_b
+
+
+def largest_tensor(model: ModelSpec) -> int:
+    """Elements of the model's largest parameter tensor (of its weight matrices)."""
+    return max(e for e, _ in model.weight_matrices())
 
 
 def zero_bucket_bytes(strategy: Strategy, psi: float, g_b: int) -> tuple[float, float]:
@@ -257,6 +262,6 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
                            allocated - written, host_buffer_bytes=staging,   # and its pinned host copy
                            grads_at_peak=grads_at_peak(strategy, layout),
                            acts_alive_at_grads=zero_grads_allocated_early(
-                               strategy, psi, max(e for e, _ in model.weight_matrices()) / layout.tp))
+                               strategy, psi, largest_tensor(model) / layout.tp))
     return ModelStates(params, grads, opt, buffers, offloaded, psi, updated,
                        grads_at_peak=grads_at_peak(strategy, layout))
