@@ -46,6 +46,12 @@ SHAPE = ["model=gpt_nano", "model.arch.n_layers=12", "model.arch.n_heads=12", "m
          "model.arch.seq_len=32", "data.global_batch_size=4"]
 RUN = ["trainer.accelerator=cpu", "trainer.devices=1", "logger=csv", "trainer.enable_progress_bar=false",
        "trainer.profile_steps=0", "optim.optimizer.fused=true"]
+# ZeRO-3 keeps parameters under stage3_param_persistence_threshold elements (1e5) whole on every
+# rank: never gathered or released. At width 96 every tensor here is below it, so the stand-in
+# would skip the fetch/release work entirely (it did before this scaling). The threshold is scaled
+# by the width squared, (96 / 768)^2, so that the same tensors are partitioned as in the 86M GPT:
+# weights and embeddings gathered, biases and LayerNorms persistent.
+ZERO3_PERSISTENCE = "strategy.stage3_param_persistence_threshold=1562"
 DEFAULT = ["strategy=single", "strategy=ddp", "strategy=fsdp", "strategy=zero2", "strategy=zero3",
            "strategy=zero3 strategy.stage3_fetch_unit=module"]
 
@@ -85,6 +91,8 @@ def main() -> int:
         print(json.dumps(one(a.variants)))
         return 0
     variants = ["strategy=single"] + [v for v in (a.variants or DEFAULT) if v != "strategy=single"]
+    variants = [f"{v} {ZERO3_PERSISTENCE}" if "zero3" in v and "persistence_threshold" not in v else v
+                for v in variants]
     common = [*SHAPE, *RUN, f"trainer.max_steps={a.steps}", f"trainer.warmup_steps={a.warmup}"]
     times: dict[str, list[float]] = {v: [] for v in variants}
     fetch: dict[str, dict | None] = {}

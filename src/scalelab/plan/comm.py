@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, asdict, replace
 
-from .model_states import local_params, persistent_params
+from .model_states import local_params, persistent_params, zero3_kept_gathered
 from .spec import Layout, ModelSpec, Strategy
 
 MiB = 2 ** 20
@@ -145,9 +145,12 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
             if gathered > 0:
                 out.append(Collective("param_all_gather_fwd", "all_gather", "dp", n,
                                       gathered * p / units, units * m, True, dp_x))
-            if gathered > 0 and strategy.reshard_after_forward:
+            # ZeRO-3 gathers again in the backward only what its coordinator released after the
+            # forward (model_states.zero3_kept_gathered: nothing, below ~5e8 parameters)
+            regathered = gathered - min(gathered, zero3_kept_gathered(model, strategy, layout))
+            if regathered > 0 and strategy.reshard_after_forward:
                 out.append(Collective("param_all_gather_bwd", "all_gather", "dp", n,
-                                      gathered * p / units, units * m, True, dp_x))
+                                      regathered * p / units, units * m, True, dp_x))
             out.append(Collective("grad_reduce_scatter", "reduce_scatter", "dp", n, psi * g / units,
                                   units * m, True, dp_x))
         else:                                          # zero1, zero2(_offload)

@@ -22,19 +22,27 @@ strategies/deepspeed.py `state_bytes`, and checked in tests/unit/test_plan_model
   defaults) reduces gradients in backward hooks like ZeRO-2 and keeps only the
   partition when every micro-batch is an accumulation boundary (no accumulation): grads Psi / N
   then, full grads otherwise.
-- ZeRO-3 keeps every parameter tensor below stage3_param_persistence_threshold (1e5 elements)
-  whole on every rank, besides its partition: LayerNorms and biases on big models, every tensor
-  on our tiny CPU models.
+- ZeRO-3 keeps every parameter tensor of at most stage3_param_persistence_threshold (1e5)
+  elements whole on every rank, besides its partition: LayerNorms and biases on big models, every
+  tensor on our tiny CPU models.
+- ZeRO-3 at 2+ ranks does not release what it gathered after each layer's forward, as the
+  paper's 3 Psi communication assumes: with DeepSpeed's defaults (stage3_max_reuse_distance 1e9,
+  stage3_prefetch_bucket_size 5e7) it keeps the whole model gathered until the backward below
+  ~5e8 parameters, and about 1e9 parameters above (plan/zero3_trace.py, counted on real engines).
+  Those are buffers at the activations' peak; the backward gathers only the rest again. At world
+  size 1 it gathers nothing (each partition is the whole tensor).
 - ZeRO-3 with an offloaded optimizer reduces gradients into a host partition buffer in the
   gradient accumulation dtype (the model's: fp32 in fp32, 16-bit under bf16-mixed) and steps on
   an fp32 copy: 8 Psi / N on the host in fp32, 6 Psi / N under bf16-mixed.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, asdict
 
 from .flops import stage_layers
 from .spec import Layout, ModelSpec, Strategy
+from .zero3_trace import gpt_units, kept_gathered_elements
 
 
 
@@ -207,6 +215,21 @@ def zero_grads_allocated_early(strategy: Strategy, psi: float, largest: float) -
     return min(1.0, 1.0 - max(strategy.reduce_bucket_elements - largest, 0.0) / psi)
 
 
+def zero3_kept_gathered(model: ModelSpec, strategy: Strategy, layout: Layout) -> float:
+    """Elements of gathered parameters DeepSpeed ZeRO-3 holds at the end of the forward, per
+    rank (plan/zero3_trace.py); 0 for any other strategy and at world size 1, where ZeRO-3
+    gathers nothing (each partition is the whole tensor)."""
+    if strategy.zero_stage != 3 or layout.dp < 2:
+        return 0.0
+    return min(local_params(model, layout), _kept(model, strategy.zero3_fetch_unit, layout.tp, strategy.param_persistence_elements,
+                       strategy.zero3_reuse_distance, strategy.zero3_prefetch_elements, strategy.zero3_max_live))   # (a shape's n_params may differ)
+
+
+@functools.lru_cache(maxsize=256)
+def _kept(model, unit, tp, persistence, reuse, prefetch, max_live) -> int:
+    return kept_gathered_elements(gpt_units(model, unit, tp), persistence, reuse, prefetch, max_live)
+
+
 def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision: str,
                  optimizer: str) -> ModelStates:
     psi = local_params(model, layout)
@@ -246,8 +269,20 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
         # live from forward to the end of backward (2 bytes per parameter; measured on an H200:
         # the 1.2B GPT's single run holds 2.25 GiB more than its states and activations).
         buffers += 2 * psi
-    if strategy.shard_params:
-        # (also at world size 1: FSDP2 and ZeRO-3 still gather each unit into its own buffer)
+    kept = zero3_kept_gathered(model, strategy, layout)
+    if kept:
+        # DeepSpeed ZeRO-3 at 2+ ranks: the gathered tensors its coordinator keeps from the forward
+        # to the backward (plan/zero3_trace.py; the whole model below ~5e8 parameters with
+        # DeepSpeed's defaults), at least one unit in use and one prefetched, plus one unit's
+        # unsharded gradient before its reduce-scatter
+        buffers = max(kept, 2 * largest) * gathered_b + largest * g_b
+    elif strategy.zero_stage == 3 and n == 1:
+        # ZeRO-3 at world size 1 gathers nothing: each partition is the whole tensor
+        # (partition_parameters.all_gather_coalesced -> _no_gather_coalesced); a unit's gradient
+        # before it is reduced into the partition remains
+        buffers = largest * g_b
+    elif strategy.shard_params:
+        # (also at world size 1: FSDP2 still gathers each unit into its own buffer)
         if strategy.reshard_after_forward:
             # One unit in use + one prefetched, plus that unit's unsharded gradient before its
             # reduce-scatter (DeepSpeed's own ZeRO-3 estimate uses 4 bytes x largest layer).

@@ -73,6 +73,9 @@ def render(doc: dict) -> str:
         out.append(f"  {label:<36}{fmt_bytes(mem[key]):>12}")
     if mem.get("gradients_at_peak") is False:
         out.append("  (gradients freed after each step: the peak holds the larger of gradients and activations)")
+    if mem.get("zero3_kept_gathered_params"):
+        out.append(f"  (ZeRO-3 keeps {_si(mem['zero3_kept_gathered_params'])} gathered parameters from forward to "
+                   "backward: stage3_max_reuse_distance / prefetch_bucket_size; counted in buffers)")
     verdict = "fits" if mem["total_bytes_per_device"] <= mem["device_memory_bytes"] else "DOES NOT FIT"
     out.append(f"  {'total':<36}{fmt_bytes(mem['total_bytes_per_device']):>12}  of "
                f"{fmt_bytes(mem['device_memory_bytes'])} -> {verdict}")

@@ -145,14 +145,14 @@ class ModelSpec:
         return mats
 
     def small_params(self, threshold: int) -> int:
-        """Parameters in tensors of fewer than `threshold` elements: vectors (LayerNorms, biases:
+        """Parameters in tensors of at most `threshold` elements: vectors (LayerNorms, biases:
         at most L (9h + f) + 2h, layer_params' count) and small matrices."""
         mats = self.weight_matrices()
         vectors = max(0, self.n_params - sum(e * c for e, c in mats))
         if self.kind == "gpt":
             vectors = min(vectors, self.n_layers * (9 * self.hidden + self.ffn) + 2 * self.hidden)
-        small = vectors if self.hidden < threshold else 0
-        return min(self.n_params, small + sum(e * c for e, c in mats if e < threshold))
+        small = vectors if self.hidden <= threshold else 0   # DeepSpeed: ds_numel <= threshold
+        return min(self.n_params, small + sum(e * c for e, c in mats if e <= threshold))
 
     @property
     def largest_layer_params(self) -> int:

@@ -34,7 +34,7 @@ from . import activations as act_mod
 from . import flops as flops_mod
 from .comm import Collective, by_op, collectives
 from .hardware import Hardware, load_hardware
-from .model_states import ModelStates, bytes_per_param, model_states
+from .model_states import ModelStates, bytes_per_param, model_states, zero3_kept_gathered
 from .spec import (PlanError, Layout, ModelSpec, Strategy, compute_dtype, get_strategy, normalize_checkpointing,
                    normalize_optimizer, normalize_precision, resolve_layout)
 
@@ -367,6 +367,8 @@ def plan_terms(terms: Terms, hw: Hardware, tokens: float | None = None) -> dict:
             "parameters_bytes_per_device": float(st.params_bytes),
             "gradients_bytes_per_device": float(st.grads_bytes),
             "gradients_at_peak": st.grads_at_peak,
+            # DeepSpeed ZeRO-3 at 2+ ranks: gathered parameters kept from forward to backward
+            "zero3_kept_gathered_params": zero3_kept_gathered(model, terms.strategy, L),
             "optimizer_bytes_per_device": float(st.optimizer_bytes),
             "model_states_bytes_per_device": float(st.total_bytes),
             "activations_bytes_per_device": float(terms.activations_bytes),

@@ -42,6 +42,13 @@ class Strategy:
     allgather_bucket_elements: int = 200_000_000     # ZeRO-1/2's parameter all-gather (comm.py)
     contiguous_gradients: bool = True
     overlap_comm: bool = True
+    # ZeRO-3's parameter coordinator (plan/zero3_trace.py): what it keeps gathered from forward to
+    # backward follows stage3_max_reuse_distance, stage3_prefetch_bucket_size,
+    # stage3_max_live_parameters (DeepSpeed's defaults) and the fetch unit (conf/strategy/zero3.yaml)
+    zero3_reuse_distance: int = 1_000_000_000
+    zero3_prefetch_elements: int = 50_000_000
+    zero3_max_live: int = 1_000_000_000
+    zero3_fetch_unit: str = "block"
     note: str = ""
 
 
@@ -138,6 +145,13 @@ def _apply_options(st: Strategy, cfg: dict) -> Strategy:
                             ("allgather_bucket_size", "allgather_bucket_elements")):
         if st.family == "deepspeed" and isinstance(cfg.get(key), int) and not isinstance(cfg.get(key), bool):
             kw[field_name] = int(cfg[key])
+    for key, field_name in (("stage3_max_reuse_distance", "zero3_reuse_distance"),
+                            ("stage3_prefetch_bucket_size", "zero3_prefetch_elements"),
+                            ("stage3_max_live_parameters", "zero3_max_live")):
+        if st.family == "deepspeed" and isinstance(cfg.get(key), int) and not isinstance(cfg.get(key), bool):
+            kw[field_name] = int(cfg[key])
+    if st.family == "deepspeed" and cfg.get("stage3_fetch_unit") in ("block", "module"):
+        kw["zero3_fetch_unit"] = cfg["stage3_fetch_unit"]
     for key in ("contiguous_gradients", "overlap_comm"):
         if st.family == "deepspeed" and isinstance(cfg.get(key), bool):
             kw[key] = cfg[key]
