@@ -2,7 +2,8 @@
 (tests/integration/test_plan_zero3_reuse.py, started by torchrun with 2 gloo ranks). Not a test
 module itself: it writes one JSON file per rank.
 
-For each case (fetch unit, stage3_max_reuse_distance, stage3_prefetch_bucket_size): a 4-layer
+For each case (fetch unit, stage3_max_reuse_distance, stage3_prefetch_bucket_size,
+stage3_max_live_parameters): a 4-layer
 GPT with every tensor partitioned (stage3_param_persistence_threshold 0), deepspeed.initialize
 with the config ScaleLab's ZeRO plan builds, four steps (the first records DeepSpeed's trace);
 at the end of the fourth forward: the elements of the parameters that are gathered or being
@@ -20,9 +21,14 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-CASES = {f"{unit}_r{r}_p{p}": (unit, r, p) for unit in ("module", "block")
-         for r, p in ((0, 0), (20_000, 0), (40_000, 0), (60_000, 0), (80_000, 0), (1_000_000_000, 0),
-                      (0, 10_000), (0, 30_000), (1_000_000_000, 50_000_000))}
+LIVE = 1_000_000_000   # stage3_max_live_parameters' default
+CASES = {f"{unit}_r{r}_p{p}" + (f"_l{live}" if live != LIVE else ""): (unit, r, p, live)
+         for unit in ("module", "block")
+         for r, p, live in ((0, 0, LIVE), (20_000, 0, LIVE), (40_000, 0, LIVE), (60_000, 0, LIVE),
+                            (80_000, 0, LIVE), (1_000_000_000, 0, LIVE), (0, 10_000, LIVE), (0, 30_000, LIVE),
+                            (1_000_000_000, 50_000_000, LIVE),
+                            # the prefetcher stops at max live parameters gathered: what bounds big models
+                            (0, 50_000_000, 20_000), (0, 50_000_000, 30_000), (20_000, 50_000_000, 20_000))}
 SHAPE = dict(n_layers=4, n_heads=2, d_model=32, seq_len=16, vocab_size=64)
 
 
@@ -41,11 +47,12 @@ def main(out: str, names: str) -> None:
     torch.set_num_threads(1)
     result = {}
     for name in (CASES if names == "all" else names.split(",")):
-        unit, reuse, prefetch = CASES[name]
+        unit, reuse, prefetch, live = CASES[name]
         torch.manual_seed(0)
         net = GPT(GPTConfig(**SHAPE))
         plan = ZeRO(name=name, stage=3, stage3_param_persistence_threshold=0, stage3_max_reuse_distance=reuse,
-                    stage3_prefetch_bucket_size=prefetch, stage3_fetch_unit=unit)
+                    stage3_prefetch_bucket_size=prefetch, stage3_max_live_parameters=live,
+                    stage3_fetch_unit=unit)
         config = plan.deepspeed_config(SimpleNamespace(batch=None, precision="32-true"))
         config["train_micro_batch_size_per_gpu"] = 2
         engine, opt, _, _ = deepspeed.initialize(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=1e-3),

@@ -24,8 +24,11 @@ parameter element):
   backward hooks too (overlappable, like stage 2).
 - ZeRO-3 / FSDP FULL_SHARD: all-gather forward + all-gather backward + reduce-scatter = 3 Psi, per
   layer unit and per micro-batch, prefetched (overlappable). FSDP SHARD_GRAD_OP skips the second
-  all-gather (2 Psi). ZeRO-3 does not gather the tensors it keeps whole (below
-  stage3_param_persistence_threshold): small ones, or all of a tiny model's.
+  all-gather (2 Psi). ZeRO-3 does not gather the tensors it keeps whole (at most
+  stage3_param_persistence_threshold elements): small ones, or all of a tiny model's. What is
+  gathered again in the backward is less than Psi in practice: FSDP2 does not reshard its root
+  (embeddings, final norm, head) after the forward, and DeepSpeed's ZeRO-3 keeps what it will
+  reuse soon (model_states.zero3_kept_gathered: the whole model up to ~1e9 parameters).
 - Tensor parallel (Shoeybi et al. 2019, Megatron-LM Sec. 3): per layer and micro-batch 2 all-reduces
   of b s h activations in forward and 2 in backward (+ 1 for the vocab-parallel embedding forward,
   + 1 for the output layer's input gradient); with sequence parallelism (Korthikanti et al. 2022)
@@ -146,11 +149,19 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
                 out.append(Collective("param_all_gather_fwd", "all_gather", "dp", n,
                                       gathered * p / units, units * m, True, dp_x))
             # ZeRO-3 gathers again in the backward only what its coordinator released after the
-            # forward (model_states.zero3_kept_gathered: nothing, below ~5e8 parameters)
+            # forward (model_states.zero3_kept_gathered: nothing, up to ~1e9 parameters)
             regathered = gathered - min(gathered, zero3_kept_gathered(model, strategy, layout))
+            bwd_units = units
+            if strategy.family == "fsdp" and layout.pp == 1:
+                # FSDP2's root (embeddings, final norm, head; the whole of a model without
+                # Blocks) is not resharded after forward (strategies/fsdp.py): the backward
+                # gathers the Blocks only
+                root = psi if model.kind == "mlp" else \
+                    max(0.0, model.n_params - model.n_layers * model.layer_params) * psi / model.n_params
+                regathered, bwd_units = max(0.0, regathered - root), model.n_layers
             if regathered > 0 and strategy.reshard_after_forward:
                 out.append(Collective("param_all_gather_bwd", "all_gather", "dp", n,
-                                      regathered * p / units, units * m, True, dp_x))
+                                      regathered * p / bwd_units, bwd_units * m, True, dp_x))
             out.append(Collective("grad_reduce_scatter", "reduce_scatter", "dp", n, psi * g / units,
                                   units * m, True, dp_x))
         else:                                          # zero1, zero2(_offload)
@@ -166,7 +177,13 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
     if strategy.offload_optimizer:
         out.append(Collective("grad_to_host", "host_copy", "host", 1, psi / n * 4,
                               m if strategy.zero_stage else 1, False))
-        fetches = 1 + (2 * m if strategy.offload_params else 0)
+        # offloaded parameters come from the host for each forward, and again for the backward
+        # what ZeRO-3 released after the forward (model_states.zero3_kept_gathered)
+        fetches = 1
+        if strategy.offload_params:
+            gathered = psi - persistent_params(model, strategy, psi)
+            kept = min(gathered, zero3_kept_gathered(model, strategy, layout))
+            fetches += m * (1 + ((gathered - kept) / gathered if gathered > 0 else 0.0))
         out.append(Collective("param_from_host", "host_copy", "host", 1, psi / n * p, fetches, False))
 
     if layout.tp > 1:

@@ -27,10 +27,11 @@ strategies/deepspeed.py `state_bytes`, and checked in tests/unit/test_plan_model
   tensor on our tiny CPU models.
 - ZeRO-3 at 2+ ranks does not release what it gathered after each layer's forward, as the
   paper's 3 Psi communication assumes: with DeepSpeed's defaults (stage3_max_reuse_distance 1e9,
-  stage3_prefetch_bucket_size 5e7) it keeps the whole model gathered until the backward below
-  ~5e8 parameters, and about 1e9 parameters above (plan/zero3_trace.py, counted on real engines).
-  Those are buffers at the activations' peak; the backward gathers only the rest again. At world
-  size 1 it gathers nothing (each partition is the whole tensor).
+  stage3_prefetch_bucket_size 5e7, stage3_max_live_parameters 1e9) it keeps the whole model
+  gathered until the backward up to ~1e9 parameters, and 1.0e9-1.5e9 of them above
+  (plan/zero3_trace.py, counted on real engines). Those are buffers at the activations' peak; the
+  backward gathers only the rest again. At world size 1 it gathers nothing (each partition is the
+  whole tensor), unless the partitions are offloaded (copied to the device by the same rules).
 - ZeRO-3 with an offloaded optimizer reduces gradients into a host partition buffer in the
   gradient accumulation dtype (the model's: fp32 in fp32, 16-bit under bf16-mixed) and steps on
   an fp32 copy: 8 Psi / N on the host in fp32, 6 Psi / N under bf16-mixed.
@@ -217,11 +218,14 @@ def zero_grads_allocated_early(strategy: Strategy, psi: float, largest: float) -
 
 def zero3_kept_gathered(model: ModelSpec, strategy: Strategy, layout: Layout) -> float:
     """Elements of gathered parameters DeepSpeed ZeRO-3 holds at the end of the forward, per
-    rank (plan/zero3_trace.py); 0 for any other strategy and at world size 1, where ZeRO-3
-    gathers nothing (each partition is the whole tensor)."""
-    if strategy.zero_stage != 3 or layout.dp < 2:
-        return 0.0
-    return min(local_params(model, layout), _kept(model, strategy.zero3_fetch_unit, layout.tp, strategy.param_persistence_elements,
+    rank (plan/zero3_trace.py); 0 for any other strategy and at world size 1 with the partitions
+    on the device, where ZeRO-3 gathers nothing (each partition is the whole tensor). With
+    offload_params the partitions live on the host and are copied to the device under the same
+    coordinator rules at any world size."""
+    if strategy.zero_stage != 3 or (layout.dp < 2 and not strategy.offload_params):
+        return 0.0   # (offloaded partitions are copied to the device at any world size)
+    cap = local_params(model, layout) - persistent_params(model, strategy, local_params(model, layout))
+    return min(cap, _kept(model, strategy.zero3_fetch_unit, layout.tp, strategy.param_persistence_elements,
                        strategy.zero3_reuse_distance, strategy.zero3_prefetch_elements, strategy.zero3_max_live))   # (a shape's n_params may differ)
 
 
@@ -272,11 +276,11 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
     kept = zero3_kept_gathered(model, strategy, layout)
     if kept:
         # DeepSpeed ZeRO-3 at 2+ ranks: the gathered tensors its coordinator keeps from the forward
-        # to the backward (plan/zero3_trace.py; the whole model below ~5e8 parameters with
+        # to the backward (plan/zero3_trace.py; the whole model up to ~1e9 parameters with
         # DeepSpeed's defaults), at least one unit in use and one prefetched, plus one unit's
         # unsharded gradient before its reduce-scatter
         buffers = max(kept, 2 * largest) * gathered_b + largest * g_b
-    elif strategy.zero_stage == 3 and n == 1:
+    elif strategy.zero_stage == 3 and n == 1 and not strategy.offload_params:
         # ZeRO-3 at world size 1 gathers nothing: each partition is the whole tensor
         # (partition_parameters.all_gather_coalesced -> _no_gather_coalesced); a unit's gradient
         # before it is reduced into the partition remains

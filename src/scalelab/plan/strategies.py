@@ -48,7 +48,7 @@ class Strategy:
     zero3_reuse_distance: int = 1_000_000_000
     zero3_prefetch_elements: int = 50_000_000
     zero3_max_live: int = 1_000_000_000
-    zero3_fetch_unit: str = "block"
+    zero3_fetch_unit: str = "module"    # DeepSpeed's (the runtime's without the key); zero3.yaml: block
     note: str = ""
 
 

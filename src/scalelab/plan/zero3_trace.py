@@ -5,20 +5,26 @@ FULL_SHARD does. Once DeepSpeed has recorded a step's module trace (the first st
 parameter coordinator (deepspeed/runtime/zero/partitioned_param_coordinator.py, 0.19.8) keeps a
 gathered parameter after a module's forward when either
 - its next use is fewer than `stage3_max_reuse_distance` elements of parameters ahead in the trace
-  (default 1e9; for a layer in the forward the next use is its backward, after every later layer's
-  forward and backward), or
+  (default 1e9), counting each later module's own tensors; for a layer in the forward the next use
+  is its backward, after every later layer's forward and backward. For a leaf module (the fetch
+  unit `block`) DeepSpeed counts each later module's whole subtree instead, and the root's entry
+  at the start of the backward holds every tensor: a Block stays when the layers after it hold
+  fewer than R elements. Or
 - the prefetcher has already looked past that next use: it walks the trace ahead of each module
   fetch and gathers up to `stage3_prefetch_bucket_size` elements (default 5e7) of parameters that
-  are not gathered, skipping those that are, and a parameter it skipped is not released before
-  the use it was skipped for.
-With the defaults that is every parameter of a model under ~5e8 parameters: at the end of the
-forward, where the activations peak, the whole model is gathered (full tensors, in the parameters'
-dtype) beside the rank's partition, and the backward gathers nothing again. Measured on real
-engines (tests/integration/test_plan_zero3_reuse.py, 2 gloo ranks): the elements gathered at the
-end of a forward equal this simulation's for fetch units block and module, reuse distances 0 to
-1e9 and prefetch sizes 0 to 5e7.
+  are not gathered, skipping those that are, while fewer than `stage3_max_live_parameters` (1e9)
+  are gathered; a parameter it skipped is not released before the use it was skipped for.
+With the defaults a model of up to ~1e9 parameters stays gathered whole until its backward (full
+tensors, in the parameters' dtype, beside the rank's partition), and the backward gathers nothing
+again; a bigger one keeps 1.0e9 (fetch unit module) to 1.1e9-1.5e9 (block; 1.2B-70B GPTs). Measured
+on real engines (tests/integration/test_plan_zero3_reuse.py, 2 gloo ranks): the elements gathered
+or in flight at the end of a forward equal this simulation's for fetch units block and module,
+reuse distances 0 to 1e9, prefetch sizes 0 to 5e7 and max live parameters down to 2e4.
 
-At world size 1 nothing is gathered (the partition is the whole tensor), so this applies from 2.
+At world size 1 nothing is gathered (the partition is the whole tensor), so this applies from 2,
+or at any world size with offloaded parameters (their partitions are copied to the device).
+Not modelled: full activation checkpointing adds recompute entries to the backward's trace; with
+the fetch unit module that keeps 3-10 % less than counted here (the safe side), with block none.
 The simulation replays the coordinator's rules over the model's module trace; it is torch-free.
 """
 from __future__ import annotations

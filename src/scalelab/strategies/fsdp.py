@@ -5,8 +5,12 @@ freed after it), then the root takes what is left (embeddings, final LayerNorm, 
 Parameters, gradients and Adam state are DTensors sharded along dim 0 over the data-parallel
 ranks, so each rank holds 1/dp of each.
 
-- FULL_SHARD (`reshard_after_forward: true`): parameters are freed after forward and gathered
-  again for backward: 2 all-gathers + 1 reduce-scatter per step, least memory.
+- FULL_SHARD (`reshard_after_forward: true`): each Block's parameters are freed after forward and
+  gathered again for backward: 2 all-gathers + 1 reduce-scatter per step, least memory. The root
+  (embeddings, final LayerNorm, head) is not resharded after forward (torch's own default for the
+  root, reshard_after_forward=None; torchtitan keeps its last layers the same way): the backward
+  starts with the head, so it would be gathered again at once; this saves that all-gather (a
+  vocabulary x width matrix or two per step) at no cost to the peak, where it is gathered anyway.
 - SHARD_GRAD_OP (`reshard_after_forward: false`): the gathered parameters stay from forward to
   the end of backward: 1 all-gather + 1 reduce-scatter, full parameters live during the step.
   Gradients and optimizer state stay sharded; the measured per-rank bytes (taken after the
@@ -55,7 +59,8 @@ def apply_fsdp(net: nn.Module, dp_mesh: Any, precision: str, reshard_after_forwa
               mp_policy=mixed_precision_policy(precision))
     for unit in fsdp_units(net):
         fully_shard(unit, **kw)
-    fully_shard(net, **kw)
+    # the root: None = torch's default, not resharded after forward (module docstring)
+    fully_shard(net, **{**kw, "reshard_after_forward": None if reshard_after_forward else False})
     return net
 
 
