@@ -206,6 +206,25 @@ def test_zero3_moves_1_5x_the_data_of_zero2():
     assert vol["ddp"] == pytest.approx(2 * vol["zero2"])           # fp32 gradients under autocast
 
 
+def test_fsdp_gathers_the_blocks_again_in_the_backward_not_the_root():
+    # strategies/fsdp.py: FSDP2's root (embeddings, final norm, head) stays gathered from its
+    # forward to the backward. 4 x 256 GPT, vocab 256, context 128: 3,257,856 parameters, of
+    # which the Blocks hold 4 x 789,760 = 3,159,040 and the root 98,816.
+    m = ModelSpec.from_shape(4, 256, 8, 256, 128)
+    assert (m.n_params, m.n_layers * m.layer_params) == (3_257_856, 3_159_040)
+    L = layout("fsdp", m, 4, micro_batch=2, global_batch=16)       # 2 micro-batches
+    c = {x.name: x for x in collectives(m, get_strategy("fsdp"), L, "bf16-mixed")}
+    assert (c["param_all_gather_fwd"].calls, c["param_all_gather_bwd"].calls) == (5 * 2, 4 * 2)
+    assert c["param_all_gather_bwd"].bytes_per_step / c["param_all_gather_fwd"].bytes_per_step == \
+        pytest.approx(3_159_040 / 3_257_856)
+    assert "param_all_gather_bwd" not in {x.name for x in collectives(m, get_strategy("fsdp_grad_op"), L, "bf16-mixed")}
+    # a model without Blocks is one unit, the root: never gathered again in the backward
+    mlp = ModelSpec(1_000_000, 4, 512, 1, 10, 1, kind="mlp")
+    Lm = layout("fsdp", mlp, 4, micro_batch=2, global_batch=8)
+    names = {x.name for x in collectives(mlp, get_strategy("fsdp"), Lm, "32")}
+    assert "param_all_gather_fwd" in names and "param_all_gather_bwd" not in names
+
+
 def test_tensor_parallel_all_reduces_activations_per_layer():
     m = ModelSpec.from_shape(4, 256, 8, 256, 128)
     L = layout("tp", m, 2, micro_batch=4, global_batch=8)          # 2 micro-batches

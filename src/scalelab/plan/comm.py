@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, asdict, replace
 
-from .model_states import local_params, persistent_params, zero3_kept_gathered
+from .model_states import fsdp_root_params, local_params, persistent_params, zero3_kept_gathered
 from .spec import Layout, ModelSpec, Strategy
 
 MiB = 2 ** 20
@@ -156,9 +156,8 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
                 # FSDP2's root (embeddings, final norm, head; the whole of a model without
                 # Blocks) is not resharded after forward (strategies/fsdp.py): the backward
                 # gathers the Blocks only
-                root = psi if model.kind == "mlp" else \
-                    max(0.0, model.n_params - model.n_layers * model.layer_params) * psi / model.n_params
-                regathered, bwd_units = max(0.0, regathered - root), model.n_layers
+                regathered = max(0.0, regathered - fsdp_root_params(model, psi))
+                bwd_units = model.n_layers
             if regathered > 0 and strategy.reshard_after_forward:
                 out.append(Collective("param_all_gather_bwd", "all_gather", "dp", n,
                                       regathered * p / bwd_units, bwd_units * m, True, dp_x))

@@ -216,6 +216,14 @@ def zero_grads_allocated_early(strategy: Strategy, psi: float, largest: float) -
     return min(1.0, 1.0 - max(strategy.reduce_bucket_elements - largest, 0.0) / psi)
 
 
+def fsdp_root_params(model: ModelSpec, psi: float) -> float:
+    """Parameters of FSDP2's root unit on a rank holding psi: what is not in a Block (embeddings,
+    final norm, head); the whole model for a model without Blocks (kind mlp)."""
+    if model.kind == "mlp":
+        return psi
+    return max(0.0, model.n_params - model.n_layers * model.layer_params) * psi / model.n_params
+
+
 def zero3_kept_gathered(model: ModelSpec, strategy: Strategy, layout: Layout) -> float:
     """Elements of gathered parameters DeepSpeed ZeRO-3 holds at the end of the forward, per
     rank (plan/zero3_trace.py); 0 for any other strategy and at world size 1 with the partitions
@@ -286,7 +294,11 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
         # before it is reduced into the partition remains
         buffers = largest * g_b
     elif strategy.shard_params:
-        # (also at world size 1: FSDP2 still gathers each unit into its own buffer)
+        # (also at world size 1: FSDP2 still gathers each unit into its own buffer.) FSDP2's units
+        # are the Blocks and the root, which holds the rest: both embeddings and an untied head,
+        # or all of a model without Blocks (strategies/fsdp.py)
+        if strategy.family == "fsdp":
+            largest = max(largest, fsdp_root_params(model, psi))
         if strategy.reshard_after_forward:
             # One unit in use + one prefetched, plus that unit's unsharded gradient before its
             # reduce-scatter (DeepSpeed's own ZeRO-3 estimate uses 4 bytes x largest layer).

@@ -10,7 +10,9 @@ ranks, so each rank holds 1/dp of each.
   (embeddings, final LayerNorm, head) is not resharded after forward (torch's own default for the
   root, reshard_after_forward=None; torchtitan keeps its last layers the same way): the backward
   starts with the head, so it would be gathered again at once; this saves that all-gather (a
-  vocabulary x width matrix or two per step) at no cost to the peak, where it is gathered anyway.
+  vocabulary x width matrix or two per step). The root is then also held through the loss (the
+  logits' cross-entropy and its backward), where it used to be sharded; at the start of the
+  backward, the activations' peak, it was gathered anyway.
 - SHARD_GRAD_OP (`reshard_after_forward: false`): the gathered parameters stay from forward to
   the end of backward: 1 all-gather + 1 reduce-scatter, full parameters live during the step.
   Gradients and optimizer state stay sharded; the measured per-rank bytes (taken after the
