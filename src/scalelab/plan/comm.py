@@ -161,8 +161,11 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
             if regathered > 0 and strategy.reshard_after_forward:
                 out.append(Collective("param_all_gather_bwd", "all_gather", "dp", n,
                                       regathered * p / bwd_units, bwd_units * m, True, dp_x))
+            # (FSDP2 under a pipeline schedule reduce-scatters once per step, at its end:
+            # model_states' note on torch.distributed.pipelining)
+            per_step = 1 if strategy.family == "fsdp" and layout.pp > 1 else m
             out.append(Collective("grad_reduce_scatter", "reduce_scatter", "dp", n, psi * g / units,
-                                  units * m, True, dp_x))
+                                  units * per_step, layout.pp == 1 or strategy.family != "fsdp", dp_x))
         else:                                          # zero1, zero2(_offload)
             per_step = 1 if strategy.zero_stage == 1 else m
             b = _buckets(psi, strategy.reduce_bucket_elements)

@@ -299,7 +299,14 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
         # or all of a model without Blocks (strategies/fsdp.py)
         if strategy.family == "fsdp":
             largest = max(largest, fsdp_root_params(model, psi))
-        if strategy.reshard_after_forward:
+        if strategy.family == "fsdp" and layout.pp > 1 and n > 1:
+            # torch.distributed.pipelining runs each FSDP2 stage with set_reshard_after_backward(False)
+            # and set_requires_gradient_sync(False) for every micro-batch, and FSDP's post-backward
+            # once at the step's end (PipelineStage.perform_reduce_grad): from the first backward on,
+            # the stage's parameters stay gathered and its gradients accumulate whole, unsharded
+            # (tests/integration/test_nd_fsdp_pipeline.py counts both on real ranks)
+            buffers = psi * gathered_b + psi * g_b
+        elif strategy.reshard_after_forward:
             # One unit in use + one prefetched, plus that unit's unsharded gradient before its
             # reduce-scatter (DeepSpeed's own ZeRO-3 estimate uses 4 bytes x largest layer).
             buffers = largest * (2 * gathered_b + g_b)

@@ -1,0 +1,63 @@
+"""FSDP2 stages under torch.distributed.pipelining (strategy=nd, pp2 x dp2, 4 ranks, gpt_nano, fp32,
+1F1B over 4 micro-batches) keep each Block gathered after its backward and its gradients unsharded
+until the step's end, and reduce-scatter them once per step, not once per micro-batch: torch's
+PipelineStage sets set_reshard_after_backward(False) and set_requires_gradient_sync(False) for
+every micro-batch and runs FSDP's post-backward once, in perform_reduce_grad. The planner counts
+that (plan/model_states.py, comm.py: nd with pp > 1 and dp > 1). tests/nd_probe.py records it.
+
+Hand count: a gpt_nano Block holds 4 x 64 x 64 + 2 x 64 x 256 + 2 x 2 x 64 = 49,408 parameters:
+its full fp32 gradient is 197,632 bytes. Each rank holds one stage: one Block and the root
+(stage 0: embeddings; stage 1: final LayerNorm and head), two FSDP groups: 2 reduce-scatters per
+step. Stage 0 runs F1 F2 B1 F3 B2 F4 B3 B4: at F3 and F4 its Block is still gathered from the
+last backward with the whole gradient accumulated; stage 1 runs F1 B1 F2 B2 ...: F2-F4.
+"""
+import json
+
+import pytest
+
+from ..conftest import read_record, run_one_job
+
+BLOCK_GRAD_BYTES = 4 * (4 * 64 * 64 + 2 * 64 * 256 + 2 * 2 * 64)
+
+
+@pytest.mark.slow
+def test_pipeline_keeps_blocks_gathered_and_reduces_once_per_step(tmp_path_factory, monkeypatch):
+    out = tmp_path_factory.mktemp("nd_probe")
+    monkeypatch.setenv("ND_PROBE_OUT", str(out))
+    job = run_one_job(tmp_path_factory, "nd_probe_job", [
+        "strategy=nd", "strategy._target_=tests.nd_probe.ProbedND", "strategy.pp=2", "trainer.devices=4",
+        "trainer.max_steps=3", "trainer.warmup_steps=1", "trainer.profile_steps=0"])
+    assert read_record(job)["status"] == "completed"
+    for rank in range(4):
+        events = json.loads((out / f"rank{rank}.json").read_text())
+        steps, cur = [], []
+        for e in events:
+            if e[0] == "step":
+                steps.append(cur)
+                cur = []
+            else:
+                cur.append(e)
+        assert len(steps) == 3, rank
+        for step in steps[1:]:     # (the first step also runs the schedule's shape inference)
+            assert sum(e[0] == "reduce" for e in step) == 2, (rank, step)
+            fwd = [(e[2], e[3]) for e in step if e[0] == "fwd"]
+            kept_from = 2 if rank < 2 else 1          # stage 0 (ranks 0, 1) or stage 1 (2, 3)
+            assert fwd == [(False, 0)] * kept_from + [(True, BLOCK_GRAD_BYTES)] * (4 - kept_from), (rank, fwd)
+
+
+def test_the_planner_counts_it():
+    """nd at pp2 x dp2: the stage's parameters gathered and its gradients whole as buffers, and one
+    reduce-scatter per step; at pp 1 FSDP's usual figures."""
+    from scalelab.plan import ModelSpec, get_strategy, model_states, resolve_layout
+    from scalelab.plan.comm import collectives
+    from scalelab.plan.model_states import local_params
+
+    m = ModelSpec.from_shape(4, 256, 8, 256, 128)
+    st = get_strategy("nd", {"pp": 2, "tp": 1})
+    lay = resolve_layout(st, m, 4, micro_batch=2, global_batch=16)    # dp 2, 4 micro-batches
+    assert (lay.pp, lay.dp, lay.micro_batches) == (2, 2, 4)
+    psi = local_params(m, lay)
+    s = model_states(m, st, lay, "32", "sgd")
+    assert s.buffers_bytes >= psi * 4 + psi * 4           # gathered fp32 params + whole fp32 grads
+    (rs,) = [c for c in collectives(m, st, lay, "32") if c.name == "grad_reduce_scatter"]
+    assert rs.calls == m.n_layers + 1                     # units, once per step (not x 4)
