@@ -13,14 +13,11 @@ last backward with the whole gradient accumulated; stage 1 runs F1 B1 F2 B2 ...:
 """
 import json
 
-import pytest
-
 from ..conftest import read_record, run_one_job
 
 BLOCK_GRAD_BYTES = 4 * (4 * 64 * 64 + 2 * 64 * 256 + 2 * 2 * 64)
 
 
-@pytest.mark.slow
 def test_pipeline_keeps_blocks_gathered_and_reduces_once_per_step(tmp_path_factory, monkeypatch):
     out = tmp_path_factory.mktemp("nd_probe")
     monkeypatch.setenv("ND_PROBE_OUT", str(out))
