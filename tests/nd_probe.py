@@ -3,6 +3,7 @@
 per rank, $ND_PROBE_OUT/rank{r}.json with the events of the schedule:
 - ("fwd", fqn, gathered, grad_bytes): at each Block's forward, before FSDP2's own pre-forward
   hook: whether the Block's group is still gathered, and the bytes of its unsharded gradients;
+- ("fwd_end", fqn, gathered): after the Block's forward and FSDP2's post-forward hook;
 - ("reduce",): each FSDP2 gradient reduce-scatter (foreach_reduce);
 - ("step",): each end of a schedule step (PipelineStage.perform_reduce_grad's return).
 """
@@ -44,6 +45,10 @@ class ProbedND(ND):
                                  for p in group.fsdp_params if p.unsharded_accumulated_grad is not None)
                     events.append(("fwd", name, group.is_unsharded, grads))
                 m.register_forward_pre_hook(hook, prepend=True)
+
+                def after(module, args, output, name=name):   # after FSDP2's own post-forward hook
+                    events.append(("fwd_end", name, _get_module_fsdp_state(module)._fsdp_param_group.is_unsharded))
+                m.register_forward_hook(after)
 
         real_reduce = pg.foreach_reduce
 

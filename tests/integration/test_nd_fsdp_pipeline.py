@@ -1,6 +1,7 @@
 """FSDP2 stages under torch.distributed.pipelining (strategy=nd, pp2 x dp2, 4 ranks, gpt_nano, fp32,
-1F1B over 4 micro-batches) keep each Block gathered after its backward and its gradients unsharded
-until the step's end, and reduce-scatter them once per step, not once per micro-batch: torch's
+1F1B over 4 micro-batches) keep each Block gathered after its backward (until the next forward
+reshards it) and its gradients whole, unsharded, until the step's end, and reduce-scatter them once
+per step, not once per micro-batch: torch's
 PipelineStage sets set_reshard_after_backward(False) and set_requires_gradient_sync(False) for
 every micro-batch and runs FSDP's post-backward once, in perform_reduce_grad. The planner counts
 that (plan/model_states.py, comm.py: nd with pp > 1 and dp > 1). tests/nd_probe.py records it.
@@ -13,7 +14,11 @@ last backward with the whole gradient accumulated; stage 1 runs F1 B1 F2 B2 ...:
 """
 import json
 
+import pytest
+
 from ..conftest import read_record, run_one_job
+
+pytestmark = pytest.mark.integration
 
 BLOCK_GRAD_BYTES = 4 * (4 * 64 * 64 + 2 * 64 * 256 + 2 * 2 * 64)
 
@@ -40,21 +45,35 @@ def test_pipeline_keeps_blocks_gathered_and_reduces_once_per_step(tmp_path_facto
             fwd = [(e[2], e[3]) for e in step if e[0] == "fwd"]
             kept_from = 2 if rank < 2 else 1          # stage 0 (ranks 0, 1) or stage 1 (2, 3)
             assert fwd == [(False, 0)] * kept_from + [(True, BLOCK_GRAD_BYTES)] * (4 - kept_from), (rank, fwd)
+            # each forward reshards the Block again (reshard_after_forward); the gradients stay
+            assert [e[2] for e in step if e[0] == "fwd_end"] == [False] * 4, (rank, step)
 
 
 def test_the_planner_counts_it():
-    """nd at pp2 x dp2: the stage's parameters gathered and its gradients whole as buffers, and one
-    reduce-scatter per step; at pp 1 FSDP's usual figures."""
+    """nd at pp2 x dp2 (and at pp 1, a one-stage schedule): the stage's whole gradients and one
+    Block in use + one prefetched as buffers, the rest of the stage gathered right after a
+    backward; the sharded gradients only at the step's end; Blocks gathered m + 1 times a step,
+    the root once, one reduce-scatter per group at the step's end."""
     from scalelab.plan import ModelSpec, get_strategy, model_states, resolve_layout
     from scalelab.plan.comm import collectives
     from scalelab.plan.model_states import local_params
 
-    m = ModelSpec.from_shape(4, 256, 8, 256, 128)
+    m = ModelSpec.from_shape(4, 256, 8, 256, 128)     # Blocks of 789,760; 4 layers
     st = get_strategy("nd", {"pp": 2, "tp": 1})
     lay = resolve_layout(st, m, 4, micro_batch=2, global_batch=16)    # dp 2, 4 micro-batches
     assert (lay.pp, lay.dp, lay.micro_batches) == (2, 2, 4)
-    psi = local_params(m, lay)
+    # the largest stage, by hand: tok_emb 256 x 256 + pos_emb 128 x 256 + 2 Blocks of 789,760
+    psi = 65_536 + 32_768 + 2 * 789_760
+    assert local_params(m, lay) == psi == 1_677_824
     s = model_states(m, st, lay, "32", "sgd")
-    assert s.buffers_bytes >= psi * 4 + psi * 4           # gathered fp32 params + whole fp32 grads
-    (rs,) = [c for c in collectives(m, st, lay, "32") if c.name == "grad_reduce_scatter"]
-    assert rs.calls == m.n_layers + 1                     # units, once per step (not x 4)
+    assert s.buffers_bytes == psi * 4 + 2 * 789_760 * 4        # whole fp32 grads + 2 Blocks gathered
+    assert s.gathered_after_backward == psi * 4 - 2 * 789_760 * 4
+    assert s.grads_at_peak is False
+    c = {x.name: x for x in collectives(m, st, lay, "32")}
+    assert c["param_all_gather_fwd"].calls == 2 * (4 + 1) and c["param_all_gather_root"].calls == 1
+    assert "param_all_gather_bwd" not in c
+    assert c["grad_reduce_scatter"].calls == 2 + 1 and not c["grad_reduce_scatter"].overlappable
+    one = resolve_layout(get_strategy("nd", {"pp": 1, "tp": 1}), m, 4, micro_batch=1, global_batch=16)
+    assert (one.pp, one.dp, one.micro_batches) == (1, 4, 4)
+    c1 = {x.name: x for x in collectives(m, get_strategy("nd", {"pp": 1, "tp": 1}), one, "32")}
+    assert c1["grad_reduce_scatter"].calls == 4 + 1               # not 5 x 4 micro-batches

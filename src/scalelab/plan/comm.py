@@ -110,10 +110,35 @@ def _buckets(size: float, bucket: float, first: float | None = None) -> int:
 
 def comm_element_bytes(strategy: Strategy, precision: str) -> tuple[int, int]:
     """(gradient, parameter) bytes per element on the wire. Autocast DDP keeps fp32 gradients;
-    FSDP (Lightning's param/reduce dtype) and DeepSpeed communicate 16-bit under mixed precision."""
+    FSDP2 gathers 16-bit parameters under mixed precision and reduces in fp32 (scalelab's
+    MixedPrecisionPolicy: reduce_dtype fp32, strategies/fsdp.py); DeepSpeed communicates 16-bit."""
     if precision == "32" or strategy.family == "torch":
         return 4, 4
+    if strategy.family == "fsdp" and precision.endswith("mixed"):
+        return 4, 2
     return 2, 2
+
+
+def _fsdp_under_pipeline(model, strategy, layout, psi, g, p, dp_x) -> list[Collective]:
+    """FSDP2 stages run by torch.distributed.pipelining (nd, also at pp 1: a one-stage schedule).
+    Per micro-batch torch turns off resharding after backward and gradient sync, and runs FSDP's
+    post-backward once at the step's end (model_states.fsdp_pipeline_buffers). With
+    reshard_after_forward each Block is gathered for every forward but stays gathered from a
+    backward to the next forward, so 1F1B and GPipe gather it m + 1 times a step; the stage's root
+    (never resharded after forward) once; without resharding, everything once. One reduce-scatter
+    per group at the step's end, after the last backward: not overlapped."""
+    n, m = layout.dp, layout.micro_batches
+    blocks = math.ceil(model.n_layers / layout.pp)           # Block units on a stage, + its root
+    root = min(psi, fsdp_root_params(model, psi) * layout.pp)  # embeddings / head: on the end stages
+    block_elems = max(0.0, psi - root)
+    gathers = m + 1 if strategy.reshard_after_forward else 1
+    out = [Collective("param_all_gather_fwd", "all_gather", "dp", n, block_elems * p / blocks,
+                      blocks * gathers, True, dp_x)] if block_elems > 0 else []
+    if root > 0:
+        out.append(Collective("param_all_gather_root", "all_gather", "dp", n, root * p, 1, True, dp_x))
+    out.append(Collective("grad_reduce_scatter", "reduce_scatter", "dp", n, psi * g / (blocks + 1),
+                          blocks + 1, False, dp_x))
+    return out
 
 
 def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision: str) -> list[Collective]:
@@ -141,6 +166,8 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
             calls = _buckets(psi * 4, DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES)
             out.append(Collective("dp_grad_all_reduce", "all_reduce", "dp", n, psi * g / calls,
                                   calls, True, dp_x))
+        elif strategy.family == "fsdp" and strategy.pipeline:
+            out += _fsdp_under_pipeline(model, strategy, layout, psi, g, p, dp_x)
         elif strategy.shard_params:                   # fsdp, fsdp_grad_op, fsdp_tp, zero3(_offload)
             # ZeRO-3 never gathers the tensors it keeps whole (persistence threshold; all of them
             # on tiny models); their gradients are still reduce-scattered into the partition.
@@ -152,7 +179,7 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
             # forward (model_states.zero3_kept_gathered: nothing, up to ~1e9 parameters)
             regathered = gathered - min(gathered, zero3_kept_gathered(model, strategy, layout))
             bwd_units = units
-            if strategy.family == "fsdp" and layout.pp == 1:
+            if strategy.family == "fsdp":
                 # FSDP2's root (embeddings, final norm, head; the whole of a model without
                 # Blocks) is not resharded after forward (strategies/fsdp.py): the backward
                 # gathers the Blocks only
@@ -161,11 +188,8 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
             if regathered > 0 and strategy.reshard_after_forward:
                 out.append(Collective("param_all_gather_bwd", "all_gather", "dp", n,
                                       regathered * p / bwd_units, bwd_units * m, True, dp_x))
-            # (FSDP2 under a pipeline schedule reduce-scatters once per step, at its end:
-            # model_states' note on torch.distributed.pipelining)
-            per_step = 1 if strategy.family == "fsdp" and layout.pp > 1 else m
             out.append(Collective("grad_reduce_scatter", "reduce_scatter", "dp", n, psi * g / units,
-                                  units * per_step, layout.pp == 1 or strategy.family != "fsdp", dp_x))
+                                  units * m, True, dp_x))
         else:                                          # zero1, zero2(_offload)
             per_step = 1 if strategy.zero_stage == 1 else m
             b = _buckets(psi, strategy.reduce_bucket_elements)

@@ -130,6 +130,9 @@ class ModelStates:
     # of the activations, the fraction still alive when the whole gradient is first allocated in
     # backward (0: it grows as they are freed); ZeRO-1/2: zero_grads_allocated_early()
     acts_alive_at_grads: float = 0.0
+    # FSDP2 under a pipeline schedule: gathered bytes beyond buffers_bytes held right after a
+    # backward, with one micro-batch fewer of activations alive (fsdp_pipeline_buffers)
+    gathered_after_backward: float = 0.0
 
     @property
     def total_bytes(self) -> float:
@@ -198,6 +201,8 @@ def grads_at_peak(strategy: Strategy, layout: Layout) -> bool:
     beside micro-batch 1's gradients), in a pipeline's schedule (a stage's gradients from the first
     micro-batch's backward on), in DDP's persistent buckets, and in ZeRO-3's gradient partition
     buffer (allocated once at init: stage3.py grad_partitions_flat_buffer)."""
+    if strategy.family == "fsdp" and strategy.pipeline and layout.dp > 1:
+        return False   # the sharded .grad is set at the step's end (whole ones: fsdp_pipeline_buffers)
     return (strategy.zero_stage == 3 or strategy.pipeline or layout.micro_batches > 1
             or strategy.grad_buckets)
 
@@ -214,6 +219,26 @@ def zero_grads_allocated_early(strategy: Strategy, psi: float, largest: float) -
             or psi <= strategy.reduce_bucket_elements:
         return 0.0
     return min(1.0, 1.0 - max(strategy.reduce_bucket_elements - largest, 0.0) / psi)
+
+
+def fsdp_pipeline_buffers(strategy: Strategy, psi: float, largest: float, gathered_b: int,
+                          g_b: int) -> tuple[float, float]:
+    """(buffers, gathered_after_backward) of an FSDP2 stage run by torch.distributed.pipelining
+    (nd; also at pp 1, a one-stage schedule). Torch's PipelineStage sets
+    set_reshard_after_backward(False) and set_requires_gradient_sync(False) for every micro-batch
+    and runs FSDP's post-backward once at the step's end (perform_reduce_grad): the stage's
+    gradients accumulate whole, unsharded, in the reduce dtype (fp32), from the first backward to
+    the step's end, and each Block stays gathered after a backward until the next forward
+    reshards it (reshard_after_forward). So the buffers are the whole gradients plus one unit in use
+    and one prefetched; right after a backward, with one micro-batch fewer of activations alive,
+    the whole stage is gathered: the rest of it is `gathered_after_backward`
+    (step_time.peak_states_and_activations takes the larger moment). Without resharding after
+    forward the stage stays gathered throughout. tests/integration/test_nd_fsdp_pipeline.py
+    records this on real ranks."""
+    if not strategy.reshard_after_forward:
+        return psi * gathered_b + psi * g_b, 0.0
+    units = 2 * largest * gathered_b
+    return psi * g_b + units, max(0.0, psi * gathered_b - units)
 
 
 def fsdp_root_params(model: ModelSpec, psi: float) -> float:
@@ -275,7 +300,7 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
     gathered_b = 2 if precision != "32" else 4        # dtype of gathered copies / comm
     # (ZeRO-3 gathers only what does not persist: nothing at all on a tiny model)
     largest = min(model.largest_layer_params / layout.tp, psi - persistent_elems)
-    buffers = 0.0
+    buffers, after_backward = 0.0, 0.0
     if strategy.family == "torch" and not strategy.shard_params and precision != "32":
         # Autocast's 16-bit copies of the fp32 weights: autograd keeps them for backward, so they
         # live from forward to the end of backward (2 bytes per parameter; measured on an H200:
@@ -299,13 +324,8 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
         # or all of a model without Blocks (strategies/fsdp.py)
         if strategy.family == "fsdp":
             largest = max(largest, fsdp_root_params(model, psi))
-        if strategy.family == "fsdp" and layout.pp > 1 and n > 1:
-            # torch.distributed.pipelining runs each FSDP2 stage with set_reshard_after_backward(False)
-            # and set_requires_gradient_sync(False) for every micro-batch, and FSDP's post-backward
-            # once at the step's end (PipelineStage.perform_reduce_grad): from the first backward on,
-            # the stage's parameters stay gathered and its gradients accumulate whole, unsharded
-            # (tests/integration/test_nd_fsdp_pipeline.py counts both on real ranks)
-            buffers = psi * gathered_b + psi * g_b
+        if strategy.family == "fsdp" and strategy.pipeline and n > 1:
+            buffers, after_backward = fsdp_pipeline_buffers(strategy, psi, largest, gathered_b, g_b)
         elif strategy.reshard_after_forward:
             # One unit in use + one prefetched, plus that unit's unsharded gradient before its
             # reduce-scatter (DeepSpeed's own ZeRO-3 estimate uses 4 bytes x largest layer).
@@ -322,4 +342,4 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
                            acts_alive_at_grads=zero_grads_allocated_early(
                                strategy, psi, largest_tensor(model) / layout.tp))
     return ModelStates(params, grads, opt, buffers, offloaded, psi, updated,
-                       grads_at_peak=grads_at_peak(strategy, layout))
+                       grads_at_peak=grads_at_peak(strategy, layout), gathered_after_backward=after_backward)

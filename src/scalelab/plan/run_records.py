@@ -104,7 +104,9 @@ def terms_from_run(run: dict) -> Terms:
         # scalelab's tp/fsdp_tp/nd shard the LayerNorm regions only with strategy.sequence_parallel
         sequence_parallel=bool(par.get("sequence_parallel", options.get("sequence_parallel", False))))
     mem = run.get("memory")
-    if isinstance(mem, dict) and not mem.get("grads_freed_after_step") and strategy.family != "deepspeed":
+    fsdp_pipeline = strategy.family == "fsdp" and strategy.pipeline     # (model_states.grads_at_peak)
+    if isinstance(mem, dict) and not mem.get("grads_freed_after_step") and strategy.family != "deepspeed" \
+            and not fsdp_pipeline:
         # measured with the gradients alive through the forward: Lightning's own order (records
         # from before LitModule freed them after the step; DeepSpeed's engine always freed its
         # own in its step) or manual optimization (a pipeline's schedule)
