@@ -77,3 +77,37 @@ def test_the_planner_counts_it():
     assert (one.pp, one.dp, one.micro_batches) == (1, 4, 4)
     c1 = {x.name: x for x in collectives(m, get_strategy("nd", {"pp": 1, "tp": 1}), one, "32")}
     assert c1["grad_reduce_scatter"].calls == 4 + 1               # not 5 x 4 micro-batches
+
+
+def test_the_planner_sizes_a_stage_s_own_blocks_and_root():
+    """A 4 x 256 GPT with a 4,096-token vocabulary and an untied head, pp2 x dp2, bf16-mixed: the
+    largest stage (stage 0) holds 2 Blocks of 789,760 and the embeddings, 4,096 x 256 + 128 x 256 =
+    1,081,344; 2,660,864 in all. Blocks gathered m + 1 = 5 times each in bf16 (2 bytes), the
+    embeddings once; one fp32 reduce-scatter (FSDP2's reduce dtype) of the whole stage."""
+    from scalelab.plan import ModelSpec, get_strategy, resolve_layout
+    from scalelab.plan.comm import collectives
+
+    m = ModelSpec.from_shape(4, 256, 8, 4096, 128, n_params=ModelSpec.gpt_params(4, 256, 4096, 128) + 4096 * 256)
+    st = get_strategy("nd", {"pp": 2, "tp": 1})
+    lay = resolve_layout(st, m, 4, micro_batch=2, global_batch=16)
+    c = {x.name: x for x in collectives(m, st, lay, "bf16-mixed")}
+    assert (c["param_all_gather_fwd"].bytes_per_call, c["param_all_gather_fwd"].calls) == (789_760 * 2, 2 * 5)
+    assert (c["param_all_gather_root"].bytes_per_call, c["param_all_gather_root"].calls) == (1_081_344 * 2, 1)
+    rs = c["grad_reduce_scatter"]
+    assert rs.bytes_per_call * rs.calls == pytest.approx(2_660_864 * 4)
+
+
+def test_the_peak_takes_the_moment_right_after_a_backward():
+    """With few activations, the peak is right after a backward: the whole stage gathered beside
+    one micro-batch fewer of activations (1F1B at pp 2: 2 in flight on stage 0)."""
+    from scalelab.plan import ModelSpec
+    from scalelab.plan.step_time import build_terms, peak_states_and_activations
+
+    m = ModelSpec.from_shape(8, 256, 8, 256, 16)    # 4 Blocks of 789,760 a stage, context 16
+    t = build_terms(m, "nd", devices=4, pp=2, micro_batch=1, global_batch=8, precision="32", optimizer="sgd")
+    st, acts = t.states, t.activations_bytes
+    stage0 = 4 * 789_760 + 256 * 256 + 16 * 256                # Blocks + tok_emb + pos_emb
+    assert t.layout.micro_batches == 4 and st.gathered_after_backward == stage0 * 4 - 2 * 789_760 * 4
+    assert st.gathered_after_backward > acts / 2                 # this shape: the after-backward moment
+    want = st.params_bytes + st.optimizer_bytes + (acts - acts / 2 + st.gathered_after_backward)
+    assert peak_states_and_activations(t) == pytest.approx(want)

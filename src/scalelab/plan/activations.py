@@ -172,6 +172,17 @@ def activation_bytes_per_device(model: ModelSpec, layout: Layout, precision: str
     return max(first, last)
 
 
+def first_stage_in_flight(layout: Layout) -> int:
+    """Micro-batches (interleaved: chunk micro-batches) whose activations the first pipeline rank
+    holds at its peak, as activation_bytes_per_device counts them."""
+    p, m = layout.pp, layout.micro_batches
+    v = max(getattr(layout, "stages_per_rank", 1), 1) if p > 1 else 1
+    if v > 1:
+        per_round = m // max(1, m // p)
+        return min((v - 1) * per_round + 2 * (p - 1) + 1, m * v)
+    return min(p, m)
+
+
 def activation_traffic_bytes(model: ModelSpec, layout: Layout, precision: str,
                              checkpointing: str = "none") -> float:
     """Activation bytes one device writes in the forward passes of one optimizer step (all its

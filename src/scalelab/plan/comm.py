@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, asdict, replace
 
+from .flops import stage_layers
 from .model_states import fsdp_root_params, local_params, persistent_params, zero3_kept_gathered
 from .spec import Layout, ModelSpec, Strategy
 
@@ -114,8 +115,8 @@ def comm_element_bytes(strategy: Strategy, precision: str) -> tuple[int, int]:
     MixedPrecisionPolicy: reduce_dtype fp32, strategies/fsdp.py); DeepSpeed communicates 16-bit."""
     if precision == "32" or strategy.family == "torch":
         return 4, 4
-    if strategy.family == "fsdp" and precision.endswith("mixed"):
-        return 4, 2
+    if strategy.family == "fsdp":
+        return (4, 2) if precision == "bf16-mixed" else (4, 4)
     return 2, 2
 
 
@@ -128,14 +129,21 @@ def _fsdp_under_pipeline(model, strategy, layout, psi, g, p, dp_x) -> list[Colle
     (never resharded after forward) once; without resharding, everything once. One reduce-scatter
     per group at the step's end, after the last backward: not overlapped."""
     n, m = layout.dp, layout.micro_batches
-    blocks = math.ceil(model.n_layers / layout.pp)           # Block units on a stage, + its root
-    root = min(psi, fsdp_root_params(model, psi) * layout.pp)  # embeddings / head: on the end stages
-    block_elems = max(0.0, psi - root)
+    v = max(getattr(layout, "stages_per_rank", 1), 1) if layout.pp > 1 else 1
+    per_stage = stage_layers(model.n_layers, layout.pp * v, getattr(layout, "split", "uniform"), model)
+    # the Blocks of the rank with the most (its chunks' under interleaving); the rest of psi is its
+    # root part (embeddings on the first stage, final norm and head on the last)
+    blocks = max(sum(per_stage[k] for k in range(r, layout.pp * v, layout.pp)) for r in range(layout.pp))
+    block_elems = min(psi, blocks * model.layer_params / layout.tp)
+    root = psi - block_elems
     gathers = m + 1 if strategy.reshard_after_forward else 1
     out = [Collective("param_all_gather_fwd", "all_gather", "dp", n, block_elems * p / blocks,
                       blocks * gathers, True, dp_x)] if block_elems > 0 else []
     if root > 0:
-        out.append(Collective("param_all_gather_root", "all_gather", "dp", n, root * p, 1, True, dp_x))
+        # a stage root is never resharded after forward (strategies/fsdp.py); interleaved chunks
+        # are roots sharded with reshard_after_forward itself (strategies/nd.py)
+        out.append(Collective("param_all_gather_root", "all_gather", "dp", n, root * p,
+                              gathers if v > 1 else 1, True, dp_x))
     out.append(Collective("grad_reduce_scatter", "reduce_scatter", "dp", n, psi * g / (blocks + 1),
                           blocks + 1, False, dp_x))
     return out

@@ -222,7 +222,7 @@ def zero_grads_allocated_early(strategy: Strategy, psi: float, largest: float) -
 
 
 def fsdp_pipeline_buffers(strategy: Strategy, psi: float, largest: float, gathered_b: int,
-                          g_b: int) -> tuple[float, float]:
+                          g_b: int, chunks: int = 1) -> tuple[float, float]:
     """(buffers, gathered_after_backward) of an FSDP2 stage run by torch.distributed.pipelining
     (nd; also at pp 1, a one-stage schedule). Torch's PipelineStage sets
     set_reshard_after_backward(False) and set_requires_gradient_sync(False) for every micro-batch
@@ -231,14 +231,14 @@ def fsdp_pipeline_buffers(strategy: Strategy, psi: float, largest: float, gather
     the step's end, and each Block stays gathered after a backward until the next forward
     reshards it (reshard_after_forward). So the buffers are the whole gradients plus one unit in use
     and one prefetched; right after a backward, with one micro-batch fewer of activations alive,
-    the whole stage is gathered: the rest of it is `gathered_after_backward`
-    (step_time.peak_states_and_activations takes the larger moment). Without resharding after
-    forward the stage stays gathered throughout. tests/integration/test_nd_fsdp_pipeline.py
-    records this on real ranks."""
+    the whole stage (interleaved: the chunk of `chunks` just run) is gathered: the rest of it is
+    `gathered_after_backward` (step_time.peak_states_and_activations takes the larger moment).
+    Without resharding after forward the stage stays gathered throughout.
+    tests/integration/test_nd_fsdp_pipeline.py records this on real ranks."""
     if not strategy.reshard_after_forward:
         return psi * gathered_b + psi * g_b, 0.0
-    units = 2 * largest * gathered_b
-    return psi * g_b + units, max(0.0, psi * gathered_b - units)
+    units = min(2 * largest, psi) * gathered_b
+    return psi * g_b + units, max(0.0, psi / chunks * gathered_b - units)
 
 
 def fsdp_root_params(model: ModelSpec, psi: float) -> float:
@@ -325,7 +325,8 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
         if strategy.family == "fsdp":
             largest = max(largest, fsdp_root_params(model, psi))
         if strategy.family == "fsdp" and strategy.pipeline and n > 1:
-            buffers, after_backward = fsdp_pipeline_buffers(strategy, psi, largest, gathered_b, g_b)
+            v = max(getattr(layout, "stages_per_rank", 1), 1) if layout.pp > 1 else 1
+            buffers, after_backward = fsdp_pipeline_buffers(strategy, psi, largest, gathered_b, g_b, v)
         elif strategy.reshard_after_forward:
             # One unit in use + one prefetched, plus that unit's unsharded gradient before its
             # reduce-scatter (DeepSpeed's own ZeRO-3 estimate uses 4 bytes x largest layer).

@@ -260,9 +260,9 @@ def peak_states_and_activations(terms: Terms) -> float:
     st = terms.states
     acts = terms.activations_bytes
     if st.gathered_after_backward:
-        # FSDP2 under a pipeline schedule: right after a backward the whole stage is gathered and
-        # one micro-batch of activations fewer is alive (activations.py: min(pp, m) in flight)
-        in_flight = min(terms.layout.pp, terms.layout.micro_batches)
+        # FSDP2 under a pipeline schedule: right after a backward the stage (interleaved: that
+        # chunk) is gathered and one micro-batch (chunk) of activations fewer is alive
+        in_flight = act_mod.first_stage_in_flight(terms.layout)
         acts = max(acts, acts - acts / in_flight + st.gathered_after_backward)
     grads_acts = (st.grads_bytes + acts if st.grads_at_peak
                   else max(acts, st.grads_bytes + st.acts_alive_at_grads * acts))
