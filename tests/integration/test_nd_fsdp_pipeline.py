@@ -95,6 +95,10 @@ def test_the_planner_sizes_a_stage_s_own_blocks_and_root():
     assert (c["param_all_gather_root"].bytes_per_call, c["param_all_gather_root"].calls) == (1_081_344 * 2, 1)
     rs = c["grad_reduce_scatter"]
     assert rs.bytes_per_call * rs.calls == pytest.approx(2_660_864 * 4)
+    # an untied head: no embedding gradient all-reduce between the end stages (a tied one has it)
+    assert "pp_tied_embedding_all_reduce" not in c
+    tied = ModelSpec.from_shape(4, 256, 8, 4096, 128)
+    assert "pp_tied_embedding_all_reduce" in {x.name for x in collectives(tied, st, lay, "bf16-mixed")}
 
 
 def test_the_peak_takes_the_moment_right_after_a_backward():

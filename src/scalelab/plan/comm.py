@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass, asdict, replace
 
 from .flops import stage_layers
-from .model_states import fsdp_root_params, local_params, persistent_params, zero3_kept_gathered
+from .model_states import fsdp_root_params, local_params, persistent_params, tied, zero3_kept_gathered
 from .spec import Layout, ModelSpec, Strategy
 
 MiB = 2 ** 20
@@ -232,7 +232,9 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
         act = layout.micro_batch * model.seq_len * model.hidden * e
         pp_x = layout.group_spans_nodes("pp")
         out.append(Collective("pp_activation_send", "p2p", "pp", layout.pp, act, 2 * m, False, pp_x))
-        if model.kind == "gpt":
+        if model.kind == "gpt" and tied(model):
+            # Megatron's tied embedding: the last stage's copy and the first's all-reduce their
+            # gradient (model_states.local_params); an untied head, as scalelab's GPT, has none
             out.append(Collective("pp_tied_embedding_all_reduce", "all_reduce", "pp", 2,
                                   model.vocab * model.hidden / layout.tp * g, 1, False, pp_x))
     if strategy.family == "deepspeed":
