@@ -175,8 +175,7 @@ def activation_bytes_per_device(model: ModelSpec, layout: Layout, precision: str
 def first_stage_in_flight(layout: Layout) -> int:
     """Micro-batches (interleaved: chunk micro-batches) whose activations the first pipeline rank
     holds at its peak, as activation_bytes_per_device counts them."""
-    p, m = layout.pp, layout.micro_batches
-    v = max(getattr(layout, "stages_per_rank", 1), 1) if p > 1 else 1
+    p, m, v = layout.pp, layout.micro_batches, layout.stages_per_rank
     if v > 1:
         per_round = m // max(1, m // p)
         return min((v - 1) * per_round + 2 * (p - 1) + 1, m * v)

@@ -129,8 +129,8 @@ def _fsdp_under_pipeline(model, strategy, layout, psi, g, p, dp_x) -> list[Colle
     (never resharded after forward) once; without resharding, everything once. One reduce-scatter
     per group at the step's end, after the last backward: not overlapped."""
     n, m = layout.dp, layout.micro_batches
-    v = max(getattr(layout, "stages_per_rank", 1), 1) if layout.pp > 1 else 1
-    per_stage = stage_layers(model.n_layers, layout.pp * v, getattr(layout, "split", "uniform"), model)
+    v = layout.stages_per_rank                                  # (1 unless pp > 1: resolve_layout)
+    per_stage = stage_layers(model.n_layers, layout.pp * v, layout.split, model)
     # the Blocks of the rank with the most (its chunks' under interleaving); the rest of psi is its
     # root part (embeddings on the first stage, final norm and head on the last)
     blocks = max(sum(per_stage[k] for k in range(r, layout.pp * v, layout.pp)) for r in range(layout.pp))
@@ -185,7 +185,7 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
                                       gathered * p / units, units * m, True, dp_x))
             # ZeRO-3 gathers again in the backward only what its coordinator released after the
             # forward (model_states.zero3_kept_gathered: nothing, up to ~1e9 parameters)
-            regathered = gathered - min(gathered, zero3_kept_gathered(model, strategy, layout))
+            regathered = gathered - zero3_kept_gathered(model, strategy, layout)   # (at most gathered)
             bwd_units = units
             if strategy.family == "fsdp":
                 # FSDP2's root (embeddings, final norm, head; the whole of a model without
@@ -216,7 +216,7 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
         fetches = 1
         if strategy.offload_params:
             gathered = psi - persistent_params(model, strategy, psi)
-            kept = min(gathered, zero3_kept_gathered(model, strategy, layout))
+            kept = zero3_kept_gathered(model, strategy, layout)
             fetches += m * (1 + ((gathered - kept) / gathered if gathered > 0 else 0.0))
         out.append(Collective("param_from_host", "host_copy", "host", 1, psi / n * p, fetches, False))
 

@@ -257,9 +257,11 @@ def zero3_kept_gathered(model: ModelSpec, strategy: Strategy, layout: Layout) ->
     coordinator rules at any world size."""
     if strategy.zero_stage != 3 or (layout.dp < 2 and not strategy.offload_params):
         return 0.0   # (offloaded partitions are copied to the device at any world size)
-    cap = local_params(model, layout) - persistent_params(model, strategy, local_params(model, layout))
-    return min(cap, _kept(model, strategy.zero3_fetch_unit, layout.tp, strategy.param_persistence_elements,
-                       strategy.zero3_reuse_distance, strategy.zero3_prefetch_elements, strategy.zero3_max_live))   # (a shape's n_params may differ)
+    psi = local_params(model, layout)
+    # capped at what is gathered at all: a shape's own count can exceed a model's n_params
+    return min(psi - persistent_params(model, strategy, psi),
+               _kept(model, strategy.zero3_fetch_unit, layout.tp, strategy.param_persistence_elements,
+                     strategy.zero3_reuse_distance, strategy.zero3_prefetch_elements, strategy.zero3_max_live))
 
 
 @functools.lru_cache(maxsize=256)
@@ -325,8 +327,8 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
         if strategy.family == "fsdp":
             largest = max(largest, fsdp_root_params(model, psi))
         if strategy.family == "fsdp" and strategy.pipeline and n > 1:
-            v = max(getattr(layout, "stages_per_rank", 1), 1) if layout.pp > 1 else 1
-            buffers, after_backward = fsdp_pipeline_buffers(strategy, psi, largest, gathered_b, g_b, v)
+            buffers, after_backward = fsdp_pipeline_buffers(strategy, psi, largest, gathered_b, g_b,
+                                                            layout.stages_per_rank)
         elif strategy.reshard_after_forward:
             # One unit in use + one prefetched, plus that unit's unsharded gradient before its
             # reduce-scatter (DeepSpeed's own ZeRO-3 estimate uses 4 bytes x largest layer).

@@ -142,10 +142,8 @@ def _apply_options(st: Strategy, cfg: dict) -> Strategy:
     if st.family == "deepspeed" and cfg.get("stage3_param_persistence_threshold") is not None:
         kw["param_persistence_elements"] = int(cfg["stage3_param_persistence_threshold"])
     for key, field_name in (("reduce_bucket_size", "reduce_bucket_elements"),
-                            ("allgather_bucket_size", "allgather_bucket_elements")):
-        if st.family == "deepspeed" and isinstance(cfg.get(key), int) and not isinstance(cfg.get(key), bool):
-            kw[field_name] = int(cfg[key])
-    for key, field_name in (("stage3_max_reuse_distance", "zero3_reuse_distance"),
+                            ("allgather_bucket_size", "allgather_bucket_elements"),
+                            ("stage3_max_reuse_distance", "zero3_reuse_distance"),
                             ("stage3_prefetch_bucket_size", "zero3_prefetch_elements"),
                             ("stage3_max_live_parameters", "zero3_max_live")):
         if st.family == "deepspeed" and isinstance(cfg.get(key), int) and not isinstance(cfg.get(key), bool):

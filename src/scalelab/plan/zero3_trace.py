@@ -32,6 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+NEVER = -10**10   # the step a tensor was last fetched for, before it ever was
+
+
 @dataclass(frozen=True)
 class Unit:
     """One module with forward hooks: the parameter tensors it fetches (element counts)."""
@@ -104,18 +107,22 @@ def kept_gathered_elements(root: Unit, persistence: int, reuse_distance: int, pr
     persist = {p for p, n in numel.items() if n <= persistence}
     queue = [(p, step) for step, ids in enumerate(trace) for p in sorted(ids)]   # param trace
     qpos = 0
-    fetched_for: dict[int, int] = {}
+    fetched_for: dict[int, int] = {}    # the coordinator's defaultdict(lambda: int(-1e10))
     available: set[int] = set(persist)
     n_available = 0
+
+    def gather(p: int) -> None:
+        nonlocal n_available
+        available.add(p)
+        n_available += numel[p]
 
     for step in range(n_forward):
         ids = trace[step]
         for p in ids:
             if p not in available:
-                available.add(p)
-                n_available += numel[p]
+                gather(p)
         # pop this module's own tensors off the queue (they are fetched)
-        need = {p for p in ids if fetched_for.get(p, -10**10) < step}
+        need = {p for p in ids if fetched_for.get(p, NEVER) < step}
         popped: set[int] = set()
         while qpos < len(queue) and len(popped) < len(need):
             p, s = queue[qpos]
@@ -127,17 +134,16 @@ def kept_gathered_elements(root: Unit, persistence: int, reuse_distance: int, pr
             while qpos < len(queue) and taken < budget:
                 p, s = queue[qpos]
                 qpos += 1
-                fetched_for[p] = max(fetched_for.get(p, -10**10), s)
+                fetched_for[p] = max(fetched_for.get(p, NEVER), s)
                 if p not in available and p not in chosen:
                     chosen.add(p)
                     taken += numel[p]
             for p in chosen:
-                available.add(p)
-                n_available += numel[p]
+                gather(p)
         # released after its forward (the step id is now step + 1) unless the prefetcher looked
         # past a later use, or a later use is within reuse_distance elements. (A container is
         # released after its children, but it fetches no tensors of its own.)
-        release = {p for p in ids if p not in persist and fetched_for.get(p, -10**10) <= step + 1}
+        release = {p for p in ids if p not in persist and fetched_for.get(p, NEVER) <= step + 1}
         leaf = modules[step][1]
         traversed = 0
         for path, _ in modules[step + 1:]:
