@@ -58,9 +58,11 @@ logits.float()) and the int64 targets (8 s b). Not activations, so not here: aut
 copies of the weights, which autograd also keeps until backward (2 bytes per parameter: counted with
 the buffers in model_states.py).
 
-Pipeline (Narayanan et al. 2021, 1F1B schedule): the first stage holds activations of min(p, m)
-in-flight micro-batches of its L/p layers, i.e. about L layers' worth in total; the last stage
-holds the output layer's. Korthikanti's formula divides the logits by t (vocabulary-parallel loss, Sec. 4.3); scalelab's GPT
+Pipeline (Narayanan et al. 2021, 1F1B schedule): rank r holds activations of min(p - r, m)
+in-flight micro-batches of its layers, i.e. the first about L layers' worth in total; the last
+stage holds one micro-batch's output layer. GPipe (Huang et al. 2019) holds all m micro-batches on
+every rank, outputs included (stage_in_flight; counted on real schedules by
+tests/integration/test_pipeline_activations.py). Korthikanti's formula divides the logits by t (vocabulary-parallel loss, Sec. 4.3); scalelab's GPT
 gathers the logits whole on every TP rank (lm_head ColwiseParallel, Replicate output) for its plain
 cross entropy, so its formula keeps 4 s b V (measured: 262,144 bytes at h 64, s 128, b 2, V 256, t 2).
 """
@@ -124,7 +126,14 @@ def uses_paper_formula(model: ModelSpec) -> bool:
 
 def activation_bytes_per_device(model: ModelSpec, layout: Layout, precision: str,
                                 checkpointing: str = "none", weights_16bit: bool = False) -> float:
-    """weights_16bit: see gpt_layer_activation_bytes (DeepSpeed runs a mixed-precision job with
+    """The most any device holds: the largest of activation_bytes_per_rank."""
+    return max(activation_bytes_per_rank(model, layout, precision, checkpointing, weights_16bit))
+
+
+def activation_bytes_per_rank(model: ModelSpec, layout: Layout, precision: str,
+                              checkpointing: str = "none", weights_16bit: bool = False) -> list[float]:
+    """Each pipeline rank's activation bytes at its peak (one entry without a pipeline).
+    weights_16bit: see gpt_layer_activation_bytes (DeepSpeed runs a mixed-precision job with
     16-bit weights and no autocast: the caller passes strategy family == deepspeed)."""
     e = 4 if precision == "32" else 2
     weights_16bit = weights_16bit and e == 2
@@ -132,7 +141,7 @@ def activation_bytes_per_device(model: ModelSpec, layout: Layout, precision: str
     b, t, p = layout.micro_batch, layout.tp, layout.pp
     if model.kind == "mlp":
         # Per linear layer: its input, the pre-activation and the activation output.
-        return 3 * e * b * model.hidden * model.n_layers
+        return [3 * e * b * model.hidden * model.n_layers]
     s, h, V = model.seq_len, model.hidden, model.vocab
     sp = layout.sequence_parallel and t > 1
     if uses_paper_formula(model):
@@ -157,19 +166,27 @@ def activation_bytes_per_device(model: ModelSpec, layout: Layout, precision: str
         # Rank 0: a little more than 1F1B's p micro-batches of L/p layers.
         m = layout.micro_batches
         per_round = m // max(1, m // p)
-        worst = 0.0
+        ranks = []
         for r in range(p):
             chunks = min((v - 1) * per_round + 2 * (p - 1 - r) + 1, m * v)
             layers = sum(per_stage[k] for k in range(r, p * v, p)) / v     # mean layers of its chunks
             bytes_r = per_layer * layers * chunks + (embedding * min(-(-chunks // v), m) if r == 0 else 0.0)
-            worst = max(worst, bytes_r + (output if r == p - 1 else 0.0))
-        return worst
-    in_flight = min(p, layout.micro_batches)            # 1F1B warm-up depth on the first stage
-    first = (per_layer * per_stage[0] + embedding) * in_flight
-    if p == 1:
-        return first + output
-    last = per_layer * per_stage[-1] + output
-    return max(first, last)
+            ranks.append(bytes_r + (output if r == p - 1 else 0.0))
+        return ranks
+    return [(per_layer * per_stage[r] + (embedding if r == 0 else 0.0) + (output if r == p - 1 else 0.0))
+            * stage_in_flight(layout, r) for r in range(p)]
+
+
+def stage_in_flight(layout: Layout, rank: int) -> int:
+    """Micro-batches whose activations pipeline rank `rank` (of one stage per rank) holds at its
+    peak. torch's Schedule1F1B runs min(m, p - r) warm-up forwards before rank r's first backward
+    (the last stage: forward, then at once its backward); ScheduleGPipe runs every forward before
+    any backward, so every rank holds all m, the last one m outputs too (also at pp 1, where the
+    pipeline and nd strategies run a one-stage schedule). Gradient accumulation (not a pipeline):
+    one at a time."""
+    if layout.schedule == "gpipe":
+        return layout.micro_batches
+    return max(min(layout.pp - rank, layout.micro_batches), 1)
 
 
 def first_stage_in_flight(layout: Layout) -> int:
@@ -179,7 +196,7 @@ def first_stage_in_flight(layout: Layout) -> int:
     if v > 1:
         per_round = m // max(1, m // p)
         return min((v - 1) * per_round + 2 * (p - 1) + 1, m * v)
-    return min(p, m)
+    return stage_in_flight(layout, 0)
 
 
 def activation_traffic_bytes(model: ModelSpec, layout: Layout, precision: str,

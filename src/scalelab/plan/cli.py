@@ -261,6 +261,8 @@ def train_command(a, terms, hardware: str) -> str | None:
         ov.append("strategy.sequence_parallel=true")          # the trainer's default is off
     if terms.strategy.pipeline and L.stages_per_rank > 1:
         ov += ["strategy.schedule=interleaved_1f1b", f"strategy.stages_per_rank={L.stages_per_rank}"]
+    elif terms.strategy.pipeline and L.schedule == "gpipe":
+        ov.append("strategy.schedule=gpipe")
     if terms.strategy.pipeline and L.split != "uniform":
         ov.append(f"strategy.split={L.split}")
     if terms.checkpointing != "none":

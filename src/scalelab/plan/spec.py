@@ -214,6 +214,7 @@ class Layout:
     sequence_parallel: bool = field(default=True)
     split: str = "uniform"       # how pipeline stages split the layers (Strategy.pipeline_split)
     stages_per_rank: int = 1     # interleaved 1F1B's virtual stages per pipeline rank
+    schedule: str = "1f1b"       # the pipeline schedule (gpipe holds all m micro-batches; also at pp 1)
 
     def group_spans_nodes(self, group: str) -> bool:
         """Megatron rank order: tp fastest, then dp, then pp. A group crosses a node boundary when
@@ -279,4 +280,5 @@ def resolve_layout(strategy: Strategy, model: ModelSpec, devices: int, nodes: in
                         f"{dp} x {micro_batch} = {per_step}; valid: multiples of {per_step}")
     return Layout(world, nodes, devices, dp, tp, pp, micro_batch, global_batch,
                   global_batch // per_step, split=strategy.pipeline_split,
-                  stages_per_rank=strategy.stages_per_rank if pp > 1 else 1)
+                  stages_per_rank=strategy.stages_per_rank if pp > 1 else 1,
+                  schedule=strategy.pipeline_schedule if strategy.pipeline else "1f1b")

@@ -33,6 +33,7 @@ class Strategy:
     default_pp: int = 0                 # nd: pp from the strategy config (0: as many stages as fit)
     pipeline_split: str = "uniform"     # pipeline / nd `split`: uniform | balanced (flops.stage_layers)
     stages_per_rank: int = 1            # pipeline / nd interleaved_1f1b: virtual stages per rank
+    pipeline_schedule: str = "1f1b"     # pipeline / nd `schedule`: gpipe | 1f1b | interleaved_1f1b
     # ZeRO-3 keeps parameter tensors of fewer elements than this whole on every rank
     # (stage3_param_persistence_threshold; DeepSpeed's and Lightning's default 1e5)
     param_persistence_elements: int = 0
@@ -171,4 +172,6 @@ def _apply_options(st: Strategy, cfg: dict) -> Strategy:
         kw["pipeline_split"] = cfg["split"]
     if st.pipeline and isinstance(cfg.get("stages_per_rank"), int) and not isinstance(cfg["stages_per_rank"], bool):
         kw["stages_per_rank"] = max(int(cfg["stages_per_rank"]), 1)
+    if st.pipeline and cfg.get("schedule") in ("gpipe", "1f1b", "interleaved_1f1b"):
+        kw["pipeline_schedule"] = cfg["schedule"]
     return replace(st, **kw) if kw else st
