@@ -165,3 +165,5 @@ def test_hsdp_dp_replicate(tmp_path_factory, ref):
     per = rec["memory"]["model_state_breakdown_per_rank"]
     s0, s1 = _params_per_rank(2, 1, 1)
     assert [r["params"] for r in per] == [4 * s0, 4 * s0, 4 * s1, 4 * s1]
+    # the planner shards over the shard group (1 rank), not over dp (it had 0.5 of the measured states)
+    assert _planner_ratio(rec) == pytest.approx(1.0, abs=0.05)

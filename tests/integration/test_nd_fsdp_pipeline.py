@@ -115,3 +115,33 @@ def test_the_peak_takes_the_moment_right_after_a_backward():
     assert st.gathered_after_backward > acts / 2                 # this shape: the after-backward moment
     want = st.params_bytes + st.optimizer_bytes + (acts - acts / 2 + st.gathered_after_backward)
     assert peak_states_and_activations(t) == pytest.approx(want)
+
+
+def test_the_planner_counts_hsdp_and_nd_without_fsdp():
+    """HSDP (strategy.dp_replicate): FSDP2 shards over dp / dp_replicate ranks and all-reduces each
+    reduced shard over the replicas; nd at dp 1 applies no FSDP at all (strategies/nd.py): whole
+    fp32 states, Lightning's autocast keeps 16-bit weight copies, nothing gathered."""
+    from scalelab.plan import ModelSpec, PlanError, build_terms, get_strategy, resolve_layout
+
+    m = ModelSpec.from_shape(4, 256, 8, 256, 128)
+    psi = 1_677_824                                              # the largest stage, by hand (above)
+    hsdp = get_strategy("nd", {"pp": 2, "tp": 1, "dp_replicate": 2})
+    t = build_terms(m, hsdp, devices=8, micro_batch=1, global_batch=16, precision="32", optimizer="sgd")
+    assert (t.layout.dp, t.layout.dp_replicate, t.layout.dp_shard) == (4, 2, 2)
+    assert t.states.params_bytes == psi * 4 / 2 and t.states.grads_bytes == psi * 4 / 2
+    c = {x.name: x for x in t.colls}
+    assert (c["grad_reduce_scatter"].group, c["grad_reduce_scatter"].group_size) == ("dp_shard", 2)
+    assert c["grad_reduce_scatter"].calls == 3 and c["grad_reduce_scatter"].bytes_per_call == psi * 4 / 3
+    rep = c["grad_all_reduce_replicas"]
+    assert (rep.op, rep.group_size, rep.calls, rep.bytes_per_call) == ("all_reduce", 2, 3, psi * 4 / 2 / 3)
+    # a shard group of one (dp 2 = 2 replicas): whole stages on every rank
+    whole = build_terms(m, hsdp, devices=4, micro_batch=2, global_batch=16, precision="32", optimizer="sgd")
+    assert whole.states.params_bytes == psi * 4
+    with pytest.raises(PlanError, match="dp_replicate=2 does not divide the data-parallel degree 3"):
+        resolve_layout(get_strategy("nd", {"pp": 2, "tp": 1, "dp_replicate": 2}), m, 6, micro_batch=1,
+                       global_batch=12)
+    plain = build_terms(m, get_strategy("nd", {"pp": 2, "tp": 1}), devices=2, micro_batch=1, global_batch=8,
+                        precision="bf16-mixed", optimizer="sgd")
+    assert plain.layout.dp == 1 and plain.strategy.family == "fsdp"          # as configured
+    assert plain.states.params_bytes == psi * 4 and plain.states.buffers_bytes == psi * 2
+    assert not [x for x in plain.colls if x.group.startswith("dp")]

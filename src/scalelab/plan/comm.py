@@ -120,15 +120,19 @@ def comm_element_bytes(strategy: Strategy, precision: str) -> tuple[int, int]:
     return 2, 2
 
 
-def _fsdp_under_pipeline(model, strategy, layout, psi, g, p, dp_x) -> list[Collective]:
+def _fsdp_under_pipeline(model, strategy, layout, psi, g, p) -> list[Collective]:
     """FSDP2 stages run by torch.distributed.pipelining (nd, also at pp 1: a one-stage schedule).
     Per micro-batch torch turns off resharding after backward and gradient sync, and runs FSDP's
     post-backward once at the step's end (model_states.fsdp_pipeline_buffers). With
     reshard_after_forward each Block is gathered for every forward but stays gathered from a
     backward to the next forward, so 1F1B and GPipe gather it m + 1 times a step; the stage's root
     (never resharded after forward) once; without resharding, everything once. One reduce-scatter
-    per group at the step's end, after the last backward: not overlapped."""
-    n, m = layout.dp, layout.micro_batches
+    per group at the step's end, after the last backward: not overlapped. HSDP (dp_replicate > 1):
+    gathers and reduce-scatters inside the shard group, then FSDP2 all-reduces each reduced shard
+    over the replicas."""
+    n, m = layout.dp_shard, layout.micro_batches
+    grp = "dp_shard" if layout.dp_replicate > 1 else "dp"
+    dp_x = layout.group_spans_nodes(grp)
     v = layout.stages_per_rank                                  # (1 unless pp > 1: resolve_layout)
     per_stage = stage_layers(model.n_layers, layout.pp * v, layout.split, model)
     # the Blocks of the rank with the most (its chunks' under interleaving); the rest of psi is its
@@ -137,15 +141,19 @@ def _fsdp_under_pipeline(model, strategy, layout, psi, g, p, dp_x) -> list[Colle
     block_elems = min(psi, blocks * model.layer_params / layout.tp)
     root = psi - block_elems
     gathers = m + 1 if strategy.reshard_after_forward else 1
-    out = [Collective("param_all_gather_fwd", "all_gather", "dp", n, block_elems * p / blocks,
+    out = [Collective("param_all_gather_fwd", "all_gather", grp, n, block_elems * p / blocks,
                       blocks * gathers, True, dp_x)] if block_elems > 0 else []
     if root > 0:
         # a stage root is never resharded after forward (strategies/fsdp.py); interleaved chunks
         # are roots sharded with reshard_after_forward itself (strategies/nd.py)
-        out.append(Collective("param_all_gather_root", "all_gather", "dp", n, root * p,
+        out.append(Collective("param_all_gather_root", "all_gather", grp, n, root * p,
                               gathers if v > 1 else 1, True, dp_x))
-    out.append(Collective("grad_reduce_scatter", "reduce_scatter", "dp", n, psi * g / (blocks + 1),
+    out.append(Collective("grad_reduce_scatter", "reduce_scatter", grp, n, psi * g / (blocks + 1),
                           blocks + 1, False, dp_x))
+    if layout.dp_replicate > 1:
+        out.append(Collective("grad_all_reduce_replicas", "all_reduce", "dp_replicate", layout.dp_replicate,
+                              psi * g / n / (blocks + 1), blocks + 1, False,
+                              layout.group_spans_nodes("dp_replicate")))
     return out
 
 
@@ -175,7 +183,7 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
             out.append(Collective("dp_grad_all_reduce", "all_reduce", "dp", n, psi * g / calls,
                                   calls, True, dp_x))
         elif strategy.family == "fsdp" and strategy.pipeline:
-            out += _fsdp_under_pipeline(model, strategy, layout, psi, g, p, dp_x)
+            out += _fsdp_under_pipeline(model, strategy, layout, psi, g, p)
         elif strategy.shard_params:                   # fsdp, fsdp_grad_op, fsdp_tp, zero3(_offload)
             # ZeRO-3 never gathers the tensors it keeps whole (persistence threshold; all of them
             # on tiny models); their gradients are still reduce-scattered into the partition.

@@ -273,7 +273,7 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
                  optimizer: str) -> ModelStates:
     psi = local_params(model, layout)
     p_b, g_b, o_b = bytes_per_param(strategy, precision, optimizer)
-    n = layout.dp
+    n = layout.dp // layout.dp_replicate     # the shard group (HSDP: FSDP2 shards inside a replica)
     params = psi * p_b / (n if strategy.shard_params else 1)
     # DeepSpeed ZeRO-1 keeps the gradient partition only without accumulation (module docstring)
     ds_zero1_partitioned = (strategy.zero_stage == 1 and layout.micro_batches == 1
@@ -326,7 +326,7 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
         # or all of a model without Blocks (strategies/fsdp.py)
         if strategy.family == "fsdp":
             largest = max(largest, fsdp_root_params(model, psi))
-        if strategy.family == "fsdp" and strategy.pipeline and n > 1:
+        if strategy.family == "fsdp" and strategy.pipeline and layout.dp > 1:
             buffers, after_backward = fsdp_pipeline_buffers(strategy, psi, largest, gathered_b, g_b,
                                                             layout.stages_per_rank)
         elif strategy.reshard_after_forward:

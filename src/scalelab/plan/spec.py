@@ -215,12 +215,19 @@ class Layout:
     split: str = "uniform"       # how pipeline stages split the layers (Strategy.pipeline_split)
     stages_per_rank: int = 1     # interleaved 1F1B's virtual stages per pipeline rank
     schedule: str = "1f1b"       # the pipeline schedule (gpipe holds all m micro-batches; also at pp 1)
+    dp_replicate: int = 1        # HSDP (nd): replicas of the dp ranks; FSDP2 shards over dp / this
+
+    @property
+    def dp_shard(self) -> int:
+        return self.dp // self.dp_replicate
 
     def group_spans_nodes(self, group: str) -> bool:
         """Megatron rank order: tp fastest, then dp, then pp. A group crosses a node boundary when
         its span of consecutive ranks exceeds a node."""
-        span = {"tp": self.tp, "dp": self.tp * self.dp, "pp": self.world, "world": self.world}[group]
-        size = {"tp": self.tp, "dp": self.dp, "pp": self.pp, "world": self.world}[group]
+        span = {"tp": self.tp, "dp": self.tp * self.dp, "dp_shard": self.tp * self.dp_shard,
+                "dp_replicate": self.tp * self.dp, "pp": self.world, "world": self.world}[group]
+        size = {"tp": self.tp, "dp": self.dp, "dp_shard": self.dp_shard, "dp_replicate": self.dp_replicate,
+                "pp": self.pp, "world": self.world}[group]
         return size > 1 and span > self.devices_per_node
 
 
@@ -270,6 +277,11 @@ def resolve_layout(strategy: Strategy, model: ModelSpec, devices: int, nodes: in
         raise PlanError(f"tp x pp = {tp * pp} does not divide the {world} devices; valid tp x pp: "
                         f"{', '.join(str(d) for d in _divisors(world))}")
     dp = world // (tp * pp)
+    replicas = strategy.dp_replicate if dp > 1 else 1
+    if dp % replicas:
+        raise PlanError(f"strategy.dp_replicate={replicas} does not divide the data-parallel degree {dp} "
+                        f"(world {world} / tp {tp} / pp {pp}); valid: "
+                        f"{', '.join(str(d) for d in _divisors(dp))}")
     per_step = dp * micro_batch
     if global_batch is None:
         m = micro_batches or (4 * pp if strategy.pipeline else 1)
@@ -281,4 +293,5 @@ def resolve_layout(strategy: Strategy, model: ModelSpec, devices: int, nodes: in
     return Layout(world, nodes, devices, dp, tp, pp, micro_batch, global_batch,
                   global_batch // per_step, split=strategy.pipeline_split,
                   stages_per_rank=strategy.stages_per_rank if pp > 1 else 1,
-                  schedule=strategy.pipeline_schedule if strategy.pipeline else "1f1b")
+                  schedule=strategy.pipeline_schedule if strategy.pipeline else "1f1b",
+                  dp_replicate=replicas)

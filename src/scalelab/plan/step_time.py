@@ -35,6 +35,7 @@ from . import flops as flops_mod
 from .comm import Collective, by_op, collectives
 from .hardware import Hardware, load_hardware
 from .model_states import ModelStates, bytes_per_param, model_states, zero3_kept_gathered
+from .strategies import as_applied
 from .spec import (PlanError, Layout, ModelSpec, Strategy, compute_dtype, get_strategy, normalize_checkpointing,
                    normalize_optimizer, normalize_precision, resolve_layout)
 
@@ -84,14 +85,15 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
     ckpt = normalize_checkpointing(activation_checkpointing)
     layout = resolve_layout(strat, model, devices, nodes, tp, pp, micro_batch, global_batch, micro_batches)
     layout = replace(layout, sequence_parallel=sequence_parallel)
-    states = model_states(model, strat, layout, prec, opt)
-    acts = act_mod.activation_bytes_per_device(model, layout, prec, ckpt, weights_16bit=strat.family == "deepspeed")
-    colls = collectives(model, strat, layout, prec)
+    ran = as_applied(strat, layout.dp)      # nd at dp 1 applies no FSDP (Terms keeps the configured one)
+    states = model_states(model, ran, layout, prec, opt)
+    acts = act_mod.activation_bytes_per_device(model, layout, prec, ckpt, weights_16bit=ran.family == "deepspeed")
+    colls = collectives(model, ran, layout, prec)
     samples = layout.global_batch
     per_replica = flops_mod.hardware_flops(model, samples / layout.dp, ckpt)
     hw_flops = per_replica * _stage_share(model, layout) / layout.tp
     # Optimizer step traffic per updated parameter: read+write params and states, read grads.
-    p_b, g_b, o_b = bytes_per_param(strat, prec, opt)
+    p_b, g_b, o_b = bytes_per_param(ran, prec, opt)
     traffic = states.updated_params_per_device * (2 * p_b + g_b + 2 * o_b)
     dev, host = (0.0, traffic) if strat.offload_optimizer else (traffic, 0.0)
     # interleaved 1F1B with v virtual stages per rank: (p - 1) / (v m) (Narayanan et al. 2021 Sec. 2.2.2)

@@ -34,6 +34,7 @@ class Strategy:
     pipeline_split: str = "uniform"     # pipeline / nd `split`: uniform | balanced (flops.stage_layers)
     stages_per_rank: int = 1            # pipeline / nd interleaved_1f1b: virtual stages per rank
     pipeline_schedule: str = "1f1b"     # pipeline / nd `schedule`: gpipe | 1f1b | interleaved_1f1b
+    dp_replicate: int = 1               # nd: replicated groups of the dp ranks (HSDP); FSDP shards over dp / this
     # ZeRO-3 keeps parameter tensors of fewer elements than this whole on every rank
     # (stage3_param_persistence_threshold; DeepSpeed's and Lightning's default 1e5)
     param_persistence_elements: int = 0
@@ -108,6 +109,16 @@ def _read_yaml(path: str, mtime_ns: int) -> dict:
         return {}
 
 
+def as_applied(strategy: Strategy, dp: int) -> Strategy:
+    """The strategy as it runs over `dp` data-parallel ranks: nd applies FSDP2 only when dp > 1
+    (strategies/nd.py); at dp 1 its stages are plain modules (fp32 parameters and gradients,
+    Lightning's autocast under bf16-mixed), planned like a torch strategy."""
+    if strategy.family == "fsdp" and strategy.pipeline and dp == 1:
+        return replace(strategy, family="torch", shard_params=False, shard_grads=False,
+                       shard_optimizer=False, dp_replicate=1)
+    return strategy
+
+
 def get_strategy(name: str, options: dict | None = None) -> Strategy:
     """The planner's view of a strategy: the table above, refined by its config in conf/strategy/
     (comm hook, PowerSGD rank, local SGD period, ZeRO stage / offload, FSDP resharding, TP size)
@@ -174,4 +185,7 @@ def _apply_options(st: Strategy, cfg: dict) -> Strategy:
         kw["stages_per_rank"] = max(int(cfg["stages_per_rank"]), 1)
     if st.pipeline and cfg.get("schedule") in ("gpipe", "1f1b", "interleaved_1f1b"):
         kw["pipeline_schedule"] = cfg["schedule"]
+    if st.family == "fsdp" and st.pipeline and isinstance(cfg.get("dp_replicate"), int) \
+            and not isinstance(cfg["dp_replicate"], bool):
+        kw["dp_replicate"] = max(int(cfg["dp_replicate"]), 1)
     return replace(st, **kw) if kw else st
