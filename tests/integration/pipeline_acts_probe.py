@@ -38,10 +38,19 @@ MICRO_BATCH = 2
 
 
 class LiveSaved:
-    """Bytes of the storages autograd's saved tensors keep alive, now and at the peak."""
+    """Bytes of the storages autograd's saved tensors keep alive, now and at the peak; and, with
+    `held` (the stage's own tensors: outputs kept for backward, receive buffers) and `grads`, the
+    peak of all of them together, each storage once."""
 
-    def __init__(self, params: set[int]):
+    def __init__(self, params: set[int], held=lambda: [], grads=lambda: 0):
         self.params, self.storages, self.live, self.peak = params, {}, 0, 0
+        self.held, self.grads, self.peak_held, self.peak_total = held, grads, 0, 0
+
+    def sample(self) -> None:
+        extra = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in self.held()}
+        held = self.live + sum(n for k, n in extra.items() if k not in self.storages)
+        self.peak_held = max(self.peak_held, held)
+        self.peak_total = max(self.peak_total, held + self.grads())
 
     def pack(self, t: torch.Tensor):
         if t.device.type == "meta" or _from_parameter(t):
@@ -53,6 +62,7 @@ class LiveSaved:
         if entry[0] == 0:
             self.live += entry[1]
             self.peak = max(self.peak, self.live)
+            self.sample()
         entry[0] += 1
         # detached: a handle holding a saved output would hold its own node (a reference cycle
         # that only backward breaks; the first stage's metadata inference has no backward)
@@ -104,7 +114,30 @@ def run_case(name: str) -> dict:
     plan = Pipeline(schedule=schedule, microbatches=m, stages_per_rank=v)
     net = plan.parallelize(net, None)
     plan._build_schedule(SimpleNamespace(device=torch.device("cpu"), net=net))
-    tracker = LiveSaved({p.untyped_storage().data_ptr() for p in net.parameters()})
+    stages = plan._schedule._stages if v > 1 else [plan._schedule._stage]
+
+    def held() -> list:
+        """What torch's PipelineStage itself keeps: each micro-batch's output until its backward
+        (fwd_cache), and the receive buffers of activations and gradients (one per micro-batch,
+        allocated once by the first step)."""
+        out = [t for st in stages for outs, _ in st.fwd_cache.values() for t in outs
+               if isinstance(t, torch.Tensor)]
+        for st in stages:
+            for infos in [*st.args_recv_info.values(), *st.grad_recv_info.values()]:
+                out += [i.buffer for i in infos if isinstance(getattr(i, "buffer", None), torch.Tensor)]
+        return out
+
+    def grads() -> int:
+        return sum(p.grad.untyped_storage().nbytes() for p in net.parameters() if p.grad is not None)
+
+    tracker = LiveSaved({p.untyped_storage().data_ptr() for p in net.parameters()}, held, grads)
+    for st in stages:       # also sample right after each micro-batch's forward and backward
+        for name_ in ("forward_one_chunk", "backward_one_chunk"):
+            def sampled(*a, _f=getattr(st, name_), **k):
+                r = _f(*a, **k)
+                tracker.sample()
+                return r
+            setattr(st, name_, sampled)
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16-mixed" \
         else contextlib.nullcontext
     peaks = []
@@ -114,14 +147,17 @@ def run_case(name: str) -> dict:
         x, y = tokens[:, :-1], tokens[:, 1:]
         args = (x,) if plan.is_first else ()
         kwargs = {"target": y, "losses": []} if plan.is_last else {}
-        tracker.peak = tracker.live
+        tracker.peak = tracker.peak_held = tracker.peak_total = tracker.live
         plan._timer.start_step()     # as Pipeline.training_step runs it
         with torch.autograd.graph.saved_tensors_hooks(tracker.pack, _unpack), autocast():
             plan._schedule.step(*args, return_outputs=False, **kwargs)
         plan._timer.end_step()
-        peaks.append(tracker.peak)
+        peaks.append((tracker.peak, tracker.peak_held, tracker.peak_total))
         assert tracker.live == 0, (name, tracker.live)   # backward freed every saved tensor
-    return {"peak_saved_bytes": max(peaks[1:]), "stage": plan._stage_idx, "stages": plan._pp}
+    steady = peaks[1:]
+    return {"peak_saved_bytes": max(p[0] for p in steady), "peak_held_bytes": max(p[1] for p in steady),
+            "peak_with_grads_bytes": max(p[2] for p in steady), "grad_bytes": grads(),
+            "stage": plan._stage_idx, "stages": plan._pp}
 
 
 def main(out: str, names: str) -> None:

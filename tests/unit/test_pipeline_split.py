@@ -172,7 +172,13 @@ def test_planner_interleaved_activation_model_by_hand():
     """pp 2, v 2, m 4 (2 rounds of 2): rank 0 runs (2-1) x 2 + 2 x (2-1) = 4 warm-up forwards of
     one-layer chunks, then a fifth: 5 layer-micro-batches in flight (1F1B: 2 micro-batches of 2
     layers = 4); rank 1: 2 + 1 = 3 chunks + the head's output. Token ids (8 s b) on rank 0 for
-    ceil(5 / 2) = 3 micro-batches."""
+    ceil(5 / 2) = 3 micro-batches. Plus what torch's PipelineStage holds (activations.
+    pipeline_stage_bytes), in units of one micro-batch's residual stream u and logits: 1F1B rank 0
+    its 2 in-flight outputs and 4 gradient receive buffers (6 u), rank 1 one logits and 3 idle
+    activation buffers; interleaved, each rank's in-flight chunks spread over its 2 chunks (2.5 and
+    1.5 per chunk): rank 0 5 u of outputs + 8 u of gradient buffers (both its virtual stages are
+    before the last) + 1.5 u idle inputs (virtual stage 2), rank 1 1.5 u + 1.5 logits of outputs,
+    4 u of gradient buffers (virtual stage 1), 2 x 2.5 u idle inputs."""
     from dataclasses import replace
 
     from scalelab.plan import activation_bytes_per_device, get_strategy, resolve_layout
@@ -183,7 +189,9 @@ def test_planner_interleaved_activation_model_by_hand():
     s, b, h, V = 64, 4, 64, 256
     layer = gpt_layer_activation_bytes(s, b, h, 4, 1, e=4)
     out = (4 * s * b * h + 8 * s * b) + 4 * s * b * h + 4 * s * b * V + 8 * s * b
+    u, logits = 4 * s * b * h, 4 * s * b * V
     plain = activation_bytes_per_device(spec, layout, "32")
-    assert plain == pytest.approx(max(2 * (2 * layer + 8 * s * b), 2 * layer + out))
+    assert plain == pytest.approx(max(2 * (2 * layer + 8 * s * b) + 6 * u, 2 * layer + out + logits + 3 * u))
     inter = activation_bytes_per_device(spec, replace(layout, stages_per_rank=2), "32")
-    assert inter == pytest.approx(max(5 * layer + 3 * 8 * s * b, 3 * layer + out))
+    assert inter == pytest.approx(max(5 * layer + 3 * 8 * s * b + 14.5 * u,
+                                      3 * layer + out + 10.5 * u + 1.5 * logits))

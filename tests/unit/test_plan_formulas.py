@@ -165,8 +165,11 @@ def test_pipeline_first_stage_holds_p_micro_batches():
     one = activation_bytes_per_device(m, layout("ddp", m, 1), "bf16-mixed")
     L = layout("pipeline", m, 4, micro_batches=8)
     per_layer = 64 * 64 * 34 + 5 * 4 * 64 * 64
-    assert activation_bytes_per_device(m, L, "bf16-mixed") == 2 * per_layer * 4 + 64 * 64 * 4
-    assert activation_bytes_per_device(m, L, "bf16-mixed") < one + 4 * 64 * 64 * 4
+    # + the stage's own tensors: 4 in-flight outputs and 8 gradient receive buffers, fp32 residual
+    # stream of one micro-batch each (64 x 64 x 4 bytes)
+    stage = 12 * 64 * 64 * 4
+    assert activation_bytes_per_device(m, L, "bf16-mixed") == 2 * per_layer * 4 + 64 * 64 * 4 + stage
+    assert activation_bytes_per_device(m, L, "bf16-mixed") < one + 4 * 64 * 64 * 4 + stage
 
 
 # ---------------------------------------------------------------- communication (ring, nccl-tests)

@@ -156,47 +156,69 @@ def activation_bytes_per_rank(model: ModelSpec, layout: Layout, precision: str,
         embedding = 8 * s * b                           # int64 token ids
         final_ln = (s * b * h * r + 8 * s * b) / (t if sp else 1) + s * b * h * e   # SP: the input and
         output = final_ln + 4 * s * b * V + 8 * s * b  # logits gathered whole (no vocab-parallel loss)                            # stats; output gathered
-    v = max(getattr(layout, "stages_per_rank", 1), 1) if p > 1 else 1
-    split = getattr(layout, "split", "uniform")
-    per_stage = stage_layers(model.n_layers, p * v, split, model)   # per (virtual) stage, as the run splits
+    v = max(layout.stages_per_rank, 1) if p > 1 else 1
+    per_stage = stage_layers(model.n_layers, p * v, layout.split, model)   # per (virtual) stage, as the run splits
+    stage = pipeline_stage_bytes(model, layout, r, e, sp)
     if v > 1:
         # interleaved 1F1B (torch's ScheduleInterleaved1F1B, Narayanan et al. 2021 Sec. 2.2.2): rank
         # r runs (v-1) m/R + 2 (p-1-r) warm-up forwards of its chunks (R = max(1, m // p) rounds),
         # then one more before its first backward; each chunk holds one virtual stage's layers.
         # Rank 0: a little more than 1F1B's p micro-batches of L/p layers.
         m = layout.micro_batches
-        per_round = m // max(1, m // p)
         ranks = []
         for r in range(p):
-            chunks = min((v - 1) * per_round + 2 * (p - 1 - r) + 1, m * v)
+            chunks = stage_in_flight(layout, r)
             layers = sum(per_stage[k] for k in range(r, p * v, p)) / v     # mean layers of its chunks
             bytes_r = per_layer * layers * chunks + (embedding * min(-(-chunks // v), m) if r == 0 else 0.0)
-            ranks.append(bytes_r + (output if r == p - 1 else 0.0))
+            ranks.append(bytes_r + (output if r == p - 1 else 0.0) + stage[r])
         return ranks
     return [(per_layer * per_stage[r] + (embedding if r == 0 else 0.0) + (output if r == p - 1 else 0.0))
-            * stage_in_flight(layout, r) for r in range(p)]
+            * stage_in_flight(layout, r) + stage[r] for r in range(p)]
+
+
+def pipeline_stage_bytes(model: ModelSpec, layout: Layout, stream: int, e: int, sp: bool) -> list[float]:
+    """What torch's PipelineStage itself holds on each rank, besides the saved tensors (counted by
+    tests/integration/pipeline_acts_probe.py): each in-flight micro-batch's output until its
+    backward (fwd_cache: the residual stream, `stream` bytes per element (fp32 under autocast); on
+    the last stage the logits,
+    in the compute dtype, whole on every TP rank), and the receive buffers it allocates once for
+    all m micro-batches: gradients on every stage but the last, activations on every stage but the
+    first (an in-flight one is the first LayerNorm's saved input, so only the m - in-flight idle
+    ones are added). Interleaved 1F1B: per virtual stage, its in-flight chunks spread evenly over
+    the rank's v chunks. Not a pipeline schedule: nothing."""
+    p, m, v = layout.pp, layout.micro_batches, max(layout.stages_per_rank, 1)
+    if layout.schedule == "none":
+        return [0.0] * p
+    unit = model.seq_len * layout.micro_batch * model.hidden * stream / (layout.tp if sp else 1)
+    logits = model.seq_len * layout.micro_batch * model.vocab * e
+    out = []
+    for rank in range(p):
+        chunks = stage_in_flight(layout, rank)
+        virtual = [rank + i * p for i in range(v)]             # this rank's (virtual) stages
+        per_chunk = chunks / v
+        last = p * v - 1
+        outputs = sum(per_chunk * (logits if k == last else unit) for k in virtual)
+        grad_buffers = sum(m * unit for k in virtual if k < last)
+        idle_inputs = sum(max(m - per_chunk, 0.0) * unit for k in virtual if k > 0)
+        out.append(outputs + grad_buffers + idle_inputs)
+    return out
 
 
 def stage_in_flight(layout: Layout, rank: int) -> int:
-    """Micro-batches whose activations pipeline rank `rank` (of one stage per rank) holds at its
-    peak. torch's Schedule1F1B runs min(m, p - r) warm-up forwards before rank r's first backward
-    (the last stage: forward, then at once its backward); ScheduleGPipe runs every forward before
-    any backward, so every rank holds all m, the last one m outputs too (also at pp 1, where the
-    pipeline and nd strategies run a one-stage schedule). Gradient accumulation (not a pipeline):
-    one at a time."""
-    if layout.schedule == "gpipe":
-        return layout.micro_batches
-    return max(min(layout.pp - rank, layout.micro_batches), 1)
-
-
-def first_stage_in_flight(layout: Layout) -> int:
-    """Micro-batches (interleaved: chunk micro-batches) whose activations the first pipeline rank
-    holds at its peak, as activation_bytes_per_device counts them."""
+    """Micro-batches (interleaved: chunk micro-batches) whose activations pipeline rank `rank`
+    holds at its peak. torch's Schedule1F1B runs min(m, p - r) warm-up forwards before rank r's
+    first backward (the last stage: forward, then at once its backward); ScheduleGPipe runs every
+    forward before any backward, so every rank holds all m, the last one m outputs too (also at
+    pp 1, where the pipeline and nd strategies run a one-stage schedule);
+    ScheduleInterleaved1F1B: (v - 1) m / R + 2 (p - 1 - r) warm-up chunk forwards (R = max(1, m // p)
+    rounds) and one more before the first backward. Not a pipeline (gradient accumulation): one."""
     p, m, v = layout.pp, layout.micro_batches, layout.stages_per_rank
     if v > 1:
         per_round = m // max(1, m // p)
-        return min((v - 1) * per_round + 2 * (p - 1) + 1, m * v)
-    return stage_in_flight(layout, 0)
+        return min((v - 1) * per_round + 2 * (p - 1 - rank) + 1, m * v)
+    if layout.schedule == "gpipe":
+        return m
+    return max(min(p - rank, m), 1)
 
 
 def activation_traffic_bytes(model: ModelSpec, layout: Layout, precision: str,

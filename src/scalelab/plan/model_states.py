@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, asdict
 
+from .activations import stage_in_flight
 from .flops import stage_layers
 from .spec import Layout, ModelSpec, Strategy
 from .zero3_trace import gpt_units, kept_gathered_elements
@@ -130,6 +131,9 @@ class ModelStates:
     # of the activations, the fraction still alive when the whole gradient is first allocated in
     # backward (0: it grows as they are freed); ZeRO-1/2: zero_grads_allocated_early()
     acts_alive_at_grads: float = 0.0
+    # a pipeline's gradients freed before its schedule: at each rank's peak or not by its schedule
+    # (pipeline_acts_alive_at_grads; step_time.peak_states_and_activations)
+    grads_per_rank: bool = False
     # FSDP2 under a pipeline schedule: gathered bytes beyond buffers_bytes held right after a
     # backward, with one micro-batch fewer of activations alive (fsdp_pipeline_buffers)
     gathered_after_backward: float = 0.0
@@ -205,6 +209,23 @@ def grads_at_peak(strategy: Strategy, layout: Layout) -> bool:
         return False   # the sharded .grad is set at the step's end (whole ones: fsdp_pipeline_buffers)
     return (strategy.zero_stage == 3 or strategy.pipeline or layout.micro_batches > 1
             or strategy.grad_buckets)
+
+
+def pipeline_acts_alive_at_grads(layout: Layout, rank: int) -> float | None:
+    """A pipeline rank whose gradients are freed before the step (Pipeline.training_step:
+    zero_grad(set_to_none=True) before the schedule runs; also nd at dp 1): None when its gradients
+    live through its activations' peak, else the fraction of that peak's activations alive when
+    its first backward has made the whole gradient. 1F1B runs forwards after a rank's first
+    backward when m exceeds its warm-up depth d (then both are at the peak); at m = d (rank 0 at
+    m = p) and under GPipe (d = m: every forward before any backward) it runs none: the peak is
+    max(d a, grads + (d - 1) a). Interleaved: both (the safe side). Counted on real schedules:
+    tests/integration/pipeline_acts_probe.py."""
+    if layout.stages_per_rank > 1:
+        return None
+    d = stage_in_flight(layout, rank)
+    if layout.schedule != "gpipe" and layout.micro_batches > d:
+        return None
+    return (d - 1) / d
 
 
 def zero_grads_allocated_early(strategy: Strategy, psi: float, largest: float) -> float:
@@ -345,4 +366,5 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
                            acts_alive_at_grads=zero_grads_allocated_early(
                                strategy, psi, largest_tensor(model) / layout.tp))
     return ModelStates(params, grads, opt, buffers, offloaded, psi, updated,
-                       grads_at_peak=grads_at_peak(strategy, layout), gathered_after_backward=after_backward)
+                       grads_at_peak=grads_at_peak(strategy, layout), gathered_after_backward=after_backward,
+                       grads_per_rank=strategy.pipeline and not (strategy.family == "fsdp" and layout.dp > 1))

@@ -104,12 +104,12 @@ def terms_from_run(run: dict) -> Terms:
         # scalelab's tp/fsdp_tp/nd shard the LayerNorm regions only with strategy.sequence_parallel
         sequence_parallel=bool(par.get("sequence_parallel", options.get("sequence_parallel", False))))
     mem = run.get("memory")
-    fsdp_pipeline = strategy.family == "fsdp" and strategy.pipeline     # (model_states.grads_at_peak)
     if isinstance(mem, dict) and not mem.get("grads_freed_after_step") and strategy.family != "deepspeed" \
-            and not fsdp_pipeline:
+            and not strategy.pipeline:
         # measured with the gradients alive through the forward: Lightning's own order (records
         # from before LitModule freed them after the step; DeepSpeed's engine always freed its
-        # own in its step) or manual optimization (a pipeline's schedule)
+        # own in its step). A pipeline zeroes them before its schedule: its schedule decides
+        # (model_states.pipeline_acts_alive_at_grads)
         terms = replace(terms, states=replace(terms.states, grads_at_peak=True))
     return terms
 

@@ -214,7 +214,8 @@ class Layout:
     sequence_parallel: bool = field(default=True)
     split: str = "uniform"       # how pipeline stages split the layers (Strategy.pipeline_split)
     stages_per_rank: int = 1     # interleaved 1F1B's virtual stages per pipeline rank
-    schedule: str = "1f1b"       # the pipeline schedule (gpipe holds all m micro-batches; also at pp 1)
+    schedule: str = "none"       # the pipeline schedule (gpipe holds all m micro-batches; also at pp 1);
+                                 # none: not a pipeline (gradient accumulation: one at a time)
     dp_replicate: int = 1        # HSDP (nd): replicas of the dp ranks; FSDP2 shards over dp / this
 
     @property
@@ -277,7 +278,7 @@ def resolve_layout(strategy: Strategy, model: ModelSpec, devices: int, nodes: in
         raise PlanError(f"tp x pp = {tp * pp} does not divide the {world} devices; valid tp x pp: "
                         f"{', '.join(str(d) for d in _divisors(world))}")
     dp = world // (tp * pp)
-    replicas = strategy.dp_replicate if dp > 1 else 1
+    replicas = strategy.dp_replicate            # nd rejects one that does not divide dp, also dp 1
     if dp % replicas:
         raise PlanError(f"strategy.dp_replicate={replicas} does not divide the data-parallel degree {dp} "
                         f"(world {world} / tp {tp} / pp {pp}); valid: "
@@ -293,5 +294,5 @@ def resolve_layout(strategy: Strategy, model: ModelSpec, devices: int, nodes: in
     return Layout(world, nodes, devices, dp, tp, pp, micro_batch, global_batch,
                   global_batch // per_step, split=strategy.pipeline_split,
                   stages_per_rank=strategy.stages_per_rank if pp > 1 else 1,
-                  schedule=strategy.pipeline_schedule if strategy.pipeline else "1f1b",
+                  schedule=strategy.pipeline_schedule if strategy.pipeline else "none",
                   dp_replicate=replicas)

@@ -34,7 +34,8 @@ from . import activations as act_mod
 from . import flops as flops_mod
 from .comm import Collective, by_op, collectives
 from .hardware import Hardware, load_hardware
-from .model_states import ModelStates, bytes_per_param, model_states, zero3_kept_gathered
+from .model_states import (ModelStates, bytes_per_param, model_states, pipeline_acts_alive_at_grads,
+                           zero3_kept_gathered)
 from .strategies import as_applied
 from .spec import (PlanError, Layout, ModelSpec, Strategy, compute_dtype, get_strategy, normalize_checkpointing,
                    normalize_optimizer, normalize_precision, resolve_layout)
@@ -50,7 +51,7 @@ class Terms:
     optimizer: str
     checkpointing: str
     states: ModelStates
-    activations_bytes: float
+    activations_bytes: float        # the most any rank holds (the largest of activations_per_rank)
     colls: list
     model_flops_per_step: float     # whole job, no recomputation (MFU numerator)
     hw_flops_per_device: float      # executed by the slowest device per step
@@ -59,6 +60,7 @@ class Terms:
     opt_device_bytes: float         # memory traffic of the optimizer step on the device
     opt_host_bytes: float           # ... on the host (offload)
     threads: int                    # CPU threads per rank (scales a CPU profile's peak)
+    activations_per_rank: tuple = ()  # each pipeline rank's (one entry without a pipeline)
 
 
 def _stage_share(model: ModelSpec, layout: Layout) -> float:
@@ -87,7 +89,8 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
     layout = replace(layout, sequence_parallel=sequence_parallel)
     ran = as_applied(strat, layout.dp)      # nd at dp 1 applies no FSDP (Terms keeps the configured one)
     states = model_states(model, ran, layout, prec, opt)
-    acts = act_mod.activation_bytes_per_device(model, layout, prec, ckpt, weights_16bit=ran.family == "deepspeed")
+    per_rank = act_mod.activation_bytes_per_rank(model, layout, prec, ckpt, weights_16bit=ran.family == "deepspeed")
+    acts = max(per_rank)
     colls = collectives(model, ran, layout, prec)
     samples = layout.global_batch
     per_replica = flops_mod.hardware_flops(model, samples / layout.dp, ckpt)
@@ -101,7 +104,7 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
     traffic_acts = act_mod.activation_traffic_bytes(model, layout, prec, ckpt)
     return Terms(model, strat, layout, prec, opt, ckpt, states, acts, colls,
                  flops_mod.model_flops(model, samples), hw_flops, bubble, traffic_acts, dev, host,
-                 threads or 0)
+                 threads or 0, tuple(per_rank))
 
 
 def rank_threads(terms: Terms, hw: Hardware) -> int:
@@ -263,11 +266,17 @@ def peak_states_and_activations(terms: Terms) -> float:
     acts = terms.activations_bytes
     if st.gathered_after_backward:
         # FSDP2 under a pipeline schedule: right after a backward the stage (interleaved: that
-        # chunk) is gathered and one micro-batch (chunk) of activations fewer is alive
-        in_flight = act_mod.first_stage_in_flight(terms.layout)
-        acts = max(acts, acts - acts / in_flight + st.gathered_after_backward)
-    grads_acts = (st.grads_bytes + acts if st.grads_at_peak
-                  else max(acts, st.grads_bytes + st.acts_alive_at_grads * acts))
+        # chunk) is gathered and one micro-batch (chunk) of activations fewer is alive, on each rank
+        acts = max(acts, *(a - a / act_mod.stage_in_flight(terms.layout, r) + st.gathered_after_backward
+                           for r, a in enumerate(terms.activations_per_rank or (acts,))))
+    if st.grads_per_rank and st.grads_at_peak:
+        # each pipeline rank by its own schedule (the largest stage's gradients on every rank)
+        alive = [pipeline_acts_alive_at_grads(terms.layout, r) for r in range(len(terms.activations_per_rank))]
+        grads_acts = max(st.grads_bytes + a if f is None else max(a, st.grads_bytes + f * a)
+                         for a, f in zip(terms.activations_per_rank, alive))
+    else:
+        grads_acts = (st.grads_bytes + acts if st.grads_at_peak
+                      else max(acts, st.grads_bytes + st.acts_alive_at_grads * acts))
     return st.params_bytes + st.optimizer_bytes + grads_acts
 
 
