@@ -2,7 +2,8 @@
 (models.lit.LitModule, tests/unit/test_grads_freed.py): the forward runs without them and
 backward creates them while it frees the activations, so the peak holds the larger of the two.
 Expected totals are hand sums of the parts: fp32 Adam, 1e6 parameters -> params 4e6, grads
-4e6, moments 8e6 bytes; the activations from the saved-tensor-checked formula."""
+4e6, moments 8e6 bytes; the activations from the saved-tensor-checked formula, with the loss's
+backward transient at the head (the step peak: tests/unit/test_plan_allocator_peak.py)."""
 import pytest
 
 from scalelab.plan import ModelSpec, activation_bytes_per_device
@@ -21,10 +22,10 @@ def total(strategy, **kw):
 
 def test_single_holds_the_larger_of_gradients_and_activations():
     t, got = total("single", micro_batch=8)               # activations >> 4e6 bytes of gradients
-    acts = activation_bytes_per_device(M, t.layout, "32", "none")
+    acts = activation_bytes_per_device(M, t.layout, "32", "none", loss_transient=True)
     assert acts > 4e6 and got == pytest.approx(4e6 + 8e6 + acts + RUNTIME)
     t, got = total("single", micro_batch=1)               # the other way round: the gradients win
-    acts = activation_bytes_per_device(M, t.layout, "32", "none")
+    acts = activation_bytes_per_device(M, t.layout, "32", "none", loss_transient=True)
     assert acts < 4e6 and got == pytest.approx(4e6 + 8e6 + 4e6 + RUNTIME)
 
 
@@ -35,7 +36,7 @@ def test_single_holds_the_larger_of_gradients_and_activations():
 def test_gradients_that_live_through_the_forward_add_to_the_activations(strategy, kw):
     t, got = total(strategy, micro_batch=8, **kw)
     st = t.states
-    acts = activation_bytes_per_device(M, t.layout, "32", "none")
+    acts = activation_bytes_per_device(M, t.layout, "32", "none", loss_transient=True)
     assert st.grads_at_peak
     assert got == pytest.approx(st.params_bytes + st.grads_bytes + st.optimizer_bytes + acts
                                 + st.resident_buffer_bytes(False) + RUNTIME)
@@ -47,7 +48,7 @@ def test_zero2_frees_its_gradient_partition_and_buckets_in_the_step():
     # with the sum; 1.001 and 1.004 now (the 1.2B one with zero_grads_allocated_early).
     t, got = total("zero2", micro_batch=8)
     st = t.states
-    acts = activation_bytes_per_device(M, t.layout, "32", "none")
+    acts = activation_bytes_per_device(M, t.layout, "32", "none", loss_transient=True)
     assert not st.grads_at_peak and st.grads_bytes > 0 and acts > st.grads_bytes
     assert got == pytest.approx(st.params_bytes + st.optimizer_bytes + acts + st.resident_buffer_bytes(False)
                                 + RUNTIME)
@@ -92,6 +93,6 @@ def test_zero2_with_buckets_smaller_than_the_model_allocates_its_partition_early
     t = build_terms(M, st, micro_batch=8, precision="32")
     s = t.states
     assert s.acts_alive_at_grads == pytest.approx(1 - (100_000 - 16_384) / 1e6)
-    acts = activation_bytes_per_device(M, t.layout, "32", "none")
+    acts = activation_bytes_per_device(M, t.layout, "32", "none", loss_transient=True)
     assert device_total_bytes(t, HW) == pytest.approx(s.params_bytes + s.optimizer_bytes + s.grads_bytes + 0.916384 * acts
                                                       + s.resident_buffer_bytes(False) + RUNTIME)

@@ -119,20 +119,34 @@ def gpt_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, *, e:
     return ln_in + ln_out + (split + core) / t
 
 
+def loss_backward_bytes(s: int, b: int, V: int) -> float:
+    """The cross entropy's backward at the head, beside every saved activation: the backward of
+    LitModule's F.cross_entropy(logits.float()) first makes the fp32 gradient of the log-softmax
+    output (nll_loss_backward) and then that of its input (_log_softmax_backward_data) while the
+    saved log-softmax (counted with the activations) is still alive: 2 x 4 s b V more, in fp32
+    and under bf16 autocast alike. The step's allocator peak for any sizeable vocabulary (a byte
+    vocabulary hides it); counted on the CPU allocator (tests/unit/test_plan_allocator_peak.py)."""
+    return 8 * s * b * V
+
+
 def uses_paper_formula(model: ModelSpec) -> bool:
     """Korthikanti's setting: s x s scores in memory and dropout masks to keep."""
     return model.attention == "math" and model.dropout > 0
 
 
 def activation_bytes_per_device(model: ModelSpec, layout: Layout, precision: str,
-                                checkpointing: str = "none", weights_16bit: bool = False) -> float:
+                                checkpointing: str = "none", weights_16bit: bool = False,
+                                loss_transient: bool = False) -> float:
     """The most any device holds: the largest of activation_bytes_per_rank."""
-    return max(activation_bytes_per_rank(model, layout, precision, checkpointing, weights_16bit))
+    return max(activation_bytes_per_rank(model, layout, precision, checkpointing, weights_16bit, loss_transient))
 
 
 def activation_bytes_per_rank(model: ModelSpec, layout: Layout, precision: str,
-                              checkpointing: str = "none", weights_16bit: bool = False) -> list[float]:
-    """Each pipeline rank's activation bytes at its peak (one entry without a pipeline).
+                              checkpointing: str = "none", weights_16bit: bool = False,
+                              loss_transient: bool = False) -> list[float]:
+    """Each pipeline rank's activation bytes at its peak (one entry without a pipeline): what
+    autograd saves, plus what a pipeline stage holds; with loss_transient (the planner's step peak,
+    step_time.build_terms) also the cross entropy's backward at the head (loss_backward_bytes).
     weights_16bit: see gpt_layer_activation_bytes (DeepSpeed runs a mixed-precision job with
     16-bit weights and no autocast: the caller passes strategy family == deepspeed)."""
     e = 4 if precision == "32" else 2
@@ -154,11 +168,15 @@ def activation_bytes_per_rank(model: ModelSpec, layout: Layout, precision: str,
                                                sequence_parallel=sp, checkpointing=checkpointing,
                                                attention=model.attention, weights_16bit=weights_16bit)
         embedding = 8 * s * b                           # int64 token ids
-        final_ln = (s * b * h * r + 8 * s * b) / (t if sp else 1) + s * b * h * e   # SP: the input and
-        output = final_ln + 4 * s * b * V + 8 * s * b  # logits gathered whole (no vocab-parallel loss)                            # stats; output gathered
+        # SP: the final LayerNorm's input and stats are sequence shards; its output is gathered
+        final_ln = (s * b * h * r + 8 * s * b) / (t if sp else 1) + s * b * h * e
+        # logits gathered whole (no vocab-parallel loss)
+        output = final_ln + 4 * s * b * V + 8 * s * b
     v = max(layout.stages_per_rank, 1) if p > 1 else 1
     per_stage = stage_layers(model.n_layers, p * v, layout.split, model)   # per (virtual) stage, as the run splits
     stage = pipeline_stage_bytes(model, layout, r, e, sp)
+    # once, on the rank with the head, beside every micro-batch it holds
+    stage[-1] += loss_backward_bytes(s, b, V) if loss_transient and not uses_paper_formula(model) else 0.0
     if v > 1:
         # interleaved 1F1B (torch's ScheduleInterleaved1F1B, Narayanan et al. 2021 Sec. 2.2.2): rank
         # r runs (v-1) m/R + 2 (p-1-r) warm-up forwards of its chunks (R = max(1, m // p) rounds),
@@ -176,16 +194,17 @@ def activation_bytes_per_rank(model: ModelSpec, layout: Layout, precision: str,
             * stage_in_flight(layout, r) + stage[r] for r in range(p)]
 
 
-def pipeline_stage_bytes(model: ModelSpec, layout: Layout, stream: int, e: int, sp: bool) -> list[float]:
+def pipeline_stage_bytes(model: ModelSpec, layout: Layout, stream: int, e: int, sp: bool,
+                         resident_only: bool = False) -> list[float]:
     """What torch's PipelineStage itself holds on each rank, besides the saved tensors (counted by
     tests/integration/pipeline_acts_probe.py): each in-flight micro-batch's output until its
-    backward (fwd_cache: the residual stream, `stream` bytes per element (fp32 under autocast); on
-    the last stage the logits,
-    in the compute dtype, whole on every TP rank), and the receive buffers it allocates once for
-    all m micro-batches: gradients on every stage but the last, activations on every stage but the
-    first (an in-flight one is the first LayerNorm's saved input, so only the m - in-flight idle
-    ones are added). Interleaved 1F1B: per virtual stage, its in-flight chunks spread evenly over
-    the rank's v chunks. Not a pipeline schedule: nothing."""
+    backward (fwd_cache: the residual stream, `stream` bytes per element, fp32 under autocast; on
+    the last stage the logits, in the compute dtype, whole on every TP rank), and the receive
+    buffers it allocates once for all m micro-batches (resident_only: these alone): gradients on
+    every stage but the last, activations on every stage but the first (an in-flight one is the
+    first LayerNorm's saved input, so only the m - in-flight idle ones are added). Interleaved
+    1F1B: per virtual stage, its in-flight chunks spread evenly over the rank's v chunks. Not a
+    pipeline schedule: nothing."""
     p, m, v = layout.pp, layout.micro_batches, max(layout.stages_per_rank, 1)
     if layout.schedule == "none":
         return [0.0] * p
@@ -197,11 +216,22 @@ def pipeline_stage_bytes(model: ModelSpec, layout: Layout, stream: int, e: int, 
         virtual = [rank + i * p for i in range(v)]             # this rank's (virtual) stages
         per_chunk = chunks / v
         last = p * v - 1
-        outputs = sum(per_chunk * (logits if k == last else unit) for k in virtual)
+        outputs = 0.0 if resident_only else sum(per_chunk * (logits if k == last else unit) for k in virtual)
         grad_buffers = sum(m * unit for k in virtual if k < last)
         idle_inputs = sum(max(m - per_chunk, 0.0) * unit for k in virtual if k > 0)
         out.append(outputs + grad_buffers + idle_inputs)
     return out
+
+
+def pipeline_receive_bytes(model: ModelSpec, layout: Layout, precision: str, weights_16bit: bool = False) -> list[float]:
+    """Each rank's receive buffers (pipeline_stage_bytes' resident part): allocated once, they
+    stay when backward frees micro-batches (model_states.pipeline_acts_alive_at_grads)."""
+    if model.kind == "mlp":
+        return [0.0] * layout.pp
+    e = 4 if precision == "32" else 2
+    stream = e if weights_16bit and e == 2 else RESIDUAL_BYTES
+    return pipeline_stage_bytes(model, layout, stream, e, layout.sequence_parallel and layout.tp > 1,
+                                resident_only=True)
 
 
 def stage_in_flight(layout: Layout, rank: int) -> int:

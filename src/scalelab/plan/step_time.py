@@ -61,6 +61,7 @@ class Terms:
     opt_host_bytes: float           # ... on the host (offload)
     threads: int                    # CPU threads per rank (scales a CPU profile's peak)
     activations_per_rank: tuple = ()  # each pipeline rank's (one entry without a pipeline)
+    receive_per_rank: tuple = ()      # of which each pipeline rank's resident receive buffers
 
 
 def _stage_share(model: ModelSpec, layout: Layout) -> float:
@@ -89,7 +90,8 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
     layout = replace(layout, sequence_parallel=sequence_parallel)
     ran = as_applied(strat, layout.dp)      # nd at dp 1 applies no FSDP (Terms keeps the configured one)
     states = model_states(model, ran, layout, prec, opt)
-    per_rank = act_mod.activation_bytes_per_rank(model, layout, prec, ckpt, weights_16bit=ran.family == "deepspeed")
+    per_rank = act_mod.activation_bytes_per_rank(model, layout, prec, ckpt, weights_16bit=ran.family == "deepspeed",
+                                                 loss_transient=True)
     acts = max(per_rank)
     colls = collectives(model, ran, layout, prec)
     samples = layout.global_batch
@@ -104,7 +106,8 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
     traffic_acts = act_mod.activation_traffic_bytes(model, layout, prec, ckpt)
     return Terms(model, strat, layout, prec, opt, ckpt, states, acts, colls,
                  flops_mod.model_flops(model, samples), hw_flops, bubble, traffic_acts, dev, host,
-                 threads or 0, tuple(per_rank))
+                 threads or 0, tuple(per_rank),
+                 tuple(act_mod.pipeline_receive_bytes(model, layout, prec, ran.family == "deepspeed")))
 
 
 def rank_threads(terms: Terms, hw: Hardware) -> int:
@@ -271,13 +274,22 @@ def peak_states_and_activations(terms: Terms) -> float:
                            for r, a in enumerate(terms.activations_per_rank or (acts,))))
     if st.grads_per_rank and st.grads_at_peak:
         # each pipeline rank by its own schedule (the largest stage's gradients on every rank)
-        alive = [pipeline_acts_alive_at_grads(terms.layout, r) for r in range(len(terms.activations_per_rank))]
-        grads_acts = max(st.grads_bytes + a if f is None else max(a, st.grads_bytes + f * a)
-                         for a, f in zip(terms.activations_per_rank, alive))
+        # (receive buffers stay whole when backward frees micro-batches)
+        grads_acts = max(pipeline_grads_and_acts(st.grads_bytes, a, buf, pipeline_acts_alive_at_grads(terms.layout, r))
+                         for r, (a, buf) in enumerate(zip(terms.activations_per_rank, terms.receive_per_rank)))
     else:
         grads_acts = (st.grads_bytes + acts if st.grads_at_peak
                       else max(acts, st.grads_bytes + st.acts_alive_at_grads * acts))
     return st.params_bytes + st.optimizer_bytes + grads_acts
+
+
+def pipeline_grads_and_acts(grads: float, acts: float, resident: float, alive: float | None) -> float:
+    """A pipeline rank's peak of gradients and activations: both (alive None), or the larger of
+    its activations and its gradients beside the `alive` fraction of the rest of them plus its
+    resident receive buffers (model_states.pipeline_acts_alive_at_grads)."""
+    if alive is None:
+        return grads + acts
+    return max(acts, grads + alive * (acts - resident) + resident)
 
 
 def device_total_bytes(terms: Terms, hw: Hardware) -> float:
