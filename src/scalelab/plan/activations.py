@@ -194,6 +194,35 @@ def activation_bytes_per_rank(model: ModelSpec, layout: Layout, precision: str,
             * stage_in_flight(layout, r) + stage[r] for r in range(p)]
 
 
+def recompute_peak_per_rank(model: ModelSpec, layout: Layout, precision: str, checkpointing: str,
+                            weights_16bit: bool = False) -> list[float]:
+    """Full recompute's own moment, per rank, gradients not included (the caller adds them): backward
+    runs each block's forward again and keeps that block's activations for its backward, beside the
+    stored block inputs, while the gradients have grown nearly whole; at the end of backward this,
+    not the end of the forward, is the peak (the CPU allocator: tests/unit/test_plan_allocator_peak.py).
+    Counted as every stored input, the token ids, the stage's receive buffers and one block's
+    activations without recompute. 0 without full recompute."""
+    p = layout.pp
+    if checkpointing != "full" or model.kind == "mlp" or uses_paper_formula(model):
+        return [0.0] * p
+    e = 4 if precision == "32" else 2
+    weights_16bit = weights_16bit and e == 2
+    s, b, h, t = model.seq_len, layout.micro_batch, model.hidden, layout.tp
+    sp = layout.sequence_parallel and t > 1
+    kw = dict(e=e, ffn=model.ffn, sequence_parallel=sp, attention=model.attention, weights_16bit=weights_16bit)
+    stored = gpt_layer_activation_bytes(s, b, h, model.heads, t, checkpointing="full", **kw)
+    block = gpt_layer_activation_bytes(s, b, h, model.heads, t, checkpointing="none", **kw)
+    v = max(layout.stages_per_rank, 1) if p > 1 else 1
+    per_stage = stage_layers(model.n_layers, p * v, layout.split, model)
+    receive = pipeline_receive_bytes(model, layout, precision, weights_16bit)
+    out = []
+    for r in range(p):
+        depth = stage_in_flight(layout, r)
+        layers = sum(per_stage[k] for k in range(r, p * v, p)) / v
+        out.append((stored * layers + (8 * s * b if r == 0 else 0.0)) * depth + receive[r] + block)
+    return out
+
+
 def pipeline_stage_bytes(model: ModelSpec, layout: Layout, stream: int, e: int, sp: bool,
                          resident_only: bool = False) -> list[float]:
     """What torch's PipelineStage itself holds on each rank, besides the saved tensors (counted by

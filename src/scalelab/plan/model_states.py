@@ -291,7 +291,7 @@ def _kept(model, unit, tp, persistence, reuse, prefetch, max_live) -> int:
 
 
 def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision: str,
-                 optimizer: str) -> ModelStates:
+                 optimizer: str, checkpointing: str = "none") -> ModelStates:
     psi = local_params(model, layout)
     p_b, g_b, o_b = bytes_per_param(strategy, precision, optimizer)
     n = layout.dp // layout.dp_replicate     # the shard group (HSDP: FSDP2 shards inside a replica)
@@ -327,8 +327,14 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
     if strategy.family == "torch" and not strategy.shard_params and precision != "32":
         # Autocast's 16-bit copies of the fp32 weights: autograd keeps them for backward, so they
         # live from forward to the end of backward (2 bytes per parameter; measured on an H200:
-        # the 1.2B GPT's single run holds 2.25 GiB more than its states and activations).
-        buffers += 2 * psi
+        # the 1.2B GPT's single run holds 2.25 GiB more than its states and activations). Under
+        # full recompute a block's forward saves nothing: the root's copies (the head's) live to
+        # the head's backward, one block's while backward recomputes it, not both at once (the
+        # CPU allocator: tests/unit/test_plan_allocator_peak.py)
+        copied = psi
+        if checkpointing == "full" and model.kind == "gpt":
+            copied = min(psi, max(fsdp_root_params(model, psi), model.layer_params / layout.tp))
+        buffers += 2 * copied
     kept = zero3_kept_gathered(model, strategy, layout)
     if kept:
         # DeepSpeed ZeRO-3 at 2+ ranks: the gathered tensors its coordinator keeps from the forward

@@ -62,6 +62,7 @@ class Terms:
     threads: int                    # CPU threads per rank (scales a CPU profile's peak)
     activations_per_rank: tuple = ()  # each pipeline rank's (one entry without a pipeline)
     receive_per_rank: tuple = ()      # of which each pipeline rank's resident receive buffers
+    recompute_per_rank: tuple = ()    # full recompute's backward moment, gradients aside
 
 
 def _stage_share(model: ModelSpec, layout: Layout) -> float:
@@ -89,7 +90,7 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
     layout = resolve_layout(strat, model, devices, nodes, tp, pp, micro_batch, global_batch, micro_batches)
     layout = replace(layout, sequence_parallel=sequence_parallel)
     ran = as_applied(strat, layout.dp)      # nd at dp 1 applies no FSDP (Terms keeps the configured one)
-    states = model_states(model, ran, layout, prec, opt)
+    states = model_states(model, ran, layout, prec, opt, ckpt)
     per_rank = act_mod.activation_bytes_per_rank(model, layout, prec, ckpt, weights_16bit=ran.family == "deepspeed",
                                                  loss_transient=True)
     acts = max(per_rank)
@@ -107,7 +108,8 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
     return Terms(model, strat, layout, prec, opt, ckpt, states, acts, colls,
                  flops_mod.model_flops(model, samples), hw_flops, bubble, traffic_acts, dev, host,
                  threads or 0, tuple(per_rank),
-                 tuple(act_mod.pipeline_receive_bytes(model, layout, prec, ran.family == "deepspeed")))
+                 tuple(act_mod.pipeline_receive_bytes(model, layout, prec, ran.family == "deepspeed")),
+                 tuple(act_mod.recompute_peak_per_rank(model, layout, prec, ckpt, ran.family == "deepspeed")))
 
 
 def rank_threads(terms: Terms, hw: Hardware) -> int:
@@ -280,6 +282,9 @@ def peak_states_and_activations(terms: Terms) -> float:
     else:
         grads_acts = (st.grads_bytes + acts if st.grads_at_peak
                       else max(acts, st.grads_bytes + st.acts_alive_at_grads * acts))
+    if any(terms.recompute_per_rank):
+        # full recompute: late in backward, (nearly) every gradient beside one recomputed block
+        grads_acts = max(grads_acts, st.grads_bytes + max(terms.recompute_per_rank))
     return st.params_bytes + st.optimizer_bytes + grads_acts
 
 
