@@ -178,11 +178,15 @@ def main() -> int:
     ap.add_argument("--big", action="store_true", help="the 1.2B GPT (24 x 2048, 16 heads, batch 8) instead of 86M")
     ap.add_argument("--no-hand", action="store_true", help="skip the hand-written anchor loop")
     ap.add_argument("--steps", type=int, help="optimizer steps per run (default: the shape's)")
+    ap.add_argument("--vocab", type=int, help="vocabulary size (default: the shape's byte vocabulary, 256); "
+                    "a large one checks the planner's loss-backward term at the head (the data stay bytes)")
     ap.add_argument("overrides", nargs="*", help="extra scalelab-train overrides for every run (KEY=VALUE)")
     a = ap.parse_args()
     s = dict(SMOKE if a.smoke else BIG if a.big else FULL)
     if a.steps:
         s["steps"] = a.steps
+    if a.vocab:
+        s["vocab"] = a.vocab
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()

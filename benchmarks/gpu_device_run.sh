@@ -7,9 +7,10 @@
 #   3. zero3 with DeepSpeed's per-submodule fetch (stage3_fetch_unit=module) against stage 1's whole-Block
 #      default: what the per-submodule hooks cost on the GPU (SKIP_Z3MODULE=1 skips it);
 #   (Z2FLAT=1: zero2 with contiguous_gradients=false, the CPU stand-in's faster ZeRO-2 path, benchmarks/gpu_h200.md)
-#   4. the 1.2B GPT (24 x 2048): every strategy again at size (host RSS, device memory, the planner);
+#   4. single and fsdp with GPT-2's 50,257-token vocabulary (the planner's loss-backward term);
+#   5. the 1.2B GPT (24 x 2048): every strategy again at size (host RSS, device memory, the planner);
 # then `scalelab plan --calibrate` of the 86M sweep (h200_fit.yaml) and `--validate` of the 1.2B one with it.
-# Stages 2-4 run only while the elapsed time leaves room (a device session has 15 minutes).
+# Stages 2-5 run only while the elapsed time leaves room (a device session has 15 minutes).
 #   source .gpu/env.sh && bash benchmarks/gpu_device_run.sh "$OUT"      (shared/notes/gpu-device.md)
 set -u
 OUT=${1:?usage: gpu_device_run.sh OUT_DIR}
@@ -37,6 +38,9 @@ stage main ${MAIN_END:-210}
 [ -z "${SKIP_Z3MODULE:-}" ] && stage z3module 290 --no-hand --strategies zero3 strategy.stage3_fetch_unit=module
 [ -n "${Z2FLAT:-}" ] && stage z2flat 330 --no-hand --strategies zero2 strategy.contiguous_gradients=false
 [ -n "${FOREACH:-}" ] && stage foreach 330 --no-hand --strategies single optim.fused_on_gpu=false
+# GPT-2's vocabulary on the 86M GPT: the planner's cross-entropy backward term (8 s b V bytes: 6.6 GB
+# here) and the device peak it predicts, checked on the CPU allocator only so far (SKIP_VOCAB=1 skips)
+[ -z "${SKIP_VOCAB:-}" ] && stage vocab ${VOCAB_END:-340} --no-hand --steps 20 --vocab 50257 --strategies single,fsdp
 stage big ${BIG_END:-430} --big --no-hand --steps 20 ${BIG_STRATEGIES:+--strategies $BIG_STRATEGIES}
 # the planner refitted to this run's 86M sweep (host floors included), checked on its unseen 1.2B sweep
 if [ -d "$W/main/sweep" ]; then
