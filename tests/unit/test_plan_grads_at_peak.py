@@ -38,8 +38,11 @@ def test_gradients_that_live_through_the_forward_add_to_the_activations(strategy
     st = t.states
     acts = activation_bytes_per_device(M, t.layout, "32", "none", loss_transient=True)
     assert st.grads_at_peak
+    # accumulation: the head's fresh gradient beside the accumulated ones (its largest matrix:
+    # 64 x 256 elements, fp32), before it is added in
+    assert st.new_grad_bytes == (4 * 64 * 256 if strategy == "single" else 0)
     assert got == pytest.approx(st.params_bytes + st.grads_bytes + st.optimizer_bytes + acts
-                                + st.resident_buffer_bytes(False) + RUNTIME)
+                                + st.new_grad_bytes + st.resident_buffer_bytes(False) + RUNTIME)
 
 
 def test_zero2_frees_its_gradient_partition_and_buckets_in_the_step():

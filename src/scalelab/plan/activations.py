@@ -176,7 +176,8 @@ def activation_bytes_per_rank(model: ModelSpec, layout: Layout, precision: str,
     per_stage = stage_layers(model.n_layers, p * v, layout.split, model)   # per (virtual) stage, as the run splits
     stage = pipeline_stage_bytes(model, layout, r, e, sp)
     # once, on the rank with the head, beside every micro-batch it holds
-    stage[-1] += loss_backward_bytes(s, b, V) if loss_transient and not uses_paper_formula(model) else 0.0
+    # (Korthikanti's setting: Megatron's vocabulary-parallel loss, a shard of the logits per TP rank)
+    stage[-1] += loss_backward_bytes(s, b, V) / (t if uses_paper_formula(model) else 1) if loss_transient else 0.0
     if v > 1:
         # interleaved 1F1B (torch's ScheduleInterleaved1F1B, Narayanan et al. 2021 Sec. 2.2.2): rank
         # r runs (v-1) m/R + 2 (p-1-r) warm-up forwards of its chunks (R = max(1, m // p) rounds),
@@ -200,7 +201,7 @@ def recompute_peak_per_rank(model: ModelSpec, layout: Layout, precision: str, ch
     runs each block's forward again and keeps that block's activations for its backward, beside the
     stored block inputs, while the gradients have grown nearly whole; at the end of backward this,
     not the end of the forward, is the peak (the CPU allocator: tests/unit/test_plan_allocator_peak.py).
-    Counted as every stored input, the token ids, the stage's receive buffers and one block's
+    Counted as every stored input, the token ids, what the pipeline stage holds and one block's
     activations without recompute. 0 without full recompute."""
     p = layout.pp
     if checkpointing != "full" or model.kind == "mlp" or uses_paper_formula(model):
@@ -214,12 +215,13 @@ def recompute_peak_per_rank(model: ModelSpec, layout: Layout, precision: str, ch
     block = gpt_layer_activation_bytes(s, b, h, model.heads, t, checkpointing="none", **kw)
     v = max(layout.stages_per_rank, 1) if p > 1 else 1
     per_stage = stage_layers(model.n_layers, p * v, layout.split, model)
-    receive = pipeline_receive_bytes(model, layout, precision, weights_16bit)
+    r_b = e if weights_16bit else RESIDUAL_BYTES
+    held = pipeline_stage_bytes(model, layout, r_b, e, sp)     # outputs in flight and receive buffers
     out = []
     for r in range(p):
         depth = stage_in_flight(layout, r)
         layers = sum(per_stage[k] for k in range(r, p * v, p)) / v
-        out.append((stored * layers + (8 * s * b if r == 0 else 0.0)) * depth + receive[r] + block)
+        out.append((stored * layers + (8 * s * b if r == 0 else 0.0)) * depth + held[r] + block)
     return out
 
 

@@ -131,6 +131,8 @@ class ModelStates:
     # of the activations, the fraction still alive when the whole gradient is first allocated in
     # backward (0: it grows as they are freed); ZeRO-1/2: zero_grads_allocated_early()
     acts_alive_at_grads: float = 0.0
+    autocast_copies: float = 0.0        # of buffers_bytes: autocast's 16-bit weight copies
+    new_grad_bytes: float = 0.0         # a fresh gradient beside an accumulated one (the head's)
     # a pipeline's gradients freed before its schedule: at each rank's peak or not by its schedule
     # (pipeline_acts_alive_at_grads; step_time.peak_states_and_activations)
     grads_per_rank: bool = False
@@ -262,6 +264,16 @@ def fsdp_pipeline_buffers(strategy: Strategy, psi: float, largest: float, gather
     return psi * g_b + units, max(0.0, psi / chunks * gathered_b - units)
 
 
+def autocast_copied_params(model: ModelSpec, psi: float) -> float:
+    """Parameters autocast casts to 16 bits on a rank holding psi: the Linear layers' weights
+    (blocks and an untied head); embeddings and LayerNorms run in fp32 (the CPU allocator:
+    tests/unit/test_plan_allocator_peak.py)."""
+    mats = sum(e * c for e, c in model.weight_matrices())
+    if model.kind == "gpt":
+        mats -= (model.vocab + model.seq_len) * model.hidden          # token and position embeddings
+    return min(psi, max(mats, 0) * psi / model.n_params)
+
+
 def fsdp_root_params(model: ModelSpec, psi: float) -> float:
     """Parameters of FSDP2's root unit on a rank holding psi: what is not in a Block (embeddings,
     final norm, head); the whole model for a model without Blocks (kind mlp)."""
@@ -291,7 +303,7 @@ def _kept(model, unit, tp, persistence, reuse, prefetch, max_live) -> int:
 
 
 def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision: str,
-                 optimizer: str, checkpointing: str = "none") -> ModelStates:
+                 optimizer: str) -> ModelStates:
     psi = local_params(model, layout)
     p_b, g_b, o_b = bytes_per_param(strategy, precision, optimizer)
     n = layout.dp // layout.dp_replicate     # the shard group (HSDP: FSDP2 shards inside a replica)
@@ -323,18 +335,16 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
     gathered_b = 2 if precision != "32" else 4        # dtype of gathered copies / comm
     # (ZeRO-3 gathers only what does not persist: nothing at all on a tiny model)
     largest = min(model.largest_layer_params / layout.tp, psi - persistent_elems)
-    buffers, after_backward = 0.0, 0.0
+    buffers, after_backward, copies = 0.0, 0.0, 0.0
     if strategy.family == "torch" and not strategy.shard_params and precision != "32":
         # Autocast's 16-bit copies of the fp32 weights: autograd keeps them for backward, so they
         # live from forward to the end of backward (2 bytes per parameter; measured on an H200:
-        # the 1.2B GPT's single run holds 2.25 GiB more than its states and activations). Under
-        # full recompute a block's forward saves nothing: the root's copies (the head's) live to
-        # the head's backward, one block's while backward recomputes it, not both at once (the
-        # CPU allocator: tests/unit/test_plan_allocator_peak.py)
-        copied = psi
-        if checkpointing == "full" and model.kind == "gpt":
-            copied = min(psi, max(fsdp_root_params(model, psi), model.layer_params / layout.tp))
-        buffers += 2 * copied
+        # the 1.2B GPT's single run holds 2.25 GiB more than its states and activations). Also
+        # under full recompute: autocast's cast cache keeps every copy until its context exits
+        # (after the forward; a pipeline's, after its schedule); step_time's recompute moment
+        # counts one block's instead where that is before backward (autocast_copies)
+        copies = 2 * autocast_copied_params(model, psi)
+        buffers += copies
     kept = zero3_kept_gathered(model, strategy, layout)
     if kept:
         # DeepSpeed ZeRO-3 at 2+ ranks: the gathered tensors its coordinator keeps from the forward
@@ -373,4 +383,7 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
                                strategy, psi, largest_tensor(model) / layout.tp))
     return ModelStates(params, grads, opt, buffers, offloaded, psi, updated,
                        grads_at_peak=grads_at_peak(strategy, layout), gathered_after_backward=after_backward,
-                       grads_per_rank=strategy.pipeline and not (strategy.family == "fsdp" and layout.dp > 1))
+                       grads_per_rank=strategy.pipeline and not (strategy.family == "fsdp" and layout.dp > 1),
+                       autocast_copies=copies,
+                       new_grad_bytes=min(largest_tensor(model) / layout.tp, psi) * g_b
+                       if strategy.family == "torch" and layout.micro_batches > 1 else 0.0)

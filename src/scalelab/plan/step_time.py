@@ -90,7 +90,7 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
     layout = resolve_layout(strat, model, devices, nodes, tp, pp, micro_batch, global_batch, micro_batches)
     layout = replace(layout, sequence_parallel=sequence_parallel)
     ran = as_applied(strat, layout.dp)      # nd at dp 1 applies no FSDP (Terms keeps the configured one)
-    states = model_states(model, ran, layout, prec, opt, ckpt)
+    states = model_states(model, ran, layout, prec, opt)
     per_rank = act_mod.activation_bytes_per_rank(model, layout, prec, ckpt, weights_16bit=ran.family == "deepspeed",
                                                  loss_transient=True)
     acts = max(per_rank)
@@ -279,12 +279,24 @@ def peak_states_and_activations(terms: Terms) -> float:
         # (receive buffers stay whole when backward frees micro-batches)
         grads_acts = max(pipeline_grads_and_acts(st.grads_bytes, a, buf, pipeline_acts_alive_at_grads(terms.layout, r))
                          for r, (a, buf) in enumerate(zip(terms.activations_per_rank, terms.receive_per_rank)))
+    elif st.grads_at_peak:
+        # gradients alive through the forward (accumulation, DDP's buckets, ZeRO-3's partition):
+        # backward makes each new gradient beside the accumulated one before adding it in; the
+        # head's (the largest tensor) at once, beside every activation (the CPU allocator:
+        # tests/unit/test_plan_allocator_peak.py)
+        grads_acts = st.grads_bytes + acts + st.new_grad_bytes
     else:
-        grads_acts = (st.grads_bytes + acts if st.grads_at_peak
-                      else max(acts, st.grads_bytes + st.acts_alive_at_grads * acts))
+        grads_acts = max(acts, st.grads_bytes + st.acts_alive_at_grads * acts)
     if any(terms.recompute_per_rank):
-        # full recompute: late in backward, (nearly) every gradient beside one recomputed block
-        grads_acts = max(grads_acts, st.grads_bytes + max(terms.recompute_per_rank))
+        # full recompute: late in backward, (nearly) every gradient beside one recomputed block.
+        # Autocast's cast cache (in buffers) held every 16-bit weight copy to the forward's end;
+        # in backward only the recomputed block's, unless autocast spans the backward too (a
+        # pipeline's schedule runs inside training_step's autocast)
+        late = st.grads_bytes + max(terms.recompute_per_rank)
+        if st.autocast_copies and not terms.strategy.pipeline:
+            block = 2 * (4 * terms.model.hidden ** 2 + 2 * terms.model.hidden * terms.model.ffn) / terms.layout.tp
+            late -= st.autocast_copies - min(st.autocast_copies, block)
+        grads_acts = max(grads_acts, late)
     return st.params_bytes + st.optimizer_bytes + grads_acts
 
 
