@@ -79,7 +79,7 @@ def _alive(opt, net) -> tuple[int, int, int]:
     return unique(grads), unique(buckets), unique(fp32)
 
 
-def main(out: str) -> None:
+def main(out: str, names: str = "all") -> None:
     from scalelab.strategies.deepspeed_cpu import select_cpu_accelerator
 
     select_cpu_accelerator()   # before deepspeed is imported
@@ -126,7 +126,8 @@ def main(out: str) -> None:
     DeepSpeedZeroOptimizer.allreduce_bucket = counted_allreduce
 
     result = {}
-    for name, (stage, options, precision) in CASES.items():
+    for name in (CASES if names == "all" else names.split(",")):
+        stage, options, precision = CASES[name]
         seen.update(allocated=0, flattened=0, elements_before_partition=0, partition_seen=False)
         torch.manual_seed(0)
         net = GPT(GPTConfig(n_layers=2, n_heads=2, d_model=32, seq_len=16, vocab_size=64))
@@ -165,4 +166,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "all")   # argv[2]: comma-separated cases

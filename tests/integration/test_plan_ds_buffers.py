@@ -1,6 +1,6 @@
 """The planner's DeepSpeed gradient reduce buckets (plan/model_states.zero_bucket_bytes) against
 the buffers real DeepSpeed 0.19.8 engines allocate (tests/integration/ds_buffers_probe.py: 2 gloo
-ranks, one torchrun job, ~40 s), for ZeRO-1/2/3, fp32 and bf16-mixed, and the options that change
+ranks, one torchrun job: 6 cases in the default suite, all 13 with -m slow), for ZeRO-1/2/3, fp32 and bf16-mixed, and the options that change
 them (reduce_bucket_size, overlap_comm, contiguous_gradients).
 
 Expected bytes by hand, per rank; B = reduce_bucket_size elements (conf/strategy/zero*.yaml:
@@ -51,21 +51,36 @@ HAND = {   # case: (stage, options, bytes per gradient element, allocated bytes,
 }
 
 
+# the default suite's cases (one probe run, ~20 s); the rest run with -m slow
+DEFAULT = ("zero1_bf16", "zero2", "zero2_bucket_5e3", "zero2_not_contiguous", "zero2_offload_not_contiguous",
+           "zero3_bf16")
+
+
+def _cases(keep=lambda c: True) -> list:
+    return [pytest.param(c, marks=() if c in DEFAULT else pytest.mark.slow) for c in sorted(HAND) if keep(c)]
+
+
+def _selected(config) -> tuple:
+    expr = (config.getoption("markexpr") or "").strip()
+    return tuple(sorted(HAND)) if "slow" in expr and expr != "not slow" else DEFAULT
+
+
 @pytest.fixture(scope="module")
-def probe(tmp_path_factory) -> list[dict]:
-    return torchrun_probe(Path(__file__).with_name("ds_buffers_probe.py"), 2, tmp_path_factory.mktemp("ds_buffers"))
+def probe(tmp_path_factory, request) -> list[dict]:
+    return torchrun_probe(Path(__file__).with_name("ds_buffers_probe.py"), 2, tmp_path_factory.mktemp("ds_buffers"),
+                          ",".join(_selected(request.config)))
 
 
 RANK_OWN = ("elements_before_partition", "partition_seen")   # differ by rank (which partition)
 
 
-def test_the_probe_ran_every_case_on_both_ranks(probe):
+def test_the_probe_ran_every_case_on_both_ranks(probe, request):
     same = [{c: {k: v for k, v in r.items() if k not in RANK_OWN} for c, r in rank.items()} for rank in probe]
-    assert sorted(probe[0]) == sorted(HAND) and same[0] == same[1]
+    assert sorted(probe[0]) == sorted(_selected(request.config)) and same[0] == same[1]
     assert {c["params"] for c in probe[0].values()} == {PSI}
 
 
-@pytest.mark.parametrize("case", sorted(HAND))
+@pytest.mark.parametrize("case", _cases())
 def test_deepspeed_allocates_the_hand_counted_buckets(probe, case):
     stage, _, _, allocated, flattened = HAND[case]
     got = probe[0][case]
@@ -74,7 +89,7 @@ def test_deepspeed_allocates_the_hand_counted_buckets(probe, case):
         assert got["flattened"] == flattened
 
 
-@pytest.mark.parametrize("case", sorted(HAND))
+@pytest.mark.parametrize("case", _cases())
 def test_planner_buckets_equal_deepspeed_s(probe, case):
     stage, options, g_b, _, _ = HAND[case]
     st = get_strategy(f"zero{stage}", options)
@@ -86,7 +101,7 @@ def test_planner_buckets_equal_deepspeed_s(probe, case):
     assert written == (min(PSI, st.reduce_bucket_elements) * g_b if planned else 0)
 
 
-@pytest.mark.parametrize("case", sorted(HAND))
+@pytest.mark.parametrize("case", _cases())
 def test_offload_staging_buffers(probe, case):
     """ZeRO-1/2 offload: one device and one pinned host copy of the largest tensor's gradient
     (the probe GPT's MLP matrix, 32 x 128 = 4,096 elements, fp32: 2 x 16,384 bytes); nothing else."""
@@ -98,7 +113,7 @@ def test_offload_staging_buffers(probe, case):
     assert got["offload_temp"] == (2 * 4096 * 4 if case == "zero2_offload_not_contiguous" else 0)
 
 
-@pytest.mark.parametrize("case", sorted(HAND))
+@pytest.mark.parametrize("case", _cases())
 def test_gradients_alive_in_the_forward_are_what_the_planner_counts(probe, case):
     """At the end of a forward after two steps (the activations' peak): ZeRO-1/2 hold no gradient
     and no bucket (allocated in backward, freed by the step), ZeRO-3 its gradient partition
@@ -115,7 +130,7 @@ def test_gradients_alive_in_the_forward_are_what_the_planner_counts(probe, case)
     assert grads_at_peak(st, lay) == (got["grads_in_forward"] > 0)
 
 
-@pytest.mark.parametrize("case", sorted(c for c in HAND if HAND[c][0] in (1, 2)))
+@pytest.mark.parametrize("case", _cases(lambda c: HAND[c][0] in (1, 2)))
 def test_zero12_allocate_the_gradient_partition_when_the_first_bucket_is_reduced(probe, case):
     """Psi at or below reduce_bucket_size: no bucket is reduced during backward's hooks, the
     partition comes at the end of backward (after the activations are freed). Below it
