@@ -129,6 +129,23 @@ def loss_backward_bytes(s: int, b: int, V: int) -> float:
     return 8 * s * b * V
 
 
+def _element_bytes(precision: str, weights_16bit: bool) -> tuple[int, bool, int]:
+    """(e, weights_16bit, r): 16-bit (2) or fp32 (4) activations; whether the weights themselves
+    are 16-bit (only under mixed precision); the residual stream's bytes (fp32 under autocast)."""
+    e = 4 if precision == "32" else 2
+    weights_16bit = weights_16bit and e == 2
+    return e, weights_16bit, e if weights_16bit else RESIDUAL_BYTES
+
+
+def _rank_layers(model: ModelSpec, layout: Layout) -> list[float]:
+    """Layers per (virtual) stage each pipeline rank runs, as the run splits them: its stage's, or
+    (interleaved) the mean of its v chunks'."""
+    p = layout.pp
+    v = max(layout.stages_per_rank, 1) if p > 1 else 1
+    per_stage = stage_layers(model.n_layers, p * v, layout.split, model)
+    return [sum(per_stage[k] for k in range(r, p * v, p)) / v for r in range(p)]
+
+
 def uses_paper_formula(model: ModelSpec) -> bool:
     """Korthikanti's setting: s x s scores in memory and dropout masks to keep."""
     return model.attention == "math" and model.dropout > 0
@@ -149,9 +166,7 @@ def activation_bytes_per_rank(model: ModelSpec, layout: Layout, precision: str,
     step_time.build_terms) also the cross entropy's backward at the head (loss_backward_bytes).
     weights_16bit: see gpt_layer_activation_bytes (DeepSpeed runs a mixed-precision job with
     16-bit weights and no autocast: the caller passes strategy family == deepspeed)."""
-    e = 4 if precision == "32" else 2
-    weights_16bit = weights_16bit and e == 2
-    r = e if weights_16bit else RESIDUAL_BYTES
+    e, weights_16bit, r = _element_bytes(precision, weights_16bit)
     b, t, p = layout.micro_batch, layout.tp, layout.pp
     if model.kind == "mlp":
         # Per linear layer: its input, the pre-activation and the activation output.
@@ -173,7 +188,7 @@ def activation_bytes_per_rank(model: ModelSpec, layout: Layout, precision: str,
         # logits gathered whole (no vocab-parallel loss)
         output = final_ln + 4 * s * b * V + 8 * s * b
     v = max(layout.stages_per_rank, 1) if p > 1 else 1
-    per_stage = stage_layers(model.n_layers, p * v, layout.split, model)   # per (virtual) stage, as the run splits
+    layers = _rank_layers(model, layout)
     stage = pipeline_stage_bytes(model, layout, r, e, sp)
     # once, on the rank with the head, beside every micro-batch it holds
     # (Korthikanti's setting: Megatron's vocabulary-parallel loss, a shard of the logits per TP rank)
@@ -185,14 +200,13 @@ def activation_bytes_per_rank(model: ModelSpec, layout: Layout, precision: str,
         # Rank 0: a little more than 1F1B's p micro-batches of L/p layers.
         m = layout.micro_batches
         ranks = []
-        for r in range(p):
-            chunks = stage_in_flight(layout, r)
-            layers = sum(per_stage[k] for k in range(r, p * v, p)) / v     # mean layers of its chunks
-            bytes_r = per_layer * layers * chunks + (embedding * min(-(-chunks // v), m) if r == 0 else 0.0)
-            ranks.append(bytes_r + (output if r == p - 1 else 0.0) + stage[r])
+        for rank in range(p):
+            chunks = stage_in_flight(layout, rank)
+            bytes_r = per_layer * layers[rank] * chunks + (embedding * min(-(-chunks // v), m) if rank == 0 else 0.0)
+            ranks.append(bytes_r + (output if rank == p - 1 else 0.0) + stage[rank])
         return ranks
-    return [(per_layer * per_stage[r] + (embedding if r == 0 else 0.0) + (output if r == p - 1 else 0.0))
-            * stage_in_flight(layout, r) + stage[r] for r in range(p)]
+    return [(per_layer * layers[rank] + (embedding if rank == 0 else 0.0) + (output if rank == p - 1 else 0.0))
+            * stage_in_flight(layout, rank) + stage[rank] for rank in range(p)]
 
 
 def recompute_peak_per_rank(model: ModelSpec, layout: Layout, precision: str, checkpointing: str,
@@ -206,23 +220,15 @@ def recompute_peak_per_rank(model: ModelSpec, layout: Layout, precision: str, ch
     p = layout.pp
     if checkpointing != "full" or model.kind == "mlp" or uses_paper_formula(model):
         return [0.0] * p
-    e = 4 if precision == "32" else 2
-    weights_16bit = weights_16bit and e == 2
+    e, weights_16bit, r_b = _element_bytes(precision, weights_16bit)
     s, b, h, t = model.seq_len, layout.micro_batch, model.hidden, layout.tp
     sp = layout.sequence_parallel and t > 1
     kw = dict(e=e, ffn=model.ffn, sequence_parallel=sp, attention=model.attention, weights_16bit=weights_16bit)
     stored = gpt_layer_activation_bytes(s, b, h, model.heads, t, checkpointing="full", **kw)
     block = gpt_layer_activation_bytes(s, b, h, model.heads, t, checkpointing="none", **kw)
-    v = max(layout.stages_per_rank, 1) if p > 1 else 1
-    per_stage = stage_layers(model.n_layers, p * v, layout.split, model)
-    r_b = e if weights_16bit else RESIDUAL_BYTES
     held = pipeline_stage_bytes(model, layout, r_b, e, sp)     # outputs in flight and receive buffers
-    out = []
-    for r in range(p):
-        depth = stage_in_flight(layout, r)
-        layers = sum(per_stage[k] for k in range(r, p * v, p)) / v
-        out.append((stored * layers + (8 * s * b if r == 0 else 0.0)) * depth + held[r] + block)
-    return out
+    return [(stored * layers + (8 * s * b if r == 0 else 0.0)) * stage_in_flight(layout, r) + held[r] + block
+            for r, layers in enumerate(_rank_layers(model, layout))]
 
 
 def pipeline_stage_bytes(model: ModelSpec, layout: Layout, stream: int, e: int, sp: bool,
@@ -259,8 +265,7 @@ def pipeline_receive_bytes(model: ModelSpec, layout: Layout, precision: str, wei
     stay when backward frees micro-batches (model_states.pipeline_acts_alive_at_grads)."""
     if model.kind == "mlp":
         return [0.0] * layout.pp
-    e = 4 if precision == "32" else 2
-    stream = e if weights_16bit and e == 2 else RESIDUAL_BYTES
+    e, _, stream = _element_bytes(precision, weights_16bit)
     return pipeline_stage_bytes(model, layout, stream, e, layout.sequence_parallel and layout.tp > 1,
                                 resident_only=True)
 

@@ -131,7 +131,9 @@ class ModelStates:
     # of the activations, the fraction still alive when the whole gradient is first allocated in
     # backward (0: it grows as they are freed); ZeRO-1/2: zero_grads_allocated_early()
     acts_alive_at_grads: float = 0.0
-    autocast_copies: float = 0.0        # of buffers_bytes: autocast's 16-bit weight copies
+    # of buffers_bytes: autocast's 16-bit weight copies gone before backward (its cast cache is
+    # dropped when the forward's autocast exits), for full recompute's late moment (step_time)
+    copies_gone_in_backward: float = 0.0
     new_grad_bytes: float = 0.0         # a fresh gradient beside an accumulated one (the head's)
     # a pipeline's gradients freed before its schedule: at each rank's peak or not by its schedule
     # (pipeline_acts_alive_at_grads; step_time.peak_states_and_activations)
@@ -306,7 +308,7 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
                  optimizer: str) -> ModelStates:
     psi = local_params(model, layout)
     p_b, g_b, o_b = bytes_per_param(strategy, precision, optimizer)
-    n = layout.dp // layout.dp_replicate     # the shard group (HSDP: FSDP2 shards inside a replica)
+    n = layout.dp_shard                      # the shard group (HSDP: FSDP2 shards inside a replica)
     params = psi * p_b / (n if strategy.shard_params else 1)
     # DeepSpeed ZeRO-1 keeps the gradient partition only without accumulation (module docstring)
     ds_zero1_partitioned = (strategy.zero_stage == 1 and layout.micro_batches == 1
@@ -335,16 +337,19 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
     gathered_b = 2 if precision != "32" else 4        # dtype of gathered copies / comm
     # (ZeRO-3 gathers only what does not persist: nothing at all on a tiny model)
     largest = min(model.largest_layer_params / layout.tp, psi - persistent_elems)
-    buffers, after_backward, copies = 0.0, 0.0, 0.0
+    buffers, after_backward, copies_gone = 0.0, 0.0, 0.0
     if strategy.family == "torch" and not strategy.shard_params and precision != "32":
         # Autocast's 16-bit copies of the fp32 weights: autograd keeps them for backward, so they
         # live from forward to the end of backward (2 bytes per parameter; measured on an H200:
         # the 1.2B GPT's single run holds 2.25 GiB more than its states and activations). Also
-        # under full recompute: autocast's cast cache keeps every copy until its context exits
-        # (after the forward; a pipeline's, after its schedule); step_time's recompute moment
-        # counts one block's instead where that is before backward (autocast_copies)
+        # under full recompute: autocast's cast cache keeps every copy until its context exits,
+        # after the forward, so that backward's recompute holds only its block's again; a
+        # pipeline's schedule runs inside training_step's autocast, which spans its backward
         copies = 2 * autocast_copied_params(model, psi)
         buffers += copies
+        if not strategy.pipeline and model.kind == "gpt":
+            block = 2 * (4 * model.hidden ** 2 + 2 * model.hidden * model.ffn) / layout.tp
+            copies_gone = copies - min(copies, block)
     kept = zero3_kept_gathered(model, strategy, layout)
     if kept:
         # DeepSpeed ZeRO-3 at 2+ ranks: the gathered tensors its coordinator keeps from the forward
@@ -383,7 +388,6 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
                                strategy, psi, largest_tensor(model) / layout.tp))
     return ModelStates(params, grads, opt, buffers, offloaded, psi, updated,
                        grads_at_peak=grads_at_peak(strategy, layout), gathered_after_backward=after_backward,
-                       grads_per_rank=strategy.pipeline and not (strategy.family == "fsdp" and layout.dp > 1),
-                       autocast_copies=copies,
+                       grads_per_rank=strategy.pipeline, copies_gone_in_backward=copies_gone,
                        new_grad_bytes=min(largest_tensor(model) / layout.tp, psi) * g_b
                        if strategy.family == "torch" and layout.micro_batches > 1 else 0.0)

@@ -275,7 +275,8 @@ def peak_states_and_activations(terms: Terms) -> float:
         acts = max(acts, *(a - a / act_mod.stage_in_flight(terms.layout, r) + st.gathered_after_backward
                            for r, a in enumerate(terms.activations_per_rank or (acts,))))
     if st.grads_per_rank and st.grads_at_peak:
-        # each pipeline rank by its own schedule (the largest stage's gradients on every rank)
+        # each pipeline rank by its own schedule (the largest stage's gradients on every rank;
+        # FSDP2 stages at dp > 1 set their sharded gradients at the step's end: not at the peak)
         # (receive buffers stay whole when backward frees micro-batches)
         grads_acts = max(pipeline_grads_and_acts(st.grads_bytes, a, buf, pipeline_acts_alive_at_grads(terms.layout, r))
                          for r, (a, buf) in enumerate(zip(terms.activations_per_rank, terms.receive_per_rank)))
@@ -288,14 +289,9 @@ def peak_states_and_activations(terms: Terms) -> float:
     else:
         grads_acts = max(acts, st.grads_bytes + st.acts_alive_at_grads * acts)
     if any(terms.recompute_per_rank):
-        # full recompute: late in backward, (nearly) every gradient beside one recomputed block.
-        # Autocast's cast cache (in buffers) held every 16-bit weight copy to the forward's end;
-        # in backward only the recomputed block's, unless autocast spans the backward too (a
-        # pipeline's schedule runs inside training_step's autocast)
-        late = st.grads_bytes + max(terms.recompute_per_rank)
-        if st.autocast_copies and not terms.strategy.pipeline:
-            block = 2 * (4 * terms.model.hidden ** 2 + 2 * terms.model.hidden * terms.model.ffn) / terms.layout.tp
-            late -= st.autocast_copies - min(st.autocast_copies, block)
+        # full recompute: late in backward, (nearly) every gradient beside one recomputed block,
+        # without the autocast weight copies (in buffers) dropped after the forward
+        late = st.grads_bytes + max(terms.recompute_per_rank) - st.copies_gone_in_backward
         grads_acts = max(grads_acts, late)
     return st.params_bytes + st.optimizer_bytes + grads_acts
 
