@@ -6,7 +6,7 @@ time is what the device waits for when the host does not run ahead (issue 11: `s
 vs 32.3 ms for the hand loop on an H200 at 86M). Both loops run in this process, 1 thread (as a
 CPU rank: threads_per_rank 1), interleaved over --repeats rounds:
 
-  (a) hand-written: the same model (scalelab.models.lit.build_net of the job's config), the job's
+  (a) hand-written: the same model (scalelab.models.build.build_net of the job's config), the job's
       optimizer (conf/optim: AdamW), the same batch shape, pre-made random batches (as
       benchmarks/handwritten_gpt.py: forward, cross-entropy, backward, step, zero_grad);
   (b) ScaleLab: scalelab.worker.run on a job dir written as `scalelab-train strategy=single ...`
@@ -55,7 +55,7 @@ def hand_loop(job: Path, steps: int, warmup: int) -> float:
     from omegaconf import OmegaConf
 
     from scalelab.config import validate
-    from scalelab.models.lit import build_net
+    from scalelab.models.build import build_net
 
     cfg = OmegaConf.load(job / "config_resolved.yaml")
     spec = validate(cfg)

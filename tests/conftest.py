@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -85,14 +86,36 @@ def worker_pids(under: Path | str) -> list[int]:
     return pids
 
 
+def once_per_session(tmp_path_factory, name: str, make) -> Path:
+    """make(folder) runs once per test session, into folder, even when pytest-xdist splits the
+    session over worker processes (`make test` runs two): the first worker to get here runs it
+    under a file lock, in the session's shared base folder; the others wait and reuse the folder.
+    A make that failed leaves no done-mark, so the next worker runs it again (and fails alike)."""
+    import filelock
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        folder = tmp_path_factory.mktemp(name)
+        make(folder)
+        return folder
+    shared = tmp_path_factory.getbasetemp().parent  # this session's, one level above each worker's
+    folder, done = shared / name, shared / f"{name}.done"
+    with filelock.FileLock(str(shared / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def core_sweep(tmp_path_factory) -> Path:
     """One real multirun shared by several checks: single/ddp x 1/2 ranks, 20 steps, W&B offline."""
-    cwd = tmp_path_factory.mktemp("core_sweep")
-    sweep = cwd / "sweep"
-    train(["-m", "strategy=single,ddp", "trainer.devices=1,2", "trainer.max_steps=20", "logger=wandb",
-           f"hydra.sweep.dir={sweep}", *FAST], cwd)
-    return sweep
+    def make(cwd: Path) -> None:
+        train(["-m", "strategy=single,ddp", "trainer.devices=1,2", "trainer.max_steps=20", "logger=wandb",
+               f"hydra.sweep.dir={cwd / 'sweep'}", *FAST], cwd)
+
+    return once_per_session(tmp_path_factory, "core_sweep", make) / "sweep"
 
 
 def by_strategy(recs: list[dict], strategy: str, world: int) -> dict:
@@ -132,8 +155,11 @@ def ref(core_sweep) -> dict:
 @pytest.fixture(scope="session")
 def adamw_single(tmp_path_factory) -> dict:
     """single@1 with AdamW, 10 steps: the reference of the tests that need Adam (slow suite only)."""
-    return read_record(run_one_job(tmp_path_factory, "single_adamw", [
-        "strategy=single", "trainer.devices=1", "trainer.max_steps=10"], optim=ADAMW))
+    def make(cwd: Path) -> None:
+        train([*BASE, *ADAMW, "logger=none", "strategy=single", "trainer.devices=1", "trainer.max_steps=10",
+               f"hydra.run.dir={cwd / 'job'}"], cwd)
+
+    return read_record(once_per_session(tmp_path_factory, "single_adamw", make) / "job")
 
 
 def run_one_job(tmp_path_factory, tag: str, args: list[str], optim: list[str] = SGD, timeout: float = 600) -> Path:
@@ -150,13 +176,13 @@ def read_record(job: Path) -> dict:
 
 def seeded_initial_state(rec: dict) -> dict:
     """The job's own initial weights, rebuilt as its worker built them: L.seed_everything(cfg.seed,
-    workers=True), then scalelab.models.lit.build_net(arch) (LitModule.__init__) from the job's
+    workers=True), then scalelab.models.build.build_net(arch) (LitModule.__init__) from the job's
     model.arch. The test process's RNG state and PL_* environment variables are restored after."""
     import lightning as L
     import torch
 
     from scalelab.models.gpt import GPTConfig
-    from scalelab.models.lit import build_net
+    from scalelab.models.build import build_net
 
     arch = {k: v for k, v in rec["config"]["model"]["arch"].items() if k != "_target_"}
     assert rec["config"]["model"]["arch"]["_target_"] == "scalelab.models.gpt.GPTConfig"

@@ -26,7 +26,7 @@ def terms_for_job(overrides: list[str]):
     from omegaconf import OmegaConf
 
     from scalelab.config import validate
-    from scalelab.models.lit import build_net
+    from scalelab.models.build import build_net
     from scalelab.paths import conf_dir
     from scalelab.plan.run_records import terms_from_run
     from scalelab.preflight import _check_group_values, _compose

@@ -42,7 +42,10 @@ def _kill_rank1_at(job: Path, step: int, killed: list, stop: threading.Event) ->
         time.sleep(0.002)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "pipeline", pytest.param("fsdp", marks=pytest.mark.slow),
+# ddp in the default suite; the other strategies' periodic checkpoints and resume under slow (the
+# pipeline's resume from a checkpoint is also in test_pipeline.py's default tests)
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("pipeline", marks=pytest.mark.slow),
+                                      pytest.param("fsdp", marks=pytest.mark.slow),
                                       pytest.param("zero2", marks=pytest.mark.slow)])
 def test_killed_rank_restarts_and_ends_on_the_uninterrupted_loss(tmp_path, strategy):
     killed, stop = [], threading.Event()

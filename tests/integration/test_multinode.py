@@ -91,7 +91,7 @@ def test_node_that_never_joins_fails_the_other_in_time(tmp_path):
     port = free_port()
     job = tmp_path / "node0"
     t0 = time.monotonic()
-    p = _node(0, port, job, tmp_path, ["strategy=ddp", "launcher.rdzv_timeout_s=10"])
+    p = _node(0, port, job, tmp_path, ["strategy=ddp", "launcher.rdzv_timeout_s=4"])
     try:
         out = p.communicate(timeout=90)[0]
     finally:
@@ -104,5 +104,5 @@ def test_node_that_never_joins_fails_the_other_in_time(tmp_path):
     assert rec["status"] == "failed"
     err = rec["error"]
     assert "\n" not in err and err.startswith(f"rendezvous at 127.0.0.1:{port} failed on node 0"), err
-    assert "launcher.rdzv_timeout_s=10" in err
+    assert "launcher.rdzv_timeout_s=4" in err
     assert not worker_pids(tmp_path)

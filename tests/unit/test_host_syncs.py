@@ -126,7 +126,7 @@ def _net(job):
     from omegaconf import OmegaConf
 
     from scalelab.config import validate
-    from scalelab.models.lit import build_net
+    from scalelab.models.build import build_net
 
     return build_net(validate(OmegaConf.load(job / "config_resolved.yaml")).run.model_arch)
 

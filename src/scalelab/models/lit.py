@@ -12,18 +12,8 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
+from scalelab.models.build import build_net
 from scalelab.scaling.lr import build_scheduler
-
-
-def build_net(arch: Any) -> torch.nn.Module:
-    from scalelab.models.gpt import GPT, GPTConfig
-    from scalelab.models.mlp import MLPClassifier, MLPConfig
-
-    if isinstance(arch, GPTConfig):
-        return GPT(arch)
-    if isinstance(arch, MLPConfig):
-        return MLPClassifier(arch)
-    raise TypeError(f"no model for config {type(arch).__name__}")
 
 
 class LitModule(L.LightningModule):
