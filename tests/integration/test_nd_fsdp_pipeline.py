@@ -105,7 +105,8 @@ def test_the_peak_takes_the_moment_right_after_a_backward():
     """With few activations, the peak is right after a backward: the whole stage gathered beside
     one micro-batch fewer of activations (1F1B at pp 2: 2 in flight on stage 0)."""
     from scalelab.plan import ModelSpec
-    from scalelab.plan.step_time import build_terms, peak_states_and_activations
+    from scalelab.plan.peak_memory import peak_states_and_activations
+    from scalelab.plan.step_time import build_terms
 
     m = ModelSpec.from_shape(8, 256, 8, 256, 16)    # 4 Blocks of 789,760 a stage, context 16
     t = build_terms(m, "nd", devices=4, pp=2, micro_batch=1, global_batch=8, precision="32", optimizer="sgd")

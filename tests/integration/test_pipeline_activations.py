@@ -31,7 +31,7 @@ import pytest
 from scalelab.plan import ModelSpec, build_terms, get_strategy
 from scalelab.plan.activations import activation_bytes_per_rank, loss_backward_bytes
 from scalelab.plan.model_states import pipeline_acts_alive_at_grads
-from scalelab.plan.step_time import peak_states_and_activations, pipeline_grads_and_acts
+from scalelab.plan.peak_memory import peak_states_and_activations, pipeline_grads_and_acts
 
 from ..conftest import torchrun_probe
 from .pipeline_acts_probe import CASES, MICRO_BATCH, SHAPE

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from scalelab.models.gpt import GPT, GPTConfig
 from scalelab.plan import ModelSpec, build_terms
-from scalelab.plan.step_time import peak_states_and_activations
+from scalelab.plan.peak_memory import peak_states_and_activations
 
 TOLERANCE = 0.02
 # (layers, width, heads, context, vocabulary, batch)

@@ -8,7 +8,8 @@ import pytest
 
 from scalelab.plan import ModelSpec, activation_bytes_per_device
 from scalelab.plan.hardware import load_hardware
-from scalelab.plan.step_time import build_terms, device_total_bytes, plan_terms
+from scalelab.plan.peak_memory import device_total_bytes
+from scalelab.plan.step_time import build_terms, plan_terms
 
 M = ModelSpec(1_000_000, 2, 64, 4, 256, 64)
 HW = load_hardware("h200")

@@ -1,4 +1,4 @@
-"""Host memory per node on GPU profiles (plan.step_time.host_node_bytes / fits_host): ZeRO-Offload
+"""Host memory per node on GPU profiles (plan.peak_memory.host_node_bytes / fits_host): ZeRO-Offload
 keeps model states in the node's RAM, shared by its ranks, so a layout can fit the GPUs and not
 the host. Expected bytes by hand.
 
@@ -17,7 +17,8 @@ import pytest
 from scalelab.plan import ModelSpec
 from scalelab.plan.hardware import load_hardware
 from scalelab.plan.report import render, render_alternatives
-from scalelab.plan.step_time import build_terms, fits_host, host_node_bytes, plan
+from scalelab.plan.peak_memory import fits_host, host_node_bytes
+from scalelab.plan.step_time import build_terms, plan
 from scalelab.recommend.space import Request, enumerate_candidates
 
 PSI = 40_000_000_000

@@ -297,7 +297,8 @@ def test_breakdown_per_rank(loaded):
 def test_planner_predictions_from_each_runs_own_profile(loaded):
     from scalelab.plan.run_records import terms_from_run
     from scalelab.plan.hardware import load_hardware
-    from scalelab.plan.step_time import device_total_bytes, step_time
+    from scalelab.plan.peak_memory import device_total_bytes
+    from scalelab.plan.step_time import step_time
 
     recs, _ = loaded
     step, mem = charts.planner(sort_records(recs, None))

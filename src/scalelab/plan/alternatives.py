@@ -11,7 +11,8 @@ from itertools import combinations
 
 from .hardware import Hardware
 from .spec import STRATEGIES, PlanError
-from .step_time import Terms, build_terms, device_total_bytes, fits, step_time
+from .peak_memory import device_total_bytes, fits
+from .step_time import Terms, build_terms, step_time
 
 
 # Strategies that train something else than the job asked for: independent replicas (single at

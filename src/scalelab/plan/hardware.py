@@ -25,7 +25,7 @@ A profile describes one device and its links. Keys (all plain YAML, SI units):
                                       reports a busbw per collective too
   host {link_bandwidth_bytes_per_s, memory_bandwidth_bytes_per_s}   PCIe and host RAM (offload)
   host.memory_bytes, host.runtime_bytes_per_rank   GPU: a node's RAM, and what one rank's process
-                                      holds there besides offloaded states (step_time.fits_host)
+                                      holds there besides offloaded states (peak_memory.fits_host)
   bubble_scale                        pipeline idle time as a fraction of the textbook bubble
                                       (p-1)/m x compute (1 by default; fitted on CPU: 0 on this
                                       VM, where per-micro-batch costs explain the idle time)

@@ -136,7 +136,7 @@ class ModelStates:
     copies_gone_in_backward: float = 0.0
     new_grad_bytes: float = 0.0         # a fresh gradient beside an accumulated one (the head's)
     # a pipeline's gradients freed before its schedule: at each rank's peak or not by its schedule
-    # (pipeline_acts_alive_at_grads; step_time.peak_states_and_activations)
+    # (pipeline_acts_alive_at_grads; peak_memory.peak_states_and_activations)
     grads_per_rank: bool = False
     # FSDP2 under a pipeline schedule: gathered bytes beyond buffers_bytes held right after a
     # backward, with one micro-batch fewer of activations alive (fsdp_pipeline_buffers)
@@ -257,7 +257,7 @@ def fsdp_pipeline_buffers(strategy: Strategy, psi: float, largest: float, gather
     reshards it (reshard_after_forward). So the buffers are the whole gradients plus one unit in use
     and one prefetched; right after a backward, with one micro-batch fewer of activations alive,
     the whole stage (interleaved: the chunk of `chunks` just run) is gathered: the rest of it is
-    `gathered_after_backward` (step_time.peak_states_and_activations takes the larger moment).
+    `gathered_after_backward` (peak_memory.peak_states_and_activations takes the larger moment).
     Without resharding after forward the stage stays gathered throughout.
     tests/integration/test_nd_fsdp_pipeline.py records this on real ranks."""
     if not strategy.reshard_after_forward:

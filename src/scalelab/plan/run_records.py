@@ -16,7 +16,8 @@ import numpy as np
 
 from .hardware import Hardware
 from .spec import ModelSpec, PlanError, get_strategy
-from .step_time import Terms, build_terms, peak_states_and_activations, rank_threads
+from .peak_memory import peak_states_and_activations
+from .step_time import Terms, build_terms, rank_threads
 
 SPEED_WINDOW = 5             # host speed = median probe of the jobs within 5 of a run (smooth_host_speeds)
 

@@ -34,8 +34,8 @@ from . import activations as act_mod
 from . import flops as flops_mod
 from .comm import Collective, by_op, collectives
 from .hardware import Hardware, load_hardware
-from .model_states import (ModelStates, bytes_per_param, model_states, pipeline_acts_alive_at_grads,
-                           zero3_kept_gathered)
+from .model_states import ModelStates, bytes_per_param, model_states, zero3_kept_gathered
+from .peak_memory import device_total_bytes, fits, fits_host, host_node_bytes
 from .strategies import as_applied
 from .spec import (PlanError, Layout, ModelSpec, Strategy, compute_dtype, get_strategy, normalize_checkpointing,
                    normalize_optimizer, normalize_precision, resolve_layout)
@@ -260,78 +260,6 @@ def plan(model: ModelSpec, strategy: str | Strategy, hardware: Hardware | str, *
                         activation_checkpointing=activation_checkpointing, threads=threads,
                         sequence_parallel=sequence_parallel)
     return plan_terms(terms, hw, tokens)
-
-
-def peak_states_and_activations(terms: Terms) -> float:
-    """Model states + activations at the step's peak. Gradients freed before the forward
-    (model_states.grads_at_peak) appear in backward as the activations are freed: the peak is the
-    larger of the activations and the gradients plus what activations are still alive when the
-    whole gradient is allocated (none where it grows layer by layer), not their sum."""
-    st = terms.states
-    acts = terms.activations_bytes
-    if st.gathered_after_backward:
-        # FSDP2 under a pipeline schedule: right after a backward the stage (interleaved: that
-        # chunk) is gathered and one micro-batch (chunk) of activations fewer is alive, on each rank
-        acts = max(acts, *(a - a / act_mod.stage_in_flight(terms.layout, r) + st.gathered_after_backward
-                           for r, a in enumerate(terms.activations_per_rank or (acts,))))
-    if st.grads_per_rank and st.grads_at_peak:
-        # each pipeline rank by its own schedule (the largest stage's gradients on every rank;
-        # FSDP2 stages at dp > 1 set their sharded gradients at the step's end: not at the peak)
-        # (receive buffers stay whole when backward frees micro-batches)
-        grads_acts = max(pipeline_grads_and_acts(st.grads_bytes, a, buf, pipeline_acts_alive_at_grads(terms.layout, r))
-                         for r, (a, buf) in enumerate(zip(terms.activations_per_rank, terms.receive_per_rank)))
-    elif st.grads_at_peak:
-        # gradients alive through the forward (accumulation, DDP's buckets, ZeRO-3's partition):
-        # backward makes each new gradient beside the accumulated one before adding it in; the
-        # head's (the largest tensor) at once, beside every activation (the CPU allocator:
-        # tests/unit/test_plan_allocator_peak.py)
-        grads_acts = st.grads_bytes + acts + st.new_grad_bytes
-    else:
-        grads_acts = max(acts, st.grads_bytes + st.acts_alive_at_grads * acts)
-    if any(terms.recompute_per_rank):
-        # full recompute: late in backward, (nearly) every gradient beside one recomputed block,
-        # without the autocast weight copies (in buffers) dropped after the forward
-        late = st.grads_bytes + max(terms.recompute_per_rank) - st.copies_gone_in_backward
-        grads_acts = max(grads_acts, late)
-    return st.params_bytes + st.optimizer_bytes + grads_acts
-
-
-def pipeline_grads_and_acts(grads: float, acts: float, resident: float, alive: float | None) -> float:
-    """A pipeline rank's peak of gradients and activations: both (alive None), or the larger of
-    its activations and its gradients beside the `alive` fraction of the rest of them plus its
-    resident receive buffers (model_states.pipeline_acts_alive_at_grads)."""
-    if alive is None:
-        return grads + acts
-    return max(acts, grads + alive * (acts - resident) + resident)
-
-
-def device_total_bytes(terms: Terms, hw: Hardware) -> float:
-    """The step's peak on one device: states and activations, buffers, runtime."""
-    return (peak_states_and_activations(terms) + terms.states.resident_buffer_bytes(hw.kind == "cpu")
-            + hw.runtime_memory_bytes)
-
-
-def host_node_bytes(terms: Terms, hw: Hardware) -> float | None:
-    """Host RAM one node's ranks need on a GPU profile: each rank's offloaded model states
-    (ZeRO-Offload) and pinned staging buffers, plus its process (hw.host.runtime_bytes_per_rank:
-    interpreter, torch, Lightning, DeepSpeed; a rank's peak RSS measured on the H200), times the
-    ranks on the node. None on CPU profiles (a CPU rank's states are in its device memory, counted there)."""
-    if hw.kind == "cpu":
-        return None
-    st = terms.states
-    per_rank = st.offloaded_bytes + st.host_buffer_bytes + float(hw.host.get("runtime_bytes_per_rank") or 0.0)
-    return per_rank * terms.layout.devices_per_node
-
-
-def fits_host(terms: Terms, hw: Hardware) -> bool:
-    """The node's host RAM holds what its ranks keep there (True where the profile gives no host
-    memory_bytes)."""
-    need, have = host_node_bytes(terms, hw), hw.host.get("memory_bytes")
-    return need is None or not have or need <= float(have)
-
-
-def fits(terms: Terms, hw: Hardware) -> bool:
-    return device_total_bytes(terms, hw) <= hw.memory_bytes and fits_host(terms, hw)
 
 
 def baseline(terms: Terms, hw: Hardware) -> tuple[Terms, str] | tuple[None, str]:

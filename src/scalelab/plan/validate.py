@@ -11,7 +11,8 @@ import statistics
 
 from .run_records import SPEED_WINDOW, measured, model_bytes_in_ram, speed_factor, usable_runs
 from .hardware import Hardware
-from .step_time import device_total_bytes, step_time
+from .peak_memory import device_total_bytes
+from .step_time import step_time
 
 
 def config_label(run: dict, terms) -> str:

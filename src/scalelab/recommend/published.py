@@ -20,7 +20,8 @@ from scalelab.plan.flops import megatron_flops
 from scalelab.plan.hardware import load_hardware
 from scalelab.plan.report import fmt_bytes
 from scalelab.plan.spec import ModelSpec, PlanError
-from scalelab.plan.step_time import build_terms, device_total_bytes, fits, step_time
+from scalelab.plan.peak_memory import device_total_bytes, fits
+from scalelab.plan.step_time import build_terms, step_time
 
 from .rank import best_per_strategy, rank, tokens_per_s
 from .space import Candidate, Request

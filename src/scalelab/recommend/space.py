@@ -4,7 +4,7 @@ A point is one job the trainer can run: a strategy and its parallel degrees (tp,
 rest), the device layout (devices per node x nodes), the batch split (micro-batch x accumulation,
 or a pipeline's micro-batches) of a global batch, activation checkpointing and precision. Each is
 built with the planner (plan.step_time.build_terms), pruned when it does not fit device memory
-(plan.step_time.fits), and timed (plan.step_time.step_time). Nothing here starts a process.
+(plan.peak_memory.fits), and timed (plan.step_time.step_time). Nothing here starts a process.
 
 Pruning rules that are the trainer's, not the planner's, are applied here too so that no candidate
 is one `scalelab-train` would refuse: TP stays inside a node and must divide heads, width, MLP
@@ -20,7 +20,8 @@ from types import SimpleNamespace
 
 from scalelab.plan.hardware import Hardware, list_hardware
 from scalelab.plan.spec import STRATEGIES, ModelSpec, PlanError, get_strategy
-from scalelab.plan.step_time import Terms, build_terms, device_total_bytes, fits_host, step_time
+from scalelab.plan.peak_memory import device_total_bytes, fits_host
+from scalelab.plan.step_time import Terms, build_terms, step_time
 
 # Strategies that compute the same gradients as single-device training (the default search).
 EXACT = ("single", "ddp", "fsdp", "fsdp_grad_op", "zero1", "zero2", "zero3", "zero2_offload",

@@ -202,7 +202,8 @@ def predictions(records: list[dict], cache: str | Path | None = None) -> tuple[l
     from scalelab.plan.run_records import model_bytes_in_ram, speed_factor, terms_from_run
     from scalelab.plan.hardware import HOST_CPU, host_cpu_profile_path, load_hardware
     from scalelab.plan.spec import PlanError
-    from scalelab.plan.step_time import device_total_bytes, step_time
+    from scalelab.plan.peak_memory import device_total_bytes
+    from scalelab.plan.step_time import step_time
 
     rows, skipped, profiles = [], [], {}
     for r in completed(records):
