@@ -51,6 +51,9 @@ def torchrun_probe(script: Path, nproc: int, out: Path, *args: str) -> list[dict
 def env() -> dict:
     e = dict(os.environ)
     e.setdefault("SCALELAB_CACHE", str(REPO / ".cache" / "scalelab"))
+    # the torchrun probes' DeepSpeed ops in the jobs' folder (launch.rank_env): built once, not again
+    # into ~/.cache by a probe (torch's file lock keeps two builders apart)
+    e.setdefault("TORCH_EXTENSIONS_DIR", str(Path(e["SCALELAB_CACHE"]) / "torch_extensions"))
     e["HYDRA_FULL_ERROR"] = "1"
     # tests.mutations (strategy._target_=tests.mutations.X) must import in the Hydra app and the ranks
     e["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), e.get("PYTHONPATH", "")) if p)
@@ -89,23 +92,32 @@ def worker_pids(under: Path | str) -> list[int]:
 def once_per_session(tmp_path_factory, name: str, make) -> Path:
     """make(folder) runs once per test session, into folder, even when pytest-xdist splits the
     session over worker processes (`make test` runs two): the first worker to get here runs it
-    under a file lock, in the session's shared base folder; the others wait and reuse the folder.
-    A make that failed leaves no done-mark, so the next worker runs it again (and fails alike)."""
+    under a file lock, in the session's base folder (each worker's is popen-gwN inside it); the
+    others wait and reuse the folder. A make that failed marks it so: the other workers fail at
+    once with its error instead of running it again."""
     import filelock
 
-    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+    base = tmp_path_factory.getbasetemp()
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if os.environ.get("PYTEST_XDIST_WORKER") is None or not run or not base.name.startswith("popen-gw"):
         folder = tmp_path_factory.mktemp(name)
         make(folder)
         return folder
-    shared = tmp_path_factory.getbasetemp().parent  # this session's, one level above each worker's
-    folder, done = shared / name, shared / f"{name}.done"
-    with filelock.FileLock(str(shared / f"{name}.lock")):
+    shared = base.parent / f"{name}-{run}"     # this run's id: nothing from another session is reused
+    done, failed = shared.with_suffix(".done"), shared.with_suffix(".failed")
+    with filelock.FileLock(str(shared.with_suffix(".lock"))):
+        if failed.exists():
+            pytest.fail(f"{name} failed in another worker:\n{failed.read_text()}")
         if not done.exists():
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir()
-            make(folder)
+            shutil.rmtree(shared, ignore_errors=True)
+            shared.mkdir()
+            try:
+                make(shared)
+            except BaseException as e:
+                failed.write_text(str(e)[-4000:] or type(e).__name__)
+                raise
             done.touch()
-    return folder
+    return shared
 
 
 @pytest.fixture(scope="session")

@@ -23,22 +23,34 @@ ELASTIC = ["trainer.devices=2", "trainer.max_steps=20", "logger=none", "checkpoi
            "trainer.max_restarts=1"]
 
 
-def _kill_rank1_at(job: Path, step: int, killed: list, stop: threading.Event) -> None:
-    while not stop.is_set():
+def _rank1_pid(job: Path) -> int | None:
+    for d in Path("/proc").iterdir():
         try:
-            now = int((job / ".progress").read_text())
-        except (OSError, ValueError):
-            now = -1
-        if now >= step:
-            for d in Path("/proc").iterdir():
-                try:
-                    cmd = (d / "cmdline").read_bytes() if d.name.isdigit() else b""
-                except OSError:
-                    continue
-                if b"-m scalelab.worker" in cmd and str(job).encode() in cmd and b"(rank 1" in cmd:
-                    os.kill(int(d.name), signal.SIGKILL)
-                    killed.append(now)
-                    return
+            cmd = (d / "cmdline").read_bytes() if d.name.isdigit() else b""
+        except OSError:
+            continue
+        if b"-m scalelab.worker" in cmd and str(job).encode() in cmd and b"(rank 1" in cmd:
+            return int(d.name)
+    return None
+
+
+def _kill_rank1_at(job: Path, step: int, killed: list, stop: threading.Event) -> None:
+    """SIGKILL rank 1 once the job's progress reaches `step`, recording the progress read just
+    before the kill. Rank 1's pid is found first (a /proc scan takes longer than a step): read
+    only after the scan, the progress could be steps behind the kill on a loaded machine."""
+    pid = None
+    while not stop.is_set():
+        if pid is None:
+            pid = _rank1_pid(job)
+        else:
+            try:
+                now = int((job / ".progress").read_text())
+            except (OSError, ValueError):
+                now = -1
+            if now >= step:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(now)
+                return
         time.sleep(0.002)
 
 

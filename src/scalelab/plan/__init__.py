@@ -6,8 +6,8 @@
 
 Modules (each cites its model): model_states (ZeRO), activations (Korthikanti et al. 2022),
 flops (Narayanan et al. 2021), comm (ring collectives, nccl-tests bus bandwidth), step_time (the
-assembly, pipeline bubble), peak_memory (the step's peak per device, host RAM per node), hardware (profiles + CPU probe), calibrate (fit / validate against
-run.json records), cli (`scalelab plan`).
+assembly, pipeline bubble), peak_memory (the step's peak per device, host RAM per node), hardware
+(profiles + CPU probe), calibrate (fit / validate against run.json records), cli (`scalelab plan`).
 """
 from .spec import (PlanError, ModelSpec, Layout, Strategy, STRATEGIES, conf_dir, get_strategy, strategy_names,
                    resolve_layout)

@@ -132,7 +132,7 @@ class ModelStates:
     # backward (0: it grows as they are freed); ZeRO-1/2: zero_grads_allocated_early()
     acts_alive_at_grads: float = 0.0
     # of buffers_bytes: autocast's 16-bit weight copies gone before backward (its cast cache is
-    # dropped when the forward's autocast exits), for full recompute's late moment (step_time)
+    # dropped when the forward's autocast exits), for full recompute's late moment (peak_memory)
     copies_gone_in_backward: float = 0.0
     new_grad_bytes: float = 0.0         # a fresh gradient beside an accumulated one (the head's)
     # a pipeline's gradients freed before its schedule: at each rank's peak or not by its schedule
