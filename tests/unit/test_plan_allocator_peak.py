@@ -11,7 +11,8 @@ the planner.
 Full recompute: late in backward the gradients are nearly whole beside the stored block inputs
 and one recomputed block (activations.recompute_peak_per_rank); autocast's cast cache holds every
 16-bit weight copy (of the Linear layers: embeddings and LayerNorms stay fp32) to the forward's end,
-then only the recomputed block's. Gradients alive through the forward (an accumulation's second
+then only the recomputed block's (and the head's, saved by its matmul, at the cross entropy's
+backward: model_states.copies_gone_at_head). Gradients alive through the forward (an accumulation's second
 micro-batch): backward makes the head's new gradient beside the accumulated ones.
 
 What it guards: the head. The cross entropy's backward makes two fp32 gradients of s x b x V
@@ -34,6 +35,7 @@ TOLERANCE = 0.02
 # (layers, width, heads, context, vocabulary, batch)
 SHAPES = [(2, 64, 4, 128, 256, 2), (2, 64, 4, 128, 32768, 2), (4, 128, 4, 256, 256, 4),
           (2, 256, 8, 128, 4096, 4), (3, 96, 2, 256, 2048, 1)]
+LATE_BOUND = [(2, 64, 4, 128, 256, 2), (4, 128, 4, 256, 256, 4)]   # full recompute's peak: late in backward
 
 
 def allocator_peak(shape, precision: str, ckpt: str, tmp_path, grads_alive: bool = False) -> int:
@@ -83,11 +85,16 @@ def test_planner_matches_the_cpu_allocator_peak(shape, precision, ckpt, tmp_path
     got = allocator_peak(shape, precision, ckpt, tmp_path)
     ratio = planned(shape, precision, ckpt) / got
     print(f"{shape} {precision} {ckpt}: planned / allocator = {ratio:.3f}")
-    if ckpt == "full" and precision == "bf16-mixed":
-        # full recompute under autocast: planned 1.04-1.11 of the allocator (measured 2026-12-01),
-        # on the safe side; what is over-counted there is not found yet
+    if ckpt == "full" and precision == "bf16-mixed" and shape in LATE_BOUND:
+        # full recompute's late moment binds (a byte vocabulary): planned 1.09 and 1.11 of the
+        # allocator (measured 2026-12-01), on the safe side. The late moment counts every block's
+        # stored input where the allocator holds about one (each is freed after its block's
+        # backward) and misses the block's own backward transients; the two nearly cancel in fp32
+        # on these shapes (1.02), not in general (0.89-1.14 over 1-8 layers, measured)
         assert -TOLERANCE <= ratio - 1 <= 0.12, ratio
     else:
+        # (full recompute under autocast where the head binds: 1.000, 1.000, 0.998; before the
+        # head's moment dropped the blocks' weight copies, 1.04-1.11)
         assert abs(ratio - 1) <= TOLERANCE, ratio
 
 
@@ -105,8 +112,9 @@ def test_gradients_alive_through_the_forward(shape, precision, ckpt, tmp_path):
     ratio = planned(shape, precision, ckpt, grads_alive=True) / allocator_peak(shape, precision, ckpt, tmp_path,
                                                                               grads_alive=True)
     print(f"{shape} {precision} {ckpt} grads alive: planned / allocator = {ratio:.3f}")
-    # measured 2026-12-01: 1.00-1.06, and 1.05-1.21 with full recompute under autocast (safe side)
-    assert -TOLERANCE <= ratio - 1 <= (0.25 if ckpt == "full" and precision == "bf16-mixed" else 0.08), ratio
+    # measured 2026-12-01: 0.99-1.06 (full recompute under autocast 1.06 and 1.00; 1.21 and 1.05
+    # while the head's moment still counted the blocks' weight copies)
+    assert -TOLERANCE <= ratio - 1 <= 0.08, ratio
 
 
 def test_the_head_transient_by_hand(tmp_path):

@@ -134,6 +134,10 @@ class ModelStates:
     # of buffers_bytes: autocast's 16-bit weight copies gone before backward (its cast cache is
     # dropped when the forward's autocast exits), for full recompute's late moment (peak_memory)
     copies_gone_in_backward: float = 0.0
+    # ... and of those, the ones already gone at the head's backward (the cross entropy's
+    # transient, activations.loss_backward_bytes): the blocks' (their checkpointed forwards saved
+    # no copy); only the head's own copy is still saved by its matmul
+    copies_gone_at_head: float = 0.0
     new_grad_bytes: float = 0.0         # a fresh gradient beside an accumulated one (the head's)
     # a pipeline's gradients freed before its schedule: at each rank's peak or not by its schedule
     # (pipeline_acts_alive_at_grads; peak_memory.peak_states_and_activations)
@@ -337,7 +341,7 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
     gathered_b = 2 if precision != "32" else 4        # dtype of gathered copies / comm
     # (ZeRO-3 gathers only what does not persist: nothing at all on a tiny model)
     largest = min(model.largest_layer_params / layout.tp, psi - persistent_elems)
-    buffers, after_backward, copies_gone = 0.0, 0.0, 0.0
+    buffers, after_backward, copies_gone, gone_at_head = 0.0, 0.0, 0.0, 0.0
     if strategy.family == "torch" and not strategy.shard_params and precision != "32":
         # Autocast's 16-bit copies of the fp32 weights: autograd keeps them for backward, so they
         # live from forward to the end of backward (2 bytes per parameter; measured on an H200:
@@ -350,6 +354,7 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
         if not strategy.pipeline and model.kind == "gpt":
             block = 2 * (4 * model.hidden ** 2 + 2 * model.hidden * model.ffn) / layout.tp
             copies_gone = copies - min(copies, block)
+            gone_at_head = min(copies, model.n_layers * block)
     kept = zero3_kept_gathered(model, strategy, layout)
     if kept:
         # DeepSpeed ZeRO-3 at 2+ ranks: the gathered tensors its coordinator keeps from the forward
@@ -389,5 +394,6 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
     return ModelStates(params, grads, opt, buffers, offloaded, psi, updated,
                        grads_at_peak=grads_at_peak(strategy, layout), gathered_after_backward=after_backward,
                        grads_per_rank=strategy.pipeline, copies_gone_in_backward=copies_gone,
+                       copies_gone_at_head=gone_at_head,
                        new_grad_bytes=min(largest_tensor(model) / layout.tp, psi) * g_b
                        if strategy.family == "torch" and layout.micro_batches > 1 else 0.0)

@@ -37,15 +37,27 @@ def peak_states_and_activations(terms: Terms) -> float:
         # backward makes each new gradient beside the accumulated one before adding it in; the
         # head's (the largest tensor) at once, beside every activation (the CPU allocator:
         # tests/unit/test_plan_allocator_peak.py)
-        grads_acts = st.grads_bytes + acts + st.new_grad_bytes
+        grads_acts = st.grads_bytes + _head_moment(terms, acts, st.new_grad_bytes)
     else:
-        grads_acts = max(acts, st.grads_bytes + st.acts_alive_at_grads * acts)
+        grads_acts = max(_head_moment(terms, acts), st.grads_bytes + st.acts_alive_at_grads * acts)
     if any(terms.recompute_per_rank):
         # full recompute: late in backward, (nearly) every gradient beside one recomputed block,
         # without the autocast weight copies (in buffers) dropped after the forward
         late = st.grads_bytes + max(terms.recompute_per_rank) - st.copies_gone_in_backward
         grads_acts = max(grads_acts, late)
     return st.params_bytes + st.optimizer_bytes + grads_acts
+
+
+def _head_moment(terms: Terms, acts: float, new_grad: float = 0.0) -> float:
+    """The activations' moment (with a fresh head gradient beside accumulated ones, new_grad)
+    less the autocast copies gone by then (buffers count them all). Full recompute under
+    autocast: the cast cache holds every copy to the forward's end, without the cross entropy's
+    backward transient yet; at that transient only the head's copy is left (the CPU allocator:
+    tests/unit/test_plan_allocator_peak.py). Otherwise every copy is saved for backward."""
+    gone = terms.states.copies_gone_at_head if any(terms.recompute_per_rank) else 0.0
+    if not gone:
+        return acts + new_grad
+    return max(acts - terms.loss_transient_bytes, acts + new_grad - gone)
 
 
 def pipeline_grads_and_acts(grads: float, acts: float, resident: float, alive: float | None) -> float:

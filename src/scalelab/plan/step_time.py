@@ -63,6 +63,7 @@ class Terms:
     activations_per_rank: tuple = ()  # each pipeline rank's (one entry without a pipeline)
     receive_per_rank: tuple = ()      # of which each pipeline rank's resident receive buffers
     recompute_per_rank: tuple = ()    # full recompute's backward moment, gradients aside
+    loss_transient_bytes: float = 0.0  # of the activations: the head's cross-entropy backward
 
 
 def _stage_share(model: ModelSpec, layout: Layout) -> float:
@@ -109,7 +110,9 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
                  flops_mod.model_flops(model, samples), hw_flops, bubble, traffic_acts, dev, host,
                  threads or 0, tuple(per_rank),
                  tuple(act_mod.pipeline_receive_bytes(model, layout, prec, ran.family == "deepspeed")),
-                 tuple(act_mod.recompute_peak_per_rank(model, layout, prec, ckpt, ran.family == "deepspeed")))
+                 tuple(act_mod.recompute_peak_per_rank(model, layout, prec, ckpt, ran.family == "deepspeed")),
+                 act_mod.loss_backward_bytes(model.seq_len, layout.micro_batch, model.vocab)
+                 / (layout.tp if act_mod.uses_paper_formula(model) else 1))
 
 
 def rank_threads(terms: Terms, hw: Hardware) -> int:
