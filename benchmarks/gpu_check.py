@@ -83,7 +83,8 @@ def plan(rec: dict, s: dict, out: Path) -> dict | None:
            "--heads", str(s["heads"]), "--vocab", str(s["vocab"]), "--seq-len", str(s["seq_len"]),
            "--strategy", rec["strategy"], "--devices", "1", "--micro-batch", str(rec["per_device_batch_size"]),
            "--global-batch", str(rec["global_batch_size"]), "--precision", s["precision"],
-           "--optimizer", "adam", "--hardware", profile, "--json"]
+           "--optimizer", "adam", "--activation-checkpointing", str(rec.get("activation_checkpointing") or "none"),
+           "--hardware", profile, "--json"]
     proc = _run(cmd, out / f"plan-{rec['strategy']}.log", 120, rec["config"].get("cache_dir"))
     return json.loads(proc.stdout) if proc.returncode == 0 else None
 

@@ -8,9 +8,10 @@
 #      default: what the per-submodule hooks cost on the GPU (SKIP_Z3MODULE=1 skips it);
 #   (Z2FLAT=1: zero2 with contiguous_gradients=false, the CPU stand-in's faster ZeRO-2 path, benchmarks/gpu_h200.md)
 #   4. single and fsdp with GPT-2's 50,257-token vocabulary (the planner's loss-backward term);
-#   5. the 1.2B GPT (24 x 2048): every strategy again at size (host RSS, device memory, the planner);
+#   5. single and fsdp with full activation checkpointing (the planner's full-recompute peak);
+#   6. the 1.2B GPT (24 x 2048): every strategy again at size (host RSS, device memory, the planner);
 # then `scalelab plan --calibrate` of the 86M sweep (h200_fit.yaml) and `--validate` of the 1.2B one with it.
-# Stages 2-5 run only while the elapsed time leaves room (a device session has 15 minutes).
+# Stages 2-6 run only while the elapsed time leaves room (a device session has 15 minutes).
 #   source .gpu/env.sh && bash benchmarks/gpu_device_run.sh "$OUT"      (shared/notes/gpu-device.md)
 set -u
 OUT=${1:?usage: gpu_device_run.sh OUT_DIR}
@@ -41,7 +42,12 @@ stage main ${MAIN_END:-210}
 # GPT-2's vocabulary on the 86M GPT: the planner's cross-entropy backward term (8 s b V bytes: 6.6 GB
 # here) and the device peak it predicts, checked on the CPU allocator only so far (SKIP_VOCAB=1 skips)
 [ -z "${SKIP_VOCAB:-}" ] && stage vocab ${VOCAB_END:-340} --no-hand --steps 20 --vocab 50257 --strategies single,fsdp
-stage big ${BIG_END:-430} --big --no-hand --steps 20 ${BIG_STRATEGIES:+--strategies $BIG_STRATEGIES}
+# full activation checkpointing on the 86M GPT: the planner's full-recompute peak (the forward's end
+# with every autocast weight copy, the head's backward with only its own, the late moment) on the
+# device, checked on the CPU allocator only so far (SKIP_FULL=1 skips)
+[ -z "${SKIP_FULL:-}" ] && stage full ${FULL_END:-375} --no-hand --steps 20 --strategies single,fsdp \
+  model.arch.activation_checkpointing=full
+stage big ${BIG_END:-460} --big --no-hand --steps 20 ${BIG_STRATEGIES:+--strategies $BIG_STRATEGIES}
 # the planner refitted to this run's 86M sweep (host floors included), checked on its unseen 1.2B sweep
 if [ -d "$W/main/sweep" ]; then
   python3 -m scalelab.cli plan --calibrate "$W/main/sweep" --hardware h200 --out "$W/h200_fit.yaml" \
