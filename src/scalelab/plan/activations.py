@@ -216,7 +216,9 @@ def recompute_peak_per_rank(model: ModelSpec, layout: Layout, precision: str, ch
     stored block inputs, while the gradients have grown nearly whole; at the end of backward this,
     not the end of the forward, is the peak (the CPU allocator: tests/unit/test_plan_allocator_peak.py).
     Counted as every stored input, the token ids, what the pipeline stage holds and one block's
-    activations without recompute. 0 without full recompute."""
+    activations without recompute: a pipeline stage's bound (its in-flight micro-batches keep
+    their stored inputs). Without a pipeline, peak_memory._late_moment counts block by block
+    (recompute_backward_bytes). 0 without full recompute."""
     p = layout.pp
     if checkpointing != "full" or model.kind == "mlp" or uses_paper_formula(model):
         return [0.0] * p
@@ -229,6 +231,24 @@ def recompute_peak_per_rank(model: ModelSpec, layout: Layout, precision: str, ch
     held = pipeline_stage_bytes(model, layout, r_b, e, sp)     # outputs in flight and receive buffers
     return [(stored * layers + (8 * s * b if r == 0 else 0.0)) * stage_in_flight(layout, r) + held[r] + block
             for r, layers in enumerate(_rank_layers(model, layout))]
+
+
+def recompute_backward_bytes(model: ModelSpec, layout: Layout, precision: str,
+                             weights_16bit: bool = False) -> tuple[float, float]:
+    """Full recompute without a pipeline, per rank, gradients aside: (what one block's backward
+    holds: the token ids, its stored input, its recomputed activations and, as its backward
+    starts, the MLP hidden's gradient (16-bit under autocast, beside the incoming gradient's
+    16-bit cast); each other block's stored input, alive until that block's backward). The
+    caller adds the gradients made so far and max(one block's gradients, one stored input) per
+    other block: the CPU allocator's per-block peaks within 2 % over 11 shapes (benchmarks/gpu_h200.md)."""
+    e, weights_16bit, r_b = _element_bytes(precision, weights_16bit)
+    s, b, h, t = model.seq_len, layout.micro_batch, model.hidden, layout.tp
+    sp = layout.sequence_parallel and t > 1
+    kw = dict(e=e, ffn=model.ffn, sequence_parallel=sp, attention=model.attention, weights_16bit=weights_16bit)
+    stored = gpt_layer_activation_bytes(s, b, h, model.heads, t, checkpointing="full", **kw)
+    block = gpt_layer_activation_bytes(s, b, h, model.heads, t, checkpointing="none", **kw)
+    hidden_grad = s * b * model.ffn * e / t + (s * b * h * e / (t if sp else 1) if r_b != e else 0.0)
+    return 8 * s * b + stored + block + hidden_grad, stored
 
 
 def pipeline_stage_bytes(model: ModelSpec, layout: Layout, stream: int, e: int, sp: bool,

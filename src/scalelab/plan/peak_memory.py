@@ -39,13 +39,36 @@ def peak_states_and_activations(terms: Terms) -> float:
         # tests/unit/test_plan_allocator_peak.py)
         grads_acts = st.grads_bytes + _head_moment(terms, acts, st.new_grad_bytes)
     else:
-        grads_acts = max(_head_moment(terms, acts), st.grads_bytes + st.acts_alive_at_grads * acts)
+        # (full recompute under autocast: by the time the gradient is whole, every weight copy
+        # but the head's is gone, as at the head's moment)
+        whole = st.grads_bytes + st.acts_alive_at_grads * acts - (st.copies_gone_at_head if any(
+            terms.recompute_per_rank) else 0.0)
+        grads_acts = max(_head_moment(terms, acts), whole)
     if any(terms.recompute_per_rank):
-        # full recompute: late in backward, (nearly) every gradient beside one recomputed block,
-        # without the autocast weight copies (in buffers) dropped after the forward
-        late = st.grads_bytes + max(terms.recompute_per_rank) - st.copies_gone_in_backward
-        grads_acts = max(grads_acts, late)
+        grads_acts = max(grads_acts, _late_moment(terms))
     return st.params_bytes + st.optimizer_bytes + grads_acts
+
+
+def _late_moment(terms: Terms) -> float:
+    """Full recompute's backward: a recomputed block beside the gradients made so far, without
+    the autocast weight copies (in buffers) dropped after the forward. Without a pipeline, block
+    k's backward holds the gradients of the head and of the blocks above it, the stored inputs of
+    blocks 0..k and its own backward (activations.recompute_backward_bytes), so the peak is at
+    block 0 when a block's gradients outweigh its stored input, else at block L-1; the
+    embeddings' gradients come after block 0, the block's own down projection's first. A
+    pipeline stage: every gradient and every stored input (recompute_peak_per_rank)."""
+    st, m, layout = terms.states, terms.model, terms.layout
+    if layout.pp > 1 or m.kind != "gpt":
+        return st.grads_bytes + max(terms.recompute_per_rank) - st.copies_gone_in_backward
+    own, stored = act_mod.recompute_backward_bytes(m, layout, terms.precision,
+                                                   weights_16bit=terms.strategy.family == "deepspeed")
+    per = st.grads_bytes / m.n_params                     # gradient bytes per model parameter here
+    g_block, g_down = m.layer_params * per, (m.hidden * m.ffn + m.hidden) * per
+    if st.grads_at_peak:    # accumulated gradients all there: the down projection's fresh one beside
+        return st.grads_bytes + g_down + own + (m.n_layers - 1) * stored - st.copies_gone_in_backward
+    g_after = (m.seq_len + (m.vocab if m.untied_head else 0)) * m.hidden * per   # tied: made with the head's
+    g_head = st.grads_bytes - m.n_layers * g_block - g_after
+    return g_head + g_down + own + (m.n_layers - 1) * max(g_block, stored) - st.copies_gone_in_backward
 
 
 def _head_moment(terms: Terms, acts: float, new_grad: float = 0.0) -> float:
