@@ -100,3 +100,26 @@ def test_zero2_with_buckets_smaller_than_the_model_allocates_its_partition_early
     acts = activation_bytes_per_device(M, t.layout, "32", "none", loss_transient=True)
     assert device_total_bytes(t, HW) == pytest.approx(s.params_bytes + s.optimizer_bytes + s.grads_bytes + 0.916384 * acts
                                                       + s.resident_buffer_bytes(False) + RUNTIME)
+
+
+def test_full_recompute_keeps_an_early_zero2_partition_whole():
+    # An early partition under full recompute (a 24 x 2048 GPT, 2 ranks, B = 5e8 of its 1.2e9
+    # elements): late in backward the whole partition (grads_bytes) is there beside every block's
+    # stored input, the token ids (8 s b) and one recomputed block (the saved-tensor-checked
+    # formula); counted as growing block by block, as where backward makes the gradients, the
+    # peak came out 1.9 GB short of that floor (now 0.6 GB over it: the MLP transient, a block's fresh gradients)
+    from scalelab.plan import get_strategy
+    from scalelab.plan.activations import gpt_layer_activation_bytes
+
+    big = ModelSpec.from_shape(24, 2048, 16, 256, 2048)
+    t = build_terms(big, get_strategy("zero2"), devices=2, micro_batch=8, global_batch=16, precision="32",
+                    activation_checkpointing="full")
+    s = t.states
+    assert s.acts_alive_at_grads > 0 and not s.grads_at_peak
+    kw = dict(e=4, ffn=4 * 2048)
+    stored = gpt_layer_activation_bytes(2048, 8, 2048, 16, checkpointing="full", **kw)
+    assert stored == 4 * 2048 * 8 * 2048                                  # the fp32 residual stream
+    block = gpt_layer_activation_bytes(2048, 8, 2048, 16, checkpointing="none", **kw)
+    floor = (s.params_bytes + s.optimizer_bytes + s.grads_bytes + 24 * stored + 8 * 2048 * 8 + block
+             + s.resident_buffer_bytes(False) + RUNTIME)
+    assert floor <= device_total_bytes(t, HW) <= floor * 1.05

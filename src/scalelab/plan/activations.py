@@ -240,7 +240,7 @@ def recompute_backward_bytes(model: ModelSpec, layout: Layout, precision: str,
     starts, the MLP hidden's gradient (16-bit under autocast, beside the incoming gradient's
     16-bit cast); each other block's stored input, alive until that block's backward). The
     caller adds the gradients made so far and max(one block's gradients, one stored input) per
-    other block: the CPU allocator's per-block peaks within 2 % over 11 shapes (benchmarks/gpu_h200.md)."""
+    other block: the CPU allocator's peaks within 2 % over 10 shapes (benchmarks/gpu_h200.md)."""
     e, weights_16bit, r_b = _element_bytes(precision, weights_16bit)
     s, b, h, t = model.seq_len, layout.micro_batch, model.hidden, layout.tp
     sp = layout.sequence_parallel and t > 1

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from . import activations as act_mod
 from .hardware import Hardware
-from .model_states import pipeline_acts_alive_at_grads
+from .model_states import pipeline_acts_alive_at_grads, tied
 
 if TYPE_CHECKING:
     from .step_time import Terms
@@ -56,19 +56,27 @@ def _late_moment(terms: Terms) -> float:
     blocks 0..k and its own backward (activations.recompute_backward_bytes), so the peak is at
     block 0 when a block's gradients outweigh its stored input, else at block L-1; the
     embeddings' gradients come after block 0, the block's own down projection's first. A
-    pipeline stage: every gradient and every stored input (recompute_peak_per_rank)."""
+    pipeline schedule (also at pp 1): every gradient and every stored input
+    (recompute_peak_per_rank), its in-flight micro-batches keeping theirs."""
     st, m, layout = terms.states, terms.model, terms.layout
-    if layout.pp > 1 or m.kind != "gpt":
+    if layout.schedule != "none" or m.kind != "gpt":
         return st.grads_bytes + max(terms.recompute_per_rank) - st.copies_gone_in_backward
     own, stored = act_mod.recompute_backward_bytes(m, layout, terms.precision,
                                                    weights_16bit=terms.strategy.family == "deepspeed")
     per = st.grads_bytes / m.n_params                     # gradient bytes per model parameter here
-    g_block, g_down = m.layer_params * per, (m.hidden * m.ffn + m.hidden) * per
-    if st.grads_at_peak:    # accumulated gradients all there: the down projection's fresh one beside
-        return st.grads_bytes + g_down + own + (m.n_layers - 1) * stored - st.copies_gone_in_backward
-    g_after = (m.seq_len + (m.vocab if m.untied_head else 0)) * m.hidden * per   # tied: made with the head's
-    g_head = st.grads_bytes - m.n_layers * g_block - g_after
-    return g_head + g_down + own + (m.n_layers - 1) * max(g_block, stored) - st.copies_gone_in_backward
+    h, L = m.hidden, m.n_layers
+    head = (0 if tied(m) else m.vocab * h) + 2 * h         # the head and the final LayerNorm
+    # a block's share of n_params (its real count: layer_params is the shape's, with biases)
+    g_block = max(0.0, m.n_params - head - m.embedding_params) / L * per
+    g_down = (h * m.ffn + h) * per                        # the down projection's, made first
+    if st.grads_at_peak or st.acts_alive_at_grads:
+        # the whole gradient is there through backward (accumulated, or a ZeRO-1/2 partition
+        # allocated early): the peak is at block L-1, with every stored input
+        return st.grads_bytes + g_down + own + (L - 1) * stored - st.copies_gone_in_backward
+    # made before block L-1: the head's and the final LayerNorm's (a tied head's into the token
+    # embedding's); after block 0: the embeddings' (but a tied head's)
+    g_head = (m.vocab * h + 2 * h) * per
+    return g_head + g_down + own + (L - 1) * max(g_block, stored) - st.copies_gone_in_backward
 
 
 def _head_moment(terms: Terms, acts: float, new_grad: float = 0.0) -> float:

@@ -144,11 +144,6 @@ class ModelSpec:
             mats.append((V * h, 1))
         return mats
 
-    @property
-    def untied_head(self) -> bool:
-        """An output head of its own: n_params has room for one (weight_matrices)."""
-        return self.kind == "gpt" and len(self.weight_matrices()) == 5
-
     def small_params(self, threshold: int) -> int:
         """Parameters in tensors of at most `threshold` elements: vectors (LayerNorms, biases:
         at most L (9h + f) + 2h, layer_params' count) and small matrices."""

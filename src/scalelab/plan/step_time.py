@@ -62,7 +62,7 @@ class Terms:
     threads: int                    # CPU threads per rank (scales a CPU profile's peak)
     activations_per_rank: tuple = ()  # each pipeline rank's (one entry without a pipeline)
     receive_per_rank: tuple = ()      # of which each pipeline rank's resident receive buffers
-    recompute_per_rank: tuple = ()    # full recompute's backward moment, gradients aside
+    recompute_per_rank: tuple = ()    # full recompute's pipeline-stage bound, gradients aside (0: none)
     loss_transient_bytes: float = 0.0  # of the activations: the head's cross-entropy backward
 
 
