@@ -222,15 +222,22 @@ def recompute_peak_per_rank(model: ModelSpec, layout: Layout, precision: str, ch
     p = layout.pp
     if checkpointing != "full" or model.kind == "mlp" or uses_paper_formula(model):
         return [0.0] * p
+    e, r_b, sp, stored, block = _stored_and_block(model, layout, precision, weights_16bit)
+    s, b = model.seq_len, layout.micro_batch
+    held = pipeline_stage_bytes(model, layout, r_b, e, sp)     # outputs in flight and receive buffers
+    return [(stored * layers + (8 * s * b if r == 0 else 0.0)) * stage_in_flight(layout, r) + held[r] + block
+            for r, layers in enumerate(_rank_layers(model, layout))]
+
+
+def _stored_and_block(model: ModelSpec, layout: Layout, precision: str, weights_16bit: bool):
+    """(e, r, sequence parallel, one block's stored input under full recompute, the block's
+    activations when recomputed) per rank."""
     e, weights_16bit, r_b = _element_bytes(precision, weights_16bit)
     s, b, h, t = model.seq_len, layout.micro_batch, model.hidden, layout.tp
     sp = layout.sequence_parallel and t > 1
     kw = dict(e=e, ffn=model.ffn, sequence_parallel=sp, attention=model.attention, weights_16bit=weights_16bit)
-    stored = gpt_layer_activation_bytes(s, b, h, model.heads, t, checkpointing="full", **kw)
-    block = gpt_layer_activation_bytes(s, b, h, model.heads, t, checkpointing="none", **kw)
-    held = pipeline_stage_bytes(model, layout, r_b, e, sp)     # outputs in flight and receive buffers
-    return [(stored * layers + (8 * s * b if r == 0 else 0.0)) * stage_in_flight(layout, r) + held[r] + block
-            for r, layers in enumerate(_rank_layers(model, layout))]
+    return (e, r_b, sp, gpt_layer_activation_bytes(s, b, h, model.heads, t, checkpointing="full", **kw),
+            gpt_layer_activation_bytes(s, b, h, model.heads, t, checkpointing="none", **kw))
 
 
 def recompute_backward_bytes(model: ModelSpec, layout: Layout, precision: str,
@@ -241,12 +248,8 @@ def recompute_backward_bytes(model: ModelSpec, layout: Layout, precision: str,
     16-bit cast); each other block's stored input, alive until that block's backward). The
     caller adds the gradients made so far and max(one block's gradients, one stored input) per
     other block: the CPU allocator's peaks within 2 % over 10 shapes (benchmarks/gpu_h200.md)."""
-    e, weights_16bit, r_b = _element_bytes(precision, weights_16bit)
+    e, r_b, sp, stored, block = _stored_and_block(model, layout, precision, weights_16bit)
     s, b, h, t = model.seq_len, layout.micro_batch, model.hidden, layout.tp
-    sp = layout.sequence_parallel and t > 1
-    kw = dict(e=e, ffn=model.ffn, sequence_parallel=sp, attention=model.attention, weights_16bit=weights_16bit)
-    stored = gpt_layer_activation_bytes(s, b, h, model.heads, t, checkpointing="full", **kw)
-    block = gpt_layer_activation_bytes(s, b, h, model.heads, t, checkpointing="none", **kw)
     hidden_grad = s * b * model.ffn * e / t + (s * b * h * e / (t if sp else 1) if r_b != e else 0.0)
     return 8 * s * b + stored + block + hidden_grad, stored
 
