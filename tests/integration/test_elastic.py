@@ -16,22 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import FAST, train
+from ..conftest import FAST, train, worker_pids
 
 pytestmark = pytest.mark.integration
 ELASTIC = ["trainer.devices=2", "trainer.max_steps=20", "logger=none", "checkpoint.every_n_steps=5",
            "trainer.max_restarts=1"]
-
-
-def _rank1_pid(job: Path) -> int | None:
-    for d in Path("/proc").iterdir():
-        try:
-            cmd = (d / "cmdline").read_bytes() if d.name.isdigit() else b""
-        except OSError:
-            continue
-        if b"-m scalelab.worker" in cmd and str(job).encode() in cmd and b"(rank 1" in cmd:
-            return int(d.name)
-    return None
 
 
 def _kill_rank1_at(job: Path, step: int, killed: list, stop: threading.Event) -> None:
@@ -41,7 +30,7 @@ def _kill_rank1_at(job: Path, step: int, killed: list, stop: threading.Event) ->
     pid = None
     while not stop.is_set():
         if pid is None:
-            pid = _rank1_pid(job)
+            pid = next(iter(worker_pids(job, rank=1)), None)
         else:
             try:
                 now = int((job / ".progress").read_text())

@@ -21,6 +21,10 @@ def peak_states_and_activations(terms: Terms) -> float:
     whole gradient is allocated (none where it grows layer by layer), not their sum."""
     st = terms.states
     acts = terms.activations_bytes
+    full = any(terms.recompute_per_rank)
+    # full recompute under autocast: the blocks' weight copies are gone after the forward (its
+    # autocast's exit), by the head's backward and when the gradient is whole
+    gone = st.copies_gone_at_head if full else 0.0
     if st.gathered_after_backward:
         # FSDP2 under a pipeline schedule: right after a backward the stage (interleaved: that
         # chunk) is gathered and one micro-batch (chunk) of activations fewer is alive, on each rank
@@ -37,14 +41,10 @@ def peak_states_and_activations(terms: Terms) -> float:
         # backward makes each new gradient beside the accumulated one before adding it in; the
         # head's (the largest tensor) at once, beside every activation (the CPU allocator:
         # tests/unit/test_plan_allocator_peak.py)
-        grads_acts = st.grads_bytes + _head_moment(terms, acts, st.new_grad_bytes)
+        grads_acts = st.grads_bytes + _head_moment(terms, acts, gone, st.new_grad_bytes)
     else:
-        # (full recompute under autocast: by the time the gradient is whole, every weight copy
-        # but the head's is gone, as at the head's moment)
-        whole = st.grads_bytes + st.acts_alive_at_grads * acts - (st.copies_gone_at_head if any(
-            terms.recompute_per_rank) else 0.0)
-        grads_acts = max(_head_moment(terms, acts), whole)
-    if any(terms.recompute_per_rank):
+        grads_acts = max(_head_moment(terms, acts, gone), st.grads_bytes + st.acts_alive_at_grads * acts - gone)
+    if full:
         grads_acts = max(grads_acts, _late_moment(terms))
     return st.params_bytes + st.optimizer_bytes + grads_acts
 
@@ -79,13 +79,12 @@ def _late_moment(terms: Terms) -> float:
     return g_head + g_down + own + (L - 1) * max(g_block, stored) - st.copies_gone_in_backward
 
 
-def _head_moment(terms: Terms, acts: float, new_grad: float = 0.0) -> float:
+def _head_moment(terms: Terms, acts: float, gone: float, new_grad: float = 0.0) -> float:
     """The activations' moment (with a fresh head gradient beside accumulated ones, new_grad)
-    less the autocast copies gone by then (buffers count them all). Full recompute under
+    less the autocast copies `gone` by then (buffers count them all). Full recompute under
     autocast: the cast cache holds every copy to the forward's end, without the cross entropy's
     backward transient yet; at that transient only the head's copy is left (the CPU allocator:
-    tests/unit/test_plan_allocator_peak.py). Otherwise every copy is saved for backward."""
-    gone = terms.states.copies_gone_at_head if any(terms.recompute_per_rank) else 0.0
+    tests/unit/test_plan_allocator_peak.py). Otherwise (gone 0) every copy is saved for backward."""
     if not gone:
         return acts + new_grad
     return max(acts - terms.loss_transient_bytes, acts + new_grad - gone)
