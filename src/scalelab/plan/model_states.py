@@ -138,6 +138,10 @@ class ModelStates:
     # transient, activations.loss_backward_bytes): the blocks' (their checkpointed forwards saved
     # no copy); only the head's own copy is still saved by its matmul
     copies_gone_at_head: float = 0.0
+    # of buffers_bytes: all of autocast's weight copies, each freed with its layer's backward, so
+    # none is left when the gradient is whole (gradients freed before the forward: the CPU
+    # allocator's peak is the gradients alone on weight-heavy shapes; peak_memory)
+    copies_bytes: float = 0.0
     new_grad_bytes: float = 0.0         # a fresh gradient beside an accumulated one (the head's)
     # a pipeline's gradients freed before its schedule: at each rank's peak or not by its schedule
     # (pipeline_acts_alive_at_grads; peak_memory.peak_states_and_activations)
@@ -341,7 +345,7 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
     gathered_b = 2 if precision != "32" else 4        # dtype of gathered copies / comm
     # (ZeRO-3 gathers only what does not persist: nothing at all on a tiny model)
     largest = min(model.largest_layer_params / layout.tp, psi - persistent_elems)
-    buffers, after_backward, copies_gone, gone_at_head = 0.0, 0.0, 0.0, 0.0
+    buffers, after_backward, copies, copies_gone, gone_at_head = 0.0, 0.0, 0.0, 0.0, 0.0
     if strategy.family == "torch" and not strategy.shard_params and precision != "32":
         # Autocast's 16-bit copies of the fp32 weights: autograd keeps them for backward, so they
         # live from forward to the end of backward (2 bytes per parameter; measured on an H200:
@@ -394,6 +398,6 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
     return ModelStates(params, grads, opt, buffers, offloaded, psi, updated,
                        grads_at_peak=grads_at_peak(strategy, layout), gathered_after_backward=after_backward,
                        grads_per_rank=strategy.pipeline, copies_gone_in_backward=copies_gone,
-                       copies_gone_at_head=gone_at_head,
+                       copies_gone_at_head=gone_at_head, copies_bytes=0.0 if strategy.pipeline else copies,
                        new_grad_bytes=min(largest_tensor(model) / layout.tp, psi) * g_b
                        if strategy.family == "torch" and layout.micro_batches > 1 else 0.0)

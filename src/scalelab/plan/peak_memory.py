@@ -43,7 +43,8 @@ def peak_states_and_activations(terms: Terms) -> float:
         # tests/unit/test_plan_allocator_peak.py)
         grads_acts = st.grads_bytes + _head_moment(terms, acts, gone, st.new_grad_bytes)
     else:
-        grads_acts = max(_head_moment(terms, acts, gone), st.grads_bytes + st.acts_alive_at_grads * acts - gone)
+        # (the weight copies are all freed by then: each with its layer's backward)
+        grads_acts = max(_head_moment(terms, acts, gone), st.grads_bytes + st.acts_alive_at_grads * acts - st.copies_bytes)
     if full:
         grads_acts = max(grads_acts, _late_moment(terms))
     return st.params_bytes + st.optimizer_bytes + grads_acts
