@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import (ADAMW, REPO, assert_nano_flops, assert_same_curve, assert_trained_from_seeded_init,
-                        losses_by_step)
+                        losses_by_step, worker_pids)
 from ..conftest import read_record as _rec
 from ..conftest import run_one_job
 
@@ -123,20 +123,6 @@ def _ten_steps(request, strategy: str) -> Path:
     if strategy == "zero1":
         return request.getfixturevalue("zero1_run")
     return request.getfixturevalue(f"{strategy}_saved")
-
-
-def _ranks_alive(jobs) -> list[int]:
-    """Processes still running a rank of these jobs (other jobs on the machine are not ours)."""
-    alive = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if "scalelab.worker" in cmd and any(str(j) in cmd for j in jobs):
-                alive.append(int(d.name))
-    return alive
 
 
 # -- equivalence ------------------------------------------------------------------------------
@@ -249,7 +235,7 @@ def test_consolidated_export_loads_strict_into_plain_gpt(strategy, request, zero
 @JIT_BUILD
 def test_no_rank_outlives_its_job(zero1_run, zero2_saved, zero3_resumed):
     jobs = [zero1_run, zero2_saved, zero3_resumed["saved"], zero3_resumed["resumed"]]
-    assert _ranks_alive(jobs) == []
+    assert [pid for job in jobs for pid in worker_pids(job)] == []
     assert not list(zero1_run.glob("error-rank*.txt"))
 
 
