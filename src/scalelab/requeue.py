@@ -18,7 +18,8 @@ SIGTERM SLURM itself requeues (scontrol requeue, preemption) or ends (scancel) t
 saves. The requeued job runs the same script with the same SLURM_JOB_ID, hence the same run dir,
 and `checkpoint.resume=auto` continues from the newest checkpoint. Lightning's own requeue is off
 (SLURMEnvironment(auto_requeue=False)): it would requeue from rank 0 before the others saved, and
-a whole job array at once (Lightning #15022).
+a whole job array at once (Lightning #15022). Outside SLURM too, Lightning's per-batch SIGTERM
+broadcast is off (rank_local_sigterm): each rank stops on its own signal.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 PREEMPTED = ".preempted"  # JOB_DIR/.preempted: "STEP SIGNAL" of a rank stop this attempt
@@ -184,6 +186,40 @@ def ignore_late() -> None:
     finalizes (it restores the default action, which kills). Measured: a USR1 in that window
     killed ranks that had finished all their steps."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def rank_local_sigterm(trainer) -> None:
+    """Every multi-rank run, before fit: Lightning 2.6 agrees on SIGTERM with a collective per
+    batch (_TrainingEpochLoop._broadcast_sigterm_tensor: a flag tensor made on the rank's device,
+    broadcast from rank 0 on the default group, then `.item()`), and its SIGTERM handler
+    broadcasts too. That is a collective and a device drain per step in every run at world size
+    2+, `single`'s independent replicas included (their comm share on CPU: 3-11 %); the H200 runs
+    at world size 1 never saw it. Here a rank that gets SIGTERM stops on its own after its
+    batch (the loop's SIGTERMException); a peer that does not get it is ended by the launcher
+    (spawn, torchrun), and under SLURM every rank gets it and RequeueOnSignal agrees on the step
+    over a host flag."""
+    conn, loop = trainer._signal_connector, trainer.fit_loop.epoch_loop
+
+    def notifier(signum, frame) -> None:   # Lightning's _sigterm_notifier_fn without its broadcast
+        if not conn.received_sigterm and trainer.strategy.launcher is not None:
+            trainer.strategy.launcher.kill(signum)
+        conn.received_sigterm = True
+
+    conn._sigterm_notifier_fn = notifier       # registered by fit (register_signal_handlers)
+    loop._broadcast_sigterm_tensor = lambda: None
+
+
+def end_by_sigterm(exc: BaseException) -> None:
+    """A rank Lightning stopped on SIGTERM (its SIGTERMException, a SystemExit with no code: exit
+    status 0) ends by that signal instead, so its launcher names it (spawn's first-failure rule,
+    torchrun) and not the peer that then lost its connection to it."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    if isinstance(exc, SIGTERMException):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 # ---- the batch step (the Hydra job that runs srun) ---------------------------------------------

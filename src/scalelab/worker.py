@@ -227,6 +227,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         use_distributed_sampler=False,  # GlobalBatchSampler shards by data-parallel rank itself
         num_sanity_val_steps=0, default_root_dir=str(job_dir), plugins=plugins,
         **validation_trainer_args(cfg.trainer, spec.batch.accumulate_grad_batches))
+    requeue.rank_local_sigterm(trainer)   # no SIGTERM collective and device read per batch
     t0 = time.time()
     trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
     fit_s = time.time() - t0
@@ -373,8 +374,9 @@ def main() -> int:
     marks = {"rank_process_start": timing.process_start_time(), "imports_done": timing.now()}
     try:
         return run(job_dir, marks)
-    except BaseException:
+    except BaseException as exc:
         (job_dir / f"error-rank{_global_rank()}.txt").write_text(traceback.format_exc())
+        requeue.end_by_sigterm(exc)
         raise
 
 
@@ -384,9 +386,10 @@ def rank_entry(job_dir: Path) -> int:
     now = timing.now()
     try:
         return run(job_dir, {"rank_process_start": now, "imports_done": now})
-    except BaseException:
+    except BaseException as exc:
         (job_dir / f"error-rank{_global_rank()}.txt").write_text(traceback.format_exc())
         traceback.print_exc()
+        requeue.end_by_sigterm(exc)
         return 1
 
 

@@ -125,6 +125,9 @@ def test_breakdown_recorded_per_rank(core_sweep):
     assert min(r["wait_s"] for r in b["per_rank"]) == 0.0
     single1 = _by(records(core_sweep), "single", 1)["breakdown"]["per_rank"][0]
     assert single1["comm_s"] == pytest.approx(0.0, abs=1e-3)  # one rank: nothing to communicate
+    # `single` at 2 ranks: independent replicas, not one collective in a step (Lightning's
+    # per-batch SIGTERM broadcast was there, 3 ms of rank 1's 16 ms step: requeue.rank_local_sigterm)
+    assert [r["comm_s"] for r in _by(records(core_sweep), "single", 2)["breakdown"]["per_rank"]] == [0.0, 0.0]
 
 
 def test_mfu_uses_this_cpu_profile_and_states_its_formula(core_sweep):
