@@ -9,6 +9,7 @@ validate and prepare nothing.
 """
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 
 from hydra import compose, initialize_config_dir
@@ -16,11 +17,13 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
+from omegaconf import DictConfig
 
 from scalelab.config import validate
 from scalelab.data.prepare import prepare_for_run
 from scalelab.errors import ConfigError
 from scalelab.paths import conf_dir
+from scalelab.schema import not_a_key
 from scalelab.strategies.registry import choices
 
 # Hydra flags after which there is no training to validate.
@@ -49,8 +52,34 @@ def _compose(overrides: list[str], hydra_cfg: bool = False):
     try:
         return compose("train", overrides=overrides, return_hydra_config=hydra_cfg)
     except HydraException as e:
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        unknown = _unknown_key(str(e), overrides)
+        if unknown:
+            raise ConfigError(unknown) from e
+        lines = [ln.strip().rstrip(".") for ln in str(e).splitlines() if ln.strip()]
         raise ConfigError("; ".join(lines[:2])) from e
+
+
+def _unknown_key(text: str, overrides: list[str]) -> str | None:
+    """Hydra's "Could not override 'trainer.max_step'" as a line naming the nearest valid key
+    (its own advice, `+trainer.max_step=...`, adds a key that nothing reads)."""
+    m = re.search(r"Could not override '([^']+)'", text)
+    if not m:
+        return None
+    key = m.group(1)
+    try:
+        cfg = compose("train", overrides=[o for o in overrides if o.split("=", 1)[0].lstrip("+~") != key])
+    except HydraException:
+        return None
+    parts, node = key.split("."), cfg
+    for i, part in enumerate(parts):
+        child = node.get(part)
+        if not isinstance(child, DictConfig):
+            name = ".".join(parts[:i + 1])
+            if part in node:              # trainer.max_steps.x=1
+                return f"{name} is a value ({child!r}), not a group of keys: set it with {name}=VALUE"
+            return not_a_key(".".join(parts[:i]), part, node.keys())
+        node = child
+    return None
 
 
 def expand(args: list[str]) -> list[list[str]]:

@@ -6,7 +6,9 @@ A value of the wrong type is rejected, never converted: `true` where a word goes
 number goes, `1.5` where an integer goes, `no` where a boolean goes (Python's bool("no") is True:
 `strategy.reshard_after_forward=no` used to mean yes). Keys the schema does not know are left to
 their owner (a strategy's class rejects unknown options, a model's dataclass unknown fields;
-`+key=value` additions elsewhere are the user's own). Cross-key rules (heads divide width,
+in the groups whose every key is read by scalelab itself (CLOSED), an unknown key, which nothing
+would read, is an error naming the nearest valid one; `+key=value` additions elsewhere are the
+user's own, e.g. a secret under logger). Cross-key rules (heads divide width,
 warm-up < max_steps, batch divisibility, a strategy's layout) stay in config.validate and the
 strategies, which run after this.
 """
@@ -327,6 +329,22 @@ def fail(key: str, value: Any, field: Field) -> ConfigError:
     return ConfigError(f"{key}={value!r} {field.what()}{desc}")
 
 
+#: groups whose keys scalelab reads by name: any other key in them is a typo that nothing reads
+#: (`+trainer.max_step=10` ran the default 30 steps)
+CLOSED = ("checkpoint", "trainer", "data", "optim", "lr_scaling", "launcher")
+
+
+def not_a_key(parent: str, bad: str, keys) -> str:
+    """One line for a key `bad` that `parent` does not have: the nearest valid one, and the valid ones."""
+    import difflib
+
+    keys = sorted(str(k) for k in keys if not str(k).startswith("_"))
+    where = f"{parent}." if parent else ""
+    near = difflib.get_close_matches(bad, keys, n=1, cutoff=0.6)
+    hint = f": did you mean {where}{near[0]}?" if near else ""
+    return f"{where}{bad} is not a key of {parent or 'the config'}{hint} (valid: {', '.join(keys)})"
+
+
 def check_fields(values: dict, table: dict[str, Field], prefix: str) -> None:
     for key, field in table.items():
         if key in values and not field.ok(values[key]):
@@ -362,6 +380,9 @@ def check(c: dict) -> None:
             raise ConfigError(f"{group}={node!r} must be a mapping of the {group} group's keys (choose the group with "
                               f"{group}=NAME and set its keys with {group}.KEY=VALUE)")
         check_fields(node, table, group + ".")
+        unknown = sorted(set(node) - set(table) - {"_target_"}) if group in CLOSED else []
+        if unknown:
+            raise ConfigError(not_a_key(group, unknown[0], table))
     # which hardware profile, and that a resume path exists (the rank would only fail on it)
     _hardware_profile(c.get("hardware_profile", "auto"))
     resume = (c.get("checkpoint") or {}).get("resume_from")

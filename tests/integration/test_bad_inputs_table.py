@@ -86,6 +86,14 @@ TRAIN_ROWS = [
     (["strategy=tp", "strategy.tensor_parallel_size=all"], "strategy.tensor_parallel_size='all' must be a positive"),
     (["checkpoint.save=maybe"], "checkpoint.save='maybe' must be a boolean"),
     (["-m", "strategy=single,ddp", "optim.lr=0.1,0"], "optim.lr=0 must be a number > 0"),
+    # a misspelled key: Hydra's own advice (`+trainer.max_step=10`) added a key nothing read, and
+    # the run went on with the default 30 steps
+    (["trainer.max_step=10"], "trainer.max_step is not a key of trainer: did you mean trainer.max_steps?"),
+    (["+trainer.max_step=10"], "trainer.max_step is not a key of trainer: did you mean trainer.max_steps?"),
+    (["+data.globl_batch_size=8"], "data.globl_batch_size is not a key of data: did you mean data.global_batch_size?"),
+    (["+checkpoint.every_n_step=5"], "did you mean checkpoint.every_n_steps?"),
+    (["model.arch.d_modl=64"], "model.arch.d_modl is not a key of model.arch: did you mean model.arch.d_model?"),
+    (["trainer.max_steps.x=1"], "trainer.max_steps is a value (30), not a group of keys"),
 ]
 
 
