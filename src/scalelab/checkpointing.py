@@ -128,7 +128,7 @@ class PeriodicCheckpoint:
             self.dir.mkdir(parents=True, exist_ok=True)
             _remove(tmp)
         trainer.strategy.barrier()
-        trainer.save_checkpoint(str(tmp))
+        trainer.save_checkpoint(str(tmp), weights_only=False)   # the whole state: resumable
         trainer.strategy.barrier()   # every rank's part is on disk
         if trainer.is_global_zero:
             _remove(final)

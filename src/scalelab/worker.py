@@ -242,7 +242,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         shutdown_process_group()
         return 0
     if cfg.checkpoint.save:
-        trainer.save_checkpoint(str(job_dir / "checkpoints" / "last.ckpt"))
+        trainer.save_checkpoint(str(job_dir / "checkpoints" / "last.ckpt"), weights_only=False)
     if cfg.checkpoint.export_consolidated:
         state = plan.consolidated_state_dict(trainer, module)  # collective: all ranks call it
         if rank == 0:
