@@ -315,3 +315,15 @@ def test_nothing_fits_is_exit_1_with_what_was_pruned(capsys, tmp_path):
     assert err.startswith("error: no layout fits device memory") and "does not fit device memory" in err
     assert (tmp_path / "recommendation.json").is_file()
     assert "No layout fits" in (tmp_path / "recommendation.md").read_text()
+
+
+def test_lr_check_disagreement_names_the_direction():
+    # the walkthrough's case: 0.0015 won over the advised 0.003, and the line said "favours large LRs"
+    from scalelab.recommend.recommend import _why_not_advice
+
+    adv = {"base_lr": 0.003}
+    lower = _why_not_advice({"varied": "optim.lr", "best": 0.0015, "steps": 30}, adv)
+    higher = _why_not_advice({"varied": "optim.lr", "best": 0.006, "steps": 30}, adv)
+    assert lower.startswith("lower than advised") and "large" not in lower
+    assert "favours large LRs" in higher and "--lr-steps" in higher
+    assert "rules" in _why_not_advice({"varied": "lr_scaling", "best": "sqrt", "steps": 30}, adv)

@@ -240,8 +240,8 @@ def _finish(doc: dict, out: Path, records, summaries, say) -> None:
         c = lr["check"]
         say(f"LR check ({c['steps']} steps, {c['wall_s']:.0f} s): lowest training loss over the last quarter with "
             f"{c['varied']}={c['best']}"
-            + ("" if c["agrees_with_advice"] else " (not the advice: a short run's loss is noisy and favours "
-               "large LRs; the command keeps the advice)"))
+            + ("" if c["agrees_with_advice"] else f" (not the advice: {_why_not_advice(c, lr['advice'])}; "
+               "the command keeps the advice)"))
         say(text_table(*lr_table(doc)))
     for k, p in doc["files"].items():
         say(f"{k}: {p}")
@@ -250,6 +250,20 @@ def _finish(doc: dict, out: Path, records, summaries, say) -> None:
         measured = f", measured {fmt_score(doc['objective'], w['measured_score'])}" if w["measured_score"] else ""
         say(f"\nrecommended ({w['source']}; predicted {fmt_score(doc['objective'], w['predicted_score'])}{measured}):"
             f"\n{w['command']}")
+
+
+def _why_not_advice(check: dict, advice: dict) -> str:
+    """Why a short LR check's lowest loss need not overrule the advice, for the way it differs."""
+    if check["varied"] == "lr_scaling":
+        return f"a {check['steps']}-step loss is noisy; --lr-steps longer would tell the rules apart"
+    try:
+        higher = float(check["best"]) > float(advice["base_lr"])
+    except (TypeError, ValueError):
+        higher = None
+    if higher:
+        return ("a short run favours large LRs, which fall fastest early and may diverge later; "
+                f"--lr-steps longer than {check['steps']} would tell")
+    return f"lower than advised; a {check['steps']}-step loss is noisy: --lr-steps longer would tell"
 
 
 def _measured(doc: dict, winner: dict):
