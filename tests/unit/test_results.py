@@ -85,7 +85,7 @@ def test_reaggregating_keeps_the_wandb_summary_run_id(sweep):
 
 
 @pytest.mark.parametrize("args,code,needle", [
-    (["hardware=h200", "trainer.max_steps=10"], 2, "hardware_profile=h200 is a GPU profile but this run is on CPU"),
+    (["hardware=h200", "trainer.max_steps=10"], 2, "hardware=h200 (hardware_profile) is a GPU profile but this run is on CPU"),
     (["hardware=nope"], 2, "hardware=nope is not known: choose one of a100_80g_nvlink, h100_sxm, h200, this_cpu"),
 ])
 def test_hardware_group_is_a_real_choice(tmp_path, args, code, needle):

@@ -33,8 +33,8 @@ def profile_name(requested: str, accelerator: str) -> str | None:
     """The hardware profile for MFU (None: an unknown GPU; set hardware_profile=NAME)."""
     if requested not in (None, "auto"):
         if accelerator == "cpu" and "cpu" not in str(requested):
-            raise ConfigError(f"hardware_profile={requested} is a GPU profile but this run is on CPU: "
-                              "use auto or this_cpu (a GPU peak would understate CPU MFU)")
+            raise ConfigError(f"hardware={requested} (hardware_profile) is a GPU profile but this run is on CPU: "
+                              "use hardware=this_cpu or leave it unset (a GPU peak would understate CPU MFU)")
         return str(requested)
     if accelerator == "cpu":
         return HOST_CPU
