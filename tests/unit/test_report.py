@@ -345,3 +345,17 @@ def test_every_sweep_summary_writes_its_report(sweep):
     assert f"report: {sweep / 'report.html'}" in proc.stdout.splitlines()
     page = (sweep / "report.html").read_text()
     assert page.startswith("<!doctype html>") and 'id="efficiency_strong"' in page and "fx/7" in page
+
+
+def test_model_and_precision_columns_only_where_runs_differ(loaded):
+    """Runs of two models side by side were told apart only by a 20x throughput gap (walkthrough)."""
+    recs, _ = loaded
+    same = [r for r in recs if r["job"]["name"] != "fx/8"]          # one precision, no second model
+    heads = render(same, "markdown").splitlines()[0]
+    assert "| model |" not in heads and "| precision |" not in heads
+    small = {**recs[0], "model": {"name": "gpt_small"}, "job": {"name": "fx/9"}}
+    heads = render([*same, small], "markdown").splitlines()[0]
+    assert heads.startswith("| job | model | strategy |") and "| precision |" not in heads
+    rows = render([*same, small], "markdown").splitlines()
+    assert any(r.startswith("| fx/9 | gpt_small | ddp |") for r in rows)
+    assert "| precision |" in render(recs, "markdown").splitlines()[0]      # fx/8 is bf16-mixed

@@ -9,6 +9,8 @@ import json
 
 COLUMNS = [  # (header, getter, format)
     ("job", lambda r: r.get("job", {}).get("name", ""), "{}"),
+    ("model", lambda r: (r.get("model") or {}).get("name"), "{}"),          # shown where runs differ in it
+    ("precision", lambda r: r.get("precision"), "{}"),                      # (VARYING_ONLY)
     ("strategy", lambda r: r.get("strategy"), "{}"),
     ("world", lambda r: r.get("world_size"), "{}"),
     ("batch", lambda r: r.get("global_batch_size"), "{}"),
@@ -56,9 +58,16 @@ def _cells(rec: dict, columns) -> list[str]:
     return out
 
 
+# Shown only where the runs differ in them: a sweep over one model at one precision reads as
+# before, while runs of two models side by side are told apart (their rows were identical but
+# for a 20x throughput gap).
+VARYING_ONLY = ("model", "precision")
+
+
 def _columns(records: list[dict]):
     # Drop columns that are empty for every run (e.g. efficiency outside a sweep).
-    return [c for c in COLUMNS if any(c[1](r) not in (None, "", []) for r in records)]
+    return [c for c in COLUMNS if any(c[1](r) not in (None, "", []) for r in records)
+            and (c[0] not in VARYING_ONLY or len({str(c[1](r)) for r in records if c[1](r) not in (None, "")}) > 1)]
 
 
 def sort_key(r: dict):
@@ -127,7 +136,7 @@ def _csv(records: list[dict]) -> str:
 
 # Columns the terminal table hides first when the terminal is too narrow for all of them.
 NARROW_DROP = ("step ms (p90)", "state KiB/rank", "loss first", "micro x acc", "samples/s", "comm %", "MFU %", "lr",
-               "peak RSS MiB", "batch")
+               "peak RSS MiB", "batch", "precision")
 
 
 def rich_table(records: list[dict], group_by: str | None = None, sort: str | None = None, width: int = 120):
@@ -147,7 +156,8 @@ def rich_table(records: list[dict], group_by: str | None = None, sort: str | Non
                          if hidden else [])
         t = Table(title=title, caption="\n".join(notes) or None, caption_justify="left")
         for i in keep:
-            t.add_column(cols[i][0], justify="left" if i < 2 else "right", no_wrap=i < 2)
+            ident = cols[i][0] in ("job", *VARYING_ONLY, "strategy")     # what the row is: whole, left
+            t.add_column(cols[i][0], justify="left" if ident else "right", no_wrap=ident)
         if status:
             t.add_column("status", overflow="fold", min_width=12)
         for r in members:
