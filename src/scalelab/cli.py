@@ -87,10 +87,17 @@ def _aggregate(args: argparse.Namespace) -> int:
     return 0
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """A bad argument is one line naming it (argparse printed the whole usage first: ~20 lines)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from scalelab import __version__
 
-    parser = argparse.ArgumentParser(prog="scalelab", description=__doc__)
+    parser = _OneLineErrors(prog="scalelab", description=__doc__)   # its subcommands' parsers too
     parser.add_argument("--version", action="version", version=f"scalelab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     cmp = sub.add_parser("compare", help="table / dashboard of run records")

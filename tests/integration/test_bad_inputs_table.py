@@ -142,6 +142,9 @@ PLAN_ROWS = [
     (["--params", "7B", "--strategy", "ddp", "--devices", "0"], "--devices must be >= 1"),
     (["--layers", "2", "--hidden", "65", "--heads", "4", "--vocab", "256", "--seq-len", "64", "--strategy", "ddp",
       "--devices", "2"], "--heads 4 does not divide --hidden 65"),
+    # argparse's own errors: one line too (it printed its ~20-line usage first)
+    (["--params", "7Q", "--strategy", "ddp"], "argument --params: not a number: '7Q'"),
+    (["--params", "7B", "--strategy", "ddp", "--devices", "two"], "argument --devices: invalid int value: 'two'"),
 ]
 
 
