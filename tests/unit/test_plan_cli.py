@@ -110,3 +110,21 @@ def test_strategy_configs_refine_and_extend_the_table(tmp_path, monkeypatch):
     assert get_strategy("ddp", {"comm_hook": "powersgd", "powersgd_rank": 4}).powersgd_rank == 4
     with pytest.raises(ValueError, match="valid: single, ddp.*my_offload"):
         get_strategy("nope")
+
+
+def test_strategy_table_says_which_split_fits(capsys):
+    """plan --strategy all at the trainer's default split (global / dp, no accumulation) put fsdp
+    at NO while nd, whose config cuts 4 micro-batches, fit: only the split differed (walkthrough).
+    The footnote's split must fit when asked for, and the row's own must not."""
+    base = ["--params", "7B", "--devices", "8", "--global-batch", "64", "--hardware", "h100_sxm"]
+    assert main([*base, "--strategy", "fsdp,ddp", "--json"]) == 0
+    fsdp, ddp = json.loads(capsys.readouterr().out)
+    assert not fsdp["memory"]["fits"] and fsdp["inputs"]["parallel"]["micro_batch"] == 8
+    alt = fsdp["fits_with"]
+    assert alt["strategy"] == "fsdp" and alt["world_size"] == 8 and alt["micro_batch"] < 8
+    assert main([*base, "--strategy", "fsdp", "--micro-batch", str(alt["micro_batch"]), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory"]["fits"]
+    assert ddp["fits_with"] is None                       # 7B with DDP's states on 80 GB: nothing does
+    assert main([*base, "--strategy", "fsdp,ddp"]) == 0
+    out = capsys.readouterr().out
+    assert f"  fsdp: fits with micro-batch {alt['micro_batch']} x" in out and "  ddp: no micro-batch" in out

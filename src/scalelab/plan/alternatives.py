@@ -43,14 +43,19 @@ def _changes(terms: Terms) -> list[tuple[str, dict]]:
     return out
 
 
-def nearest_fitting(terms: Terms, hw: Hardware, limit: int = 5) -> list[dict]:
-    """Up to `limit` layouts near `terms` that fit, as {"change", "step_s", "total_bytes", ...}."""
+# The changes that keep the strategy and the devices (plan --strategy all's footnote).
+SAME_STRATEGY_AND_DEVICES = ("micro_batch", "micro_batches", "activation_checkpointing")
+
+
+def nearest_fitting(terms: Terms, hw: Hardware, limit: int = 5, only: tuple[str, ...] | None = None) -> list[dict]:
+    """Up to `limit` layouts near `terms` that fit, as {"change", "step_s", "total_bytes", ...};
+    only: the layout keys a change may touch (None: any)."""
     L = terms.layout
     base = dict(strategy=terms.strategy, devices=L.devices_per_node, nodes=L.nodes, tp=L.tp, pp=L.pp,
                 micro_batch=L.micro_batch, micro_batches=L.micro_batches, precision=terms.precision,
                 optimizer=terms.optimizer, activation_checkpointing=terms.checkpointing,
                 threads=terms.threads or None, sequence_parallel=L.sequence_parallel)
-    singles = _changes(terms)
+    singles = [c for c in _changes(terms) if only is None or set(c[1]) <= set(only)]
     found: list[dict] = []
     for n in (1, 2):
         for combo in combinations(singles, n):

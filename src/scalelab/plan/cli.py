@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from .report import _opt, _opt_str, _print_table, _short, fmt_bytes, render, render_alternatives, render_rows
+from .report import _opt, _opt_str, _print_table, _short, fmt_bytes, fmt_time, render, render_alternatives, render_rows
 from .spec import ATTENTION, CHECKPOINTING, STRATEGIES, ModelSpec, PlanError, conf_dir, get_strategy, strategy_names
 
 DEFAULT_HARDWARE = "h100_sxm"
@@ -162,7 +162,7 @@ def _plan(a, job_terms=None) -> int:
     """One plan (exit 1 with the nearest layouts that fit when it does not fit), or a row per
     strategy. `job_terms(overrides) -> (Terms, hardware name)` builds a job from scalelab-train
     overrides (scalelab.plan_job: the training config code, which plan/ does not import)."""
-    from .alternatives import nearest_fitting
+    from .alternatives import SAME_STRATEGY_AND_DEVICES, nearest_fitting
     from .hardware import load_hardware
     from .step_time import build_terms, plan_terms
     names = _strategies(a.strategy)
@@ -197,7 +197,13 @@ def _plan(a, job_terms=None) -> int:
         if command:
             docs[-1]["train_command"] = command
     if len(docs) > 1:
-        print(json.dumps(docs, indent=2) if a.json else render_rows(docs))
+        # a row that does not fit as asked may fit with a smaller micro-batch or checkpointing
+        # (the split only differs: nd's 4 micro-batches fit a 7B model where fsdp's one did not)
+        for doc, (terms, hw, _) in zip(docs, plans):
+            if not doc["memory"]["fits"]:
+                near = nearest_fitting(terms, hw, limit=1, only=SAME_STRATEGY_AND_DEVICES)
+                doc["fits_with"] = near[0] if near else None
+        print(json.dumps(docs, indent=2) if a.json else render_rows(docs) + _fits_with_note(docs))
         return 0
     doc, (terms, hw, _) = docs[0], plans[0]
     if not doc["memory"]["fits"]:
@@ -207,6 +213,17 @@ def _plan(a, job_terms=None) -> int:
         print(f"error: {render_alternatives(doc, doc['alternatives'])}", file=sys.stderr)
         return 1
     return 0
+
+
+def _fits_with_note(docs: list[dict]) -> str:
+    rows = [(d["inputs"]["strategy"], d["fits_with"]) for d in docs if "fits_with" in d]
+    if not rows:
+        return ""
+    lines = ["", "does not fit as asked; on the same devices:"]
+    for name, f in rows:
+        lines.append(f"  {name}: " + (f"fits with {f['change']} ({fmt_bytes(f['total_bytes'])} per device, step "
+                                      f"{fmt_time(f['step_s'])})" if f else "no micro-batch or checkpointing fits"))
+    return "\n".join(lines)
 
 
 def _micro_batch(a, model: ModelSpec, name: str, kw: dict) -> int:
