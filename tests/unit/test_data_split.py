@@ -405,3 +405,38 @@ def test_pin_memory_setting():
 
     assert pins_batches("auto", "gpu") is True and pins_batches("auto", "cpu") is False
     assert pins_batches(False, "gpu") is False and pins_batches(True, "cpu") is True
+
+
+def test_unreachable_hub_is_one_error_line_with_the_offline_way(monkeypatch, capfd, caplog):
+    """Offline, huggingface_hub logged 11 retry lines over ~23 s before the error (walkthrough);
+    now one progress line, the retries silenced, and an error naming what loads offline."""
+    import socket
+
+    import datasets
+
+    from scalelab.data import corpus
+
+    with socket.socket() as s:               # a port nobody listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed}")
+    assert corpus._hub_reachable(timeout_s=1.0) is False
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{s.getsockname()[1]}")
+        assert corpus._hub_reachable(timeout_s=1.0) is True
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed}")
+
+    def offline(name, split):
+        import logging
+        logging.getLogger("huggingface_hub.utils._http").warning("Retrying in 1s [Retry 1/5].")
+        raise ConnectionError(f"Couldn't reach '{name}' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(ConfigError, match=r"Couldn't reach .* save_to_disk loads offline") as e:
+        corpus.hub_documents("owner/name", "train", "text")
+    assert "\n" not in str(e.value)
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "owner/name from the Hugging Face Hub" in err
+    assert not [r for r in caplog.records if "Retrying" in r.getMessage()]   # the retries: not logged

@@ -85,6 +85,21 @@ def hub_kind(name: str) -> str:
                       "save_to_disk) nor a hub dataset name (owner/name)")
 
 
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    """A TCP connection to the Hub's endpoint (HF_ENDPOINT, a mirror, when set) opens."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=timeout_s).close()
+        return True
+    except (OSError, TypeError):
+        return False
+
+
 def hub_documents(name: str, split: str, text_column: str) -> list[tuple[str, bytes]]:
     import datasets
 
@@ -100,10 +115,23 @@ def hub_documents(name: str, split: str, text_column: str) -> list[tuple[str, by
                 raise ConfigError(f"data.hub_split={split!r} is not in {name}: choose one of {', '.join(ds)}")
             ds = ds[split]
     else:
+        import logging
+        import sys
+
+        # huggingface_hub logs each of its retries (11 lines over ~23 s offline): one line instead
+        print(f"[scalelab] data: {name} from the Hugging Face Hub (cached after the first time)", file=sys.stderr,
+              flush=True)
+        hub_log = logging.getLogger("huggingface_hub")
+        level = hub_log.level
+        hub_log.setLevel(logging.ERROR)
         try:
             ds = datasets.load_dataset(name, split=split)
         except Exception as e:  # noqa: BLE001 - offline, unknown name, bad split: one line
-            raise ConfigError(f"data.hub_name={name!r}: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
+            raise ConfigError(f"data.hub_name={name!r}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                              + ("" if _hub_reachable() else " (the Hub is not reachable from here: a dataset "
+                                 "written by save_to_disk loads offline, data.hub_name=/path/to/it)")) from e
+        finally:
+            hub_log.setLevel(level)
     if text_column not in ds.column_names:
         raise ConfigError(f"data.text_column={text_column!r} not in {name}: choose one of {ds.column_names}")
     return [(f"{name}/{i}", str(t).encode("utf-8")) for i, t in enumerate(ds[text_column]) if t]
