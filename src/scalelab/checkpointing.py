@@ -7,6 +7,10 @@ records each file's size in the manifest and renames the checkpoint to its final
 checkpoint with a final name and a manifest was complete when written. Validation before a
 resume re-checks the sizes: a checkpoint truncated or partly deleted since is reported and the
 one before it used. The last `keep_last` checkpoints are kept.
+
+Beside each checkpoint, every rank writes its loss curve so far (step-N.ckpt.curve-rank{R}.json):
+a resumed run's record then holds the whole run's curve (the mean over ranks, as always), not
+only this attempt's steps (a SLURM requeue's first attempt writes no record of its own).
 """
 from __future__ import annotations
 
@@ -93,6 +97,7 @@ class PeriodicCheckpoint:
 
     def __init__(self, job_dir: Path, every: int | None, keep: int, note_progress: bool = True):
         self.job_dir, self.every, self.keep = Path(job_dir), every, max(1, keep)
+        self.curve_of = None   # () -> {"global_steps", "losses"} of this rank so far (StepMetrics.curve_so_far)
         # JOB_DIR/.progress: exact per step where an elastic restart counts the steps it redoes
         # (spawn.run_job, trainer.max_restarts > 0); otherwise a live progress mark (monitoring,
         # the SLURM tests) written at most once a second: a file write per step is 0.04 ms on
@@ -129,6 +134,8 @@ class PeriodicCheckpoint:
             _remove(tmp)
         trainer.strategy.barrier()
         trainer.save_checkpoint(str(tmp), weights_only=False)   # the whole state: resumable
+        if self.curve_of is not None:
+            curve_path(final, trainer.global_rank).write_text(json.dumps(self.curve_of()))
         trainer.strategy.barrier()   # every rank's part is on disk
         if trainer.is_global_zero:
             _remove(final)
@@ -140,8 +147,26 @@ class PeriodicCheckpoint:
             for _, old in valid_checkpoints(self.dir)[0][self.keep:]:
                 _remove(old)
                 _remove(old.with_name(old.name + MANIFEST))
+                for curve in old.parent.glob(old.name + ".curve-rank*.json"):
+                    _remove(curve)
         trainer.strategy.barrier()
         return final
+
+
+def curve_path(ckpt: Path, rank: int) -> Path:
+    return Path(ckpt).with_name(Path(ckpt).name + f".curve-rank{rank}.json")
+
+
+def read_curve(ckpt: Path | str | None, rank: int) -> dict | None:
+    """This rank's loss curve up to checkpoint `ckpt` ({"global_steps", "losses"}), or None (a
+    checkpoint from elsewhere, resume_from, or one saved before curves were kept)."""
+    if not ckpt:
+        return None
+    try:
+        curve = json.loads(curve_path(Path(ckpt), rank).read_text())
+        return curve if len(curve["global_steps"]) == len(curve["losses"]) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _remove(p: Path) -> None:

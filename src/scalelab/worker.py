@@ -25,7 +25,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from scalelab import timing  # noqa: E402
-from scalelab.checkpointing import RESUMED, find_resume, periodic_checkpoint
+from scalelab.checkpointing import RESUMED, find_resume, periodic_checkpoint, read_curve
 from scalelab.config import validate
 from scalelab.console import StepProgressBar, quiet_rank
 from scalelab.data.datamodule import ByteCorpusDataModule, ValidationCurve, validation_trainer_args
@@ -195,6 +195,8 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     resume, resumed_at = _resume_point(cfg, job_dir, rank)
     periodic = periodic_checkpoint(job_dir, cfg.checkpoint.get("every_n_steps"), int(cfg.checkpoint.get("keep_last", 2)),
                                    note_progress=int(cfg.trainer.get("max_restarts", 0)) > 0)
+    periodic.curve_of = metrics.curve_so_far                  # each checkpoint keeps the loss curve so far
+    metrics.prior = read_curve(resume, rank) or metrics.prior  # ... which a resumed run's record starts with
     callbacks.append(periodic)
     plugins, on_signal = [], None
     if os.environ.get(requeue.STEP_ENV) == "1":  # srun ranks of a SLURM batch job (scalelab.requeue)

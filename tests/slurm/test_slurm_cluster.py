@@ -148,6 +148,8 @@ def test_submit_wait_requeued_twice_resumes_by_itself_and_ends_like_the_uninterr
     assert rec["slurm"]["job_id"] == job and rec["slurm"]["requeues"] == 2 and rec["slurm"]["node_list"]
     assert rec["steps"] == ref["steps"] == 100 and first_resume < rec["resumed_at_step"] < 100
     assert rec["loss"]["final"] == ref["loss"]["final"], (rec["loss"]["final"], ref["loss"]["final"])
+    # the whole curve across the three attempts (each checkpoint keeps the ranks' curve so far)
+    assert rec["loss"]["curve"] == ref["loss"]["curve"]
     assert "loss final" in text and f"SLURM job {job}: COMPLETED" in text   # the comparison table
     # every attempt logged to the same W&B run (resume by id): one id, no second run
     runs = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))

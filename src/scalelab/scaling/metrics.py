@@ -121,6 +121,8 @@ class StepMetrics(L.Callback):
         self.step_times: list[float] = []
         self.losses: list[float] = []
         self.global_steps: list[int] = []  # optimizer step numbers (continue after a resume)
+        # a resumed run's earlier steps (checkpointing.read_curve): in the record's curve, not its figures
+        self.prior: dict = {"global_steps": [], "losses": []}
         self._micro: list[torch.Tensor] = []
         self._t_last = 0.0
         self.grad_bytes = 0
@@ -210,10 +212,18 @@ class StepMetrics(L.Callback):
             self.losses.extend(torch.stack(self._pending_losses).tolist())
         self._events, self._pending_losses = [], []
 
+    def curve_so_far(self) -> dict:
+        """This rank's loss per optimizer step since the run's first (a checkpoint keeps it: one
+        device read per checkpoint, not per step)."""
+        self.resolve()
+        return {"global_steps": self.prior["global_steps"] + self.global_steps[:len(self.losses)],
+                "losses": self.prior["losses"] + self.losses}
+
     def rank_summary(self) -> dict:
         """This rank's measurements, gathered to rank 0 after fit."""
         self.resolve()
         return {"step_times": self.step_times, "losses": self.losses, "global_steps": self.global_steps,
+                "prior_curve": self.prior,
                 "params": self.state.get("params", 0), "grads": self.grad_bytes,
                 "optimizer": self.state.get("optimizer", 0), "host_flops": self.host_flops,
                 **(self.peaks or read_peaks(torch.device("cpu")))}
@@ -285,6 +295,12 @@ def summarize(per_rank: list[dict], global_batch: int, tokens_per_sample: int | 
     src = [per_rank[i] for i in (loss_ranks or range(len(per_rank)))]
     curve = [[per_rank[0]["global_steps"][i], statistics.fmean(r["losses"][i] for r in src)]
              for i in range(n_steps)]
+    # a resumed run: its steps before the checkpoint, as each rank recorded them then
+    priors = [r.get("prior_curve") or {"global_steps": [], "losses": []} for r in src]
+    n_prior = min(len(c["losses"]) for c in priors)
+    first_now = curve[0][0] if curve else float("inf")
+    curve = [[priors[0]["global_steps"][i], statistics.fmean(c["losses"][i] for c in priors)]
+             for i in range(n_prior) if priors[0]["global_steps"][i] < first_now] + curve
     samples_per_s = global_batch * len(steady) / sum(steady) if steady else 0.0
     q = sorted(steady)
     return {
