@@ -105,6 +105,7 @@ class PeriodicCheckpoint:
         # (benchmarks/host_overhead.py), more on a shared file system
         self.note_progress = note_progress
         self._noted_at = float("-inf")
+        self._last = -1              # the step saved last (or resumed at)
         self.dir = self.job_dir / "checkpoints"
 
     def _note(self, trainer, force: bool = False) -> None:
@@ -115,13 +116,19 @@ class PeriodicCheckpoint:
             (self.job_dir / PROGRESS).write_text(str(trainer.global_step))
             self._noted_at = now
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        # a resumed run starts at its checkpoint's step: with accumulation, the first micro-batches
+        # after it still report that step and must not save it again, mid-step (a later resume
+        # then ran one micro-batch off)
+        self._last = trainer.global_step
+
     def on_train_end(self, trainer, pl_module) -> None:
         self._note(trainer, force=True)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         self._note(trainer)
-        if not self.every or step == 0 or step % self.every or getattr(self, "_last", None) == step:
+        if not self.every or step == 0 or step % self.every or self._last == step:
             return
         self._last = step            # with accumulation, several micro-batches end one step
         self.save(trainer, step)
@@ -158,8 +165,9 @@ def curve_path(ckpt: Path, rank: int) -> Path:
 
 
 def read_curve(ckpt: Path | str | None, rank: int) -> dict | None:
-    """This rank's loss curve up to checkpoint `ckpt` ({"global_steps", "losses"}), or None (a
-    checkpoint from elsewhere, resume_from, or one saved before curves were kept)."""
+    """This rank's loss curve up to checkpoint `ckpt` ({"global_steps", "losses"}), or None (none
+    kept beside it: saved before curves were kept, or copied without them). The worker reads it
+    only for its own job's checkpoints, not for checkpoint.resume_from (another run's curve)."""
     if not ckpt:
         return None
     try:

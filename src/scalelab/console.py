@@ -31,8 +31,9 @@ def quiet_rank(rank: int, verbose: bool) -> None:
     warnings.filterwarnings("ignore", message=r".*The anonymous setting has no effect.*")
     warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor` is deprecated")  # DeepSpeed calls it
     # Wrong here: a local run on a host with a SLURM client (scalelab starts srun itself for SLURM
-    # jobs), and a resume mid-epoch (GlobalBatchSampler restarts at the step's sample: a resumed
-    # curve equals the uninterrupted one, test_fsdp_tp / test_deepspeed / test_pipeline)
+    # jobs), and a resume mid-epoch (GlobalBatchSampler restarts at the step's sample; checkpoints
+    # are at whole steps: a resumed curve equals the uninterrupted one, with accumulation too,
+    # test_elastic / test_fsdp_tp / test_deepspeed / test_pipeline)
     warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")
     warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
     if verbose:

@@ -17,13 +17,13 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from scalelab.config import validate
 from scalelab.data.prepare import prepare_for_run
 from scalelab.errors import ConfigError
 from scalelab.paths import conf_dir
-from scalelab.schema import not_a_key
+from scalelab.schema import CLOSED, not_a_key
 from scalelab.strategies.registry import choices
 
 # Hydra flags after which there is no training to validate.
@@ -60,10 +60,11 @@ def _compose(overrides: list[str], hydra_cfg: bool = False):
 
 
 def _unknown_key(text: str, overrides: list[str]) -> str | None:
-    """Hydra's "Could not override 'trainer.max_step'" as a line naming the nearest valid key
-    (its own advice, `+trainer.max_step=...`, adds a key that nothing reads)."""
+    """Hydra's "Could not override 'trainer.max_step'" as a line naming the nearest valid key. Its
+    own advice, `+trainer.max_step=...`, is kept only outside the groups scalelab reads by name
+    (schema.CLOSED), where a new key can mean something (`+optim.optimizer.nesterov=true`)."""
     m = re.search(r"Could not override '([^']+)'", text)
-    if not m:
+    if not m or m.group(1).startswith("hydra."):     # Hydra's own config: its message says it
         return None
     key = m.group(1)
     try:
@@ -72,13 +73,13 @@ def _unknown_key(text: str, overrides: list[str]) -> str | None:
         return None
     parts, node = key.split("."), cfg
     for i, part in enumerate(parts):
-        child = node.get(part)
-        if not isinstance(child, DictConfig):
-            name = ".".join(parts[:i + 1])
-            if part in node:              # trainer.max_steps.x=1
-                return f"{name} is a value ({child!r}), not a group of keys: set it with {name}=VALUE"
-            return not_a_key(".".join(parts[:i]), part, node.keys())
-        node = child
+        name, parent = ".".join(parts[:i + 1]), ".".join(parts[:i])
+        if part in node.keys() and (OmegaConf.is_missing(node, part) or not isinstance(node.get(part), DictConfig)):
+            value = "???" if OmegaConf.is_missing(node, part) else repr(node.get(part))
+            return f"{name} is a value ({value}), not a group of keys: set it with {name}=VALUE"   # trainer.max_steps.x=1
+        if part not in node.keys():
+            return not_a_key(parent, part, node.keys(), closed=parent in CLOSED)
+        node = node.get(part)
     return None
 
 

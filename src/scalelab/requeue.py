@@ -145,6 +145,14 @@ class RequeueOnSignal:
             signal.signal(s, self._handler)
         if EARLY and self.signalled is None:
             self.signalled = EARLY[-1]
+        if getattr(trainer, "received_sigterm", False) and self.signalled is None:
+            # a SIGTERM between fit's own handlers and these: Lightning's flag would stop this rank
+            # alone after its batch, without the save; it is ours now
+            self.signalled = signal.SIGTERM
+            trainer._signal_connector.received_sigterm = False
+        # the first check is at the end of the first whole step: with accumulation, the first
+        # micro-batches still report the start (or resumed) step, and a save there would be mid-step
+        self._seen = trainer.global_step
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized() and dist.get_backend() != "gloo":

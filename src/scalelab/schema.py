@@ -334,15 +334,19 @@ def fail(key: str, value: Any, field: Field) -> ConfigError:
 CLOSED = ("checkpoint", "trainer", "data", "optim", "lr_scaling", "launcher")
 
 
-def not_a_key(parent: str, bad: str, keys) -> str:
-    """One line for a key `bad` that `parent` does not have: the nearest valid one, and the valid ones."""
+def not_a_key(parent: str, bad: str, keys, closed: bool = True) -> str:
+    """One line for a key `bad` that `parent` does not have: the nearest one it has, and its keys
+    (closed: the only valid ones; else the ones set, and how to add a new one)."""
     import difflib
 
     keys = sorted(str(k) for k in keys if not str(k).startswith("_"))
     where = f"{parent}." if parent else ""
     near = difflib.get_close_matches(bad, keys, n=1, cutoff=0.6)
     hint = f": did you mean {where}{near[0]}?" if near else ""
-    return f"{where}{bad} is not a key of {parent or 'the config'}{hint} (valid: {', '.join(keys)})"
+    if closed:
+        return f"{where}{bad} is not a key of {parent or 'the config'}{hint} (valid: {', '.join(keys)})"
+    return (f"{where}{bad} is not set in {parent or 'the config'}{hint} (set: {', '.join(keys)}; a new key is "
+            f"added with +{where}{bad}=VALUE)")
 
 
 def check_fields(values: dict, table: dict[str, Field], prefix: str) -> None:

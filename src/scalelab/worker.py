@@ -196,7 +196,8 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     periodic = periodic_checkpoint(job_dir, cfg.checkpoint.get("every_n_steps"), int(cfg.checkpoint.get("keep_last", 2)),
                                    note_progress=int(cfg.trainer.get("max_restarts", 0)) > 0)
     periodic.curve_of = metrics.curve_so_far                  # each checkpoint keeps the loss curve so far
-    metrics.prior = read_curve(resume, rank) or metrics.prior  # ... which a resumed run's record starts with
+    if resumed_at is not None:      # this job's own checkpoint (not resume_from: another run's curve)
+        metrics.prior = read_curve(resume, rank) or metrics.prior  # ... which its record starts with
     callbacks.append(periodic)
     plugins, on_signal = [], None
     if os.environ.get(requeue.STEP_ENV) == "1":  # srun ranks of a SLURM batch job (scalelab.requeue)

@@ -92,7 +92,10 @@ TRAIN_ROWS = [
     (["+trainer.max_step=10"], "trainer.max_step is not a key of trainer: did you mean trainer.max_steps?"),
     (["+data.globl_batch_size=8"], "data.globl_batch_size is not a key of data: did you mean data.global_batch_size?"),
     (["+checkpoint.every_n_step=5"], "did you mean checkpoint.every_n_steps?"),
-    (["model.arch.d_modl=64"], "model.arch.d_modl is not a key of model.arch: did you mean model.arch.d_model?"),
+    (["model.arch.d_modl=64"], "model.arch.d_modl is not set in model.arch: did you mean model.arch.d_model?"),
+    # outside those groups a new key can mean something (SGD's nesterov): Hydra's way to add it stays
+    (["optim=sgd", "optim.optimizer.nesterov=true"], "a new key is added with +optim.optimizer.nesterov=VALUE"),
+    (["data=hub", "data.hub_name.x=1"], "data.hub_name is a value (???), not a group of keys"),
     (["trainer.max_steps.x=1"], "trainer.max_steps is a value (30), not a group of keys"),
 ]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -103,3 +104,28 @@ def test_a_hung_rank_ends_the_job_within_the_collective_timeout(tmp_path):
     # rank 0's collective gave up after the configured 5 s (gloo says so), not the job's 600 s
     assert rec["error"].startswith("rank 0 failed first"), rec["error"]
     assert "Timed out waiting 5000ms" in rec["error"], rec["error"]
+
+
+def test_resume_with_accumulation_saves_whole_steps_only(tmp_path):
+    """Gradient accumulation: after resuming at step 4, the first micro-batch of step 5 still
+    reports step 4, and the periodic save wrote step-4 again, one micro-batch into step 5; a later
+    resume from it ran a micro-batch off (step 5's loss 4.047 vs 4.017 uninterrupted, measured by
+    a reviewer). The checkpoint must stay as saved, and resuming from it twice must give the
+    uninterrupted curve."""
+    import hashlib
+
+    job, ref = tmp_path / "job", tmp_path / "ref"
+    args = [*FAST, "strategy=single", "trainer.devices=1", "logger=none", "checkpoint.every_n_steps=2",
+            "data.global_batch_size=16", "data.micro_batch_size=8", "trainer.warmup_steps=1"]
+    train([*args, "trainer.max_steps=4", f"hydra.run.dir={job}"], tmp_path)
+    step4 = job / "checkpoints" / "step-00000004.ckpt"
+    digest = hashlib.md5(step4.read_bytes()).hexdigest()
+    train([*args, "trainer.max_steps=6", f"hydra.run.dir={job}"], tmp_path)     # resumes at 4
+    assert hashlib.md5(step4.read_bytes()).hexdigest() == digest
+    for p in (job / "checkpoints").glob("step-00000006.ckpt*"):                  # as if it crashed before 6
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    train([*args, "trainer.max_steps=6", f"hydra.run.dir={job}"], tmp_path)     # resumes at 4 again
+    train([*args, "trainer.max_steps=6", f"hydra.run.dir={ref}"], tmp_path)
+    rec, want = (json.loads((d / "run.json").read_text()) for d in (job, ref))
+    assert rec["resumed_at_step"] == 4 and rec["steps"] == 6
+    assert rec["loss"]["curve"] == want["loss"]["curve"]

@@ -416,6 +416,8 @@ def test_unreachable_hub_is_one_error_line_with_the_offline_way(monkeypatch, cap
 
     from scalelab.data import corpus
 
+    for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(proxy, raising=False)
     with socket.socket() as s:               # a port nobody listens on: connection refused
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
@@ -425,6 +427,13 @@ def test_unreachable_hub_is_one_error_line_with_the_offline_way(monkeypatch, cap
         s.bind(("127.0.0.1", 0))
         s.listen()
         monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{s.getsockname()[1]}")
+        assert corpus._hub_reachable(timeout_s=1.0) is True
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed}")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")     # behind a proxy: cannot tell
+    assert corpus._hub_reachable(timeout_s=1.0) is True
+    monkeypatch.delenv("HTTPS_PROXY")
+    for odd in ("hub.example.org", "http://127.0.0.1:99999"):          # no scheme; a port out of range
+        monkeypatch.setenv("HF_ENDPOINT", odd)
         assert corpus._hub_reachable(timeout_s=1.0) is True
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed}")
 

@@ -232,6 +232,39 @@ def test_requeue_stops_every_rank_at_the_signalled_step_from_a_host_flag(tmp_pat
     assert set(calls) == {("cpu", None if backend == "gloo" else "gloo group")}
 
 
+def test_requeue_saves_whole_steps_after_a_resume_with_accumulation(tmp_path, monkeypatch):
+    """Resumed at step 4 with 2 micro-batches per step and a warning signal already noted while the
+    rank started (requeue.EARLY): the first micro-batch still reports step 4; the save must wait for
+    step 5's end (it saved step 4 again, mid-step). A SIGTERM Lightning's handler took before
+    RequeueOnSignal's is picked up too, instead of stopping this rank alone without a save."""
+    import signal as _signal
+
+    from scalelab import requeue
+
+    saved = {s: _signal.getsignal(s) for s in (_signal.SIGUSR1, _signal.SIGTERM)}
+    ranks = _requeue_ranks(tmp_path, 1)
+    cb, trainer = ranks[0]
+    trainer.global_step = 4
+    _fake_all_reduce(ranks, monkeypatch)
+    monkeypatch.setattr(requeue, "EARLY", [int(_signal.SIGUSR1)])
+    try:
+        cb.on_train_start(trainer, None)
+        cb.on_train_batch_end(trainer, None, None, None, 0)      # micro-batch 1 of step 5: still step 4
+        assert cb.saver.saved == [] and not trainer.should_stop
+        trainer.global_step = 5
+        cb.on_train_batch_end(trainer, None, None, None, 1)      # step 5 done
+        assert cb.saver.saved == [5] and trainer.should_stop
+        cb2, t2 = _requeue_ranks(tmp_path, 1)[0]
+        t2.received_sigterm = True
+        t2._signal_connector = SimpleNamespace(received_sigterm=True)
+        monkeypatch.setattr(requeue, "EARLY", [])
+        cb2.on_train_start(t2, None)
+        assert cb2.signalled == _signal.SIGTERM and t2._signal_connector.received_sigterm is False
+    finally:
+        for s, h in saved.items():
+            _signal.signal(s, h)
+
+
 # ---- Lightning callbacks' CUDA branches -----------------------------------------------------------
 def test_lr_monitor_logs_the_same_values_without_device_tensors():
     from lightning.pytorch.callbacks import LearningRateMonitor

@@ -327,3 +327,4 @@ def test_lr_check_disagreement_names_the_direction():
     assert lower.startswith("lower than advised") and "large" not in lower
     assert "favours large LRs" in higher and "--lr-steps" in higher
     assert "rules" in _why_not_advice({"varied": "lr_scaling", "best": "sqrt", "steps": 30}, adv)
+    assert _why_not_advice({"varied": "optim.lr", "best": None, "steps": 30}, adv).startswith("no LR-check run")

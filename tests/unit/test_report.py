@@ -359,3 +359,7 @@ def test_model_and_precision_columns_only_where_runs_differ(loaded):
     rows = render([*same, small], "markdown").splitlines()
     assert any(r.startswith("| fx/9 | gpt_small | ddp |") for r in rows)
     assert "| precision |" in render(recs, "markdown").splitlines()[0]      # fx/8 is bf16-mixed
+    plain = render([*same, small], "table").splitlines()                    # identity columns: left
+    col = plain[0].index("strategy")
+    assert all(row[col:].split()[0] in ("ddp", "fsdp", "zero2") for row in plain[2:])
+    assert "| precision |" not in render([*same, {**small, "precision": "32"}], "markdown")  # "32" is 32-true

@@ -86,17 +86,25 @@ def hub_kind(name: str) -> str:
 
 
 def _hub_reachable(timeout_s: float = 3.0) -> bool:
-    """A TCP connection to the Hub's endpoint (HF_ENDPOINT, a mirror, when set) opens."""
+    """A TCP connection to the Hub's endpoint (HF_ENDPOINT, a mirror, when set) opens. True where
+    this cannot tell: behind a proxy (the probe would go around it), an endpoint it cannot parse."""
     import os
     import socket
     from urllib.parse import urlparse
 
-    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
-                                 timeout=timeout_s).close()
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
         return True
-    except (OSError, TypeError):
+    try:
+        url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+        host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    except ValueError:
+        return True
+    if not host or url.scheme not in ("http", "https"):
+        return True
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+        return True
+    except OSError:
         return False
 
 

@@ -254,6 +254,8 @@ def _finish(doc: dict, out: Path, records, summaries, say) -> None:
 
 def _why_not_advice(check: dict, advice: dict) -> str:
     """Why a short LR check's lowest loss need not overrule the advice, for the way it differs."""
+    if check.get("best") is None:
+        return "no LR-check run completed (lr_check.log has why)"
     if check["varied"] == "lr_scaling":
         return f"a {check['steps']}-step loss is noisy; --lr-steps longer would tell the rules apart"
     try:

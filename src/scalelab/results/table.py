@@ -10,7 +10,7 @@ import json
 COLUMNS = [  # (header, getter, format)
     ("job", lambda r: r.get("job", {}).get("name", ""), "{}"),
     ("model", lambda r: (r.get("model") or {}).get("name"), "{}"),          # shown where runs differ in it
-    ("precision", lambda r: r.get("precision"), "{}"),                      # (VARYING_ONLY)
+    ("precision", lambda r: _PRECISION.get(str(r.get("precision")), r.get("precision")), "{}"),  # (VARYING_ONLY)
     ("strategy", lambda r: r.get("strategy"), "{}"),
     ("world", lambda r: r.get("world_size"), "{}"),
     ("batch", lambda r: r.get("global_batch_size"), "{}"),
@@ -62,6 +62,9 @@ def _cells(rec: dict, columns) -> list[str]:
 # before, while runs of two models side by side are told apart (their rows were identical but
 # for a 20x throughput gap).
 VARYING_ONLY = ("model", "precision")
+IDENTITY = ("job", *VARYING_ONLY, "strategy")   # what a row is: left-aligned, never wrapped
+# one spelling per precision (the trainer takes Lightning's aliases)
+_PRECISION = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed", "64": "64-true"}
 
 
 def _columns(records: list[dict]):
@@ -110,7 +113,8 @@ def render(records: list[dict], fmt: str = "table", group_by: str | None = None,
                                  + ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]))
             continue
         widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(heads)]
-        line = lambda cells: "  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+        left = [h in IDENTITY for h in heads]
+        line = lambda cells: "  ".join(c.ljust(w) if left[i] else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
         title = [f"== {group_by} = {_show(value)} ({len(members)} runs) =="] if group_by else []
         out.append("\n".join([*title, line(heads), line(["-" * w for w in widths]), *map(line, rows)]))
     if fmt == "markdown":
@@ -156,7 +160,7 @@ def rich_table(records: list[dict], group_by: str | None = None, sort: str | Non
                          if hidden else [])
         t = Table(title=title, caption="\n".join(notes) or None, caption_justify="left")
         for i in keep:
-            ident = cols[i][0] in ("job", *VARYING_ONLY, "strategy")     # what the row is: whole, left
+            ident = cols[i][0] in IDENTITY                              # what the row is: whole, left
             t.add_column(cols[i][0], justify="left" if ident else "right", no_wrap=ident)
         if status:
             t.add_column("status", overflow="fold", min_width=12)
