@@ -120,9 +120,10 @@ def test_gradients_alive_through_the_forward(shape, precision, ckpt, tmp_path):
     ratio = planned(shape, precision, ckpt, grads_alive=True) / allocator_peak(shape, precision, ckpt, tmp_path,
                                                                               grads_alive=True)
     print(f"{shape} {precision} {ckpt} grads alive: planned / allocator = {ratio:.3f}")
-    # measured 2026-12-01: 0.99-1.06 (full recompute under autocast 1.06 and 1.00; 1.21 and 1.05
-    # while the head's moment still counted the blocks' weight copies)
-    assert -TOLERANCE <= ratio - 1 <= 0.08, ratio
+    # measured 2026-12-01: 0.998-1.020 (bf16 1.012-1.020: the 16-bit logits gradient beside the
+    # fp32 one); 1.05-1.06 while the head's new gradient was counted beside the cross entropy's
+    # two logits gradients, 1.21 while the head's moment counted the blocks' weight copies
+    assert -TOLERANCE <= ratio - 1 <= 0.03, ratio
 
 
 # Gradients freed before the forward on weight-heavy shapes: the peak is the whole gradient at
