@@ -154,13 +154,13 @@ class PeriodicCheckpoint:
             for _, old in valid_checkpoints(self.dir)[0][self.keep:]:
                 _remove(old)
                 _remove(old.with_name(old.name + MANIFEST))
-                for curve in old.parent.glob(old.name + ".curve-rank*.json"):
+                for curve in old.parent.glob(curve_path(old, "*").name):   # every rank's
                     _remove(curve)
         trainer.strategy.barrier()
         return final
 
 
-def curve_path(ckpt: Path, rank: int) -> Path:
+def curve_path(ckpt: Path, rank: int | str) -> Path:
     return Path(ckpt).with_name(Path(ckpt).name + f".curve-rank{rank}.json")
 
 

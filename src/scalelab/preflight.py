@@ -74,11 +74,12 @@ def _unknown_key(text: str, overrides: list[str]) -> str | None:
     parts, node = key.split("."), cfg
     for i, part in enumerate(parts):
         name, parent = ".".join(parts[:i + 1]), ".".join(parts[:i])
-        if part in node.keys() and (OmegaConf.is_missing(node, part) or not isinstance(node.get(part), DictConfig)):
-            value = "???" if OmegaConf.is_missing(node, part) else repr(node.get(part))
-            return f"{name} is a value ({value}), not a group of keys: set it with {name}=VALUE"   # trainer.max_steps.x=1
         if part not in node.keys():
             return not_a_key(parent, part, node.keys(), closed=parent in CLOSED)
+        missing = OmegaConf.is_missing(node, part)
+        if missing or not isinstance(node.get(part), DictConfig):                   # trainer.max_steps.x=1
+            value = "???" if missing else repr(node.get(part))
+            return f"{name} is a value ({value}), not a group of keys: set it with {name}=VALUE"
         node = node.get(part)
     return None
 

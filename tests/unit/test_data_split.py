@@ -416,7 +416,7 @@ def test_unreachable_hub_is_one_error_line_with_the_offline_way(monkeypatch, cap
 
     from scalelab.data import corpus
 
-    for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+    for proxy in corpus.PROXY_VARS:
         monkeypatch.delenv(proxy, raising=False)
     with socket.socket() as s:               # a port nobody listens on: connection refused
         s.bind(("127.0.0.1", 0))

@@ -85,6 +85,9 @@ def hub_kind(name: str) -> str:
                       "save_to_disk) nor a hub dataset name (owner/name)")
 
 
+PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")
+
+
 def _hub_reachable(timeout_s: float = 3.0) -> bool:
     """A TCP connection to the Hub's endpoint (HF_ENDPOINT, a mirror, when set) opens. True where
     this cannot tell: behind a proxy (the probe would go around it), an endpoint it cannot parse."""
@@ -92,7 +95,7 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
     import socket
     from urllib.parse import urlparse
 
-    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
+    if any(os.environ.get(k) for k in PROXY_VARS):
         return True
     try:
         url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")

@@ -23,7 +23,7 @@ def peak_states_and_activations(terms: Terms) -> float:
     acts = terms.activations_bytes
     full = any(terms.recompute_per_rank)
     # full recompute under autocast: the blocks' weight copies are gone after the forward (its
-    # autocast's exit), by the head's backward and when the gradient is whole
+    # autocast's exit), by the head's backward (when the gradient is whole every copy is: copies_bytes)
     gone = st.copies_gone_at_head if full else 0.0
     if st.gathered_after_backward:
         # FSDP2 under a pipeline schedule: right after a backward the stage (interleaved: that

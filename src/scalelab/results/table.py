@@ -68,9 +68,14 @@ _PRECISION = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed", "64": "64
 
 
 def _columns(records: list[dict]):
-    # Drop columns that are empty for every run (e.g. efficiency outside a sweep).
-    return [c for c in COLUMNS if any(c[1](r) not in (None, "", []) for r in records)
-            and (c[0] not in VARYING_ONLY or len({str(c[1](r)) for r in records if c[1](r) not in (None, "")}) > 1)]
+    # Drop columns that are empty for every run (e.g. efficiency outside a sweep), and the
+    # VARYING_ONLY ones where every run has the same value.
+    out = []
+    for c in COLUMNS:
+        values = {str(v) for v in map(c[1], records) if v not in (None, "", [])}
+        if values and (c[0] not in VARYING_ONLY or len(values) > 1):
+            out.append(c)
+    return out
 
 
 def sort_key(r: dict):

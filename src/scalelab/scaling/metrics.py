@@ -216,7 +216,7 @@ class StepMetrics(L.Callback):
         """This rank's loss per optimizer step since the run's first (a checkpoint keeps it: one
         device read per checkpoint, not per step)."""
         self.resolve()
-        return {"global_steps": self.prior["global_steps"] + self.global_steps[:len(self.losses)],
+        return {"global_steps": self.prior["global_steps"] + self.global_steps,
                 "losses": self.prior["losses"] + self.losses}
 
     def rank_summary(self) -> dict:
