@@ -5,6 +5,8 @@ Every check raises ConfigError with one line naming the bad value and what would
 from __future__ import annotations
 
 import math
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +104,35 @@ def _validation(cfg: DictConfig) -> int | None:
     return every
 
 
+@contextmanager
+def _dynamo_left_unimported():
+    """Build a throwaway optimizer without importing torch._dynamo. torch.optim.Optimizer's
+    add_param_group (called by every optimizer's __init__) is wrapped by torch._disable_dynamo,
+    whose first call imports torch._dynamo to make a non-compiled copy of it: 2.9 s of CPU in a
+    launcher that compiles nothing (cProfile of preflight: 3.75 s, 2.9 s of it that import),
+    paid again by the ranks' fork server, which imports it with Lightning. For the duration of
+    the check, each such wrapper of Optimizer's finds its own plain function in the cache it
+    fills on first call, so it calls that directly; the cache is emptied after, so the process
+    (if it ever builds a real optimizer) gets torch's behaviour. A torch whose wrapper works
+    otherwise just pays the import."""
+    import torch
+
+    if "torch._dynamo" in sys.modules:
+        yield
+        return
+    plain = [m.__wrapped__ for m in vars(torch.optim.Optimizer).values()
+             if callable(m) and hasattr(m, "__wrapped__")
+             and getattr(getattr(m, "__code__", None), "co_qualname", "") == "_disable_dynamo.<locals>.inner"
+             and getattr(m.__wrapped__, "__dynamo_disable", None) is None]
+    for fn in plain:
+        fn.__dynamo_disable = fn
+    try:
+        yield
+    finally:
+        for fn in plain:
+            del fn.__dynamo_disable
+
+
 def build_optimizer(cfg: DictConfig, lr: float) -> None:
     """Build the job's optimizer (optim.optimizer, a hydra `_partial_`) on one dummy parameter at
     the job's LR, so the values torch.optim checks (lr, betas, eps, momentum, weight_decay, ...)
@@ -110,7 +141,8 @@ def build_optimizer(cfg: DictConfig, lr: float) -> None:
 
     try:
         factory = hydra.utils.instantiate(cfg.optim.optimizer)
-        factory([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+        with _dynamo_left_unimported():
+            factory([torch.nn.Parameter(torch.zeros(1))], lr=lr)
     except Exception as e:  # noqa: BLE001 - torch's ValueError / TypeError, as one line
         cause = e
         while cause.__cause__ is not None:
