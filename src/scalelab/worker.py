@@ -54,7 +54,7 @@ def build_logger(cfg, job_dir: Path, resumed: bool = False):
         from lightning.pytorch.loggers import CSVLogger
 
         return CSVLogger(save_dir=str(job_dir), name="csv", version="")
-    from lightning.pytorch.loggers import WandbLogger
+    from scalelab.results.wandb_logger import TolerantWandbLogger
 
     job, config = cfg.job, logged_config(cfg)
     # group = the sweep, job_type = the strategy, tags and flat config keys to filter and chart by:
@@ -65,7 +65,7 @@ def build_logger(cfg, job_dir: Path, resumed: bool = False):
               job_type=cfg.strategy.name, tags=list(dict.fromkeys(map(str, tags))), save_dir=str(job_dir),
               config=config, **_wandb_identity(job_dir, resumed))
     def make(mode):
-        lg = WandbLogger(mode=mode, **kw)
+        lg = TolerantWandbLogger(mode=mode, **kw)
         # Lightning always passes `anonymous` (None), and wandb 0.31 warns that it has no effect on every run.
         getattr(lg, "_wandb_init", {}).pop("anonymous", None)
         return lg
@@ -237,10 +237,8 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     if on_signal is not None:
         requeue.ignore_late()
     if on_signal is not None and on_signal.stopped_at is not None:  # saved for the requeue: no record
-        if logger and type(logger).__name__ == "WandbLogger" and rank == 0:
-            import wandb
-
-            wandb.finish()  # the requeued job continues this W&B run (build_logger: resume by id)
+        if logger and hasattr(logger, "finish") and rank == 0:
+            logger.finish()  # the requeued job continues this W&B run (build_logger: resume by id)
         del trainer, module, data, metrics, callbacks, logger, on_signal
         shutdown_process_group()
         return 0
@@ -362,11 +360,8 @@ def _log_summary(logger, record: dict) -> None:
     if record["throughput"]["tokens_per_s"]:
         summary["throughput/tokens_per_s"] = record["throughput"]["tokens_per_s"]
     logger.log_metrics(summary, step=record["steps"])
-    if type(logger).__name__ == "WandbLogger":
-        import wandb
-
-        logger.experiment.summary.update(summary)
-        wandb.finish()  # one W&B run per job, closed by the job
+    if hasattr(logger, "finish"):  # TolerantWandbLogger
+        logger.finish(summary)     # one W&B run per job, closed by the job
     else:
         logger.save()
 

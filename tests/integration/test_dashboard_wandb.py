@@ -3,6 +3,12 @@ port): a real 2-rank job still trains, writes a complete run.json, logs ONE offl
 and prints ONE warning line saying how to sync; the API key is nowhere in the job's files."""
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
 import pytest
 
 from scalelab.results.wandb_offline import find_runs, read_run
@@ -38,3 +44,62 @@ def test_online_init_error_trains_offline_with_one_warning(tmp_path, monkeypatch
     leaks = [p for p in job.rglob("*") if p.is_file() and FAKE_KEY.encode() in p.read_bytes()]
     assert leaks == []
     assert worker_pids(tmp_path) == []
+
+
+def _wandb_core_of(job: Path) -> list[int]:
+    """The W&B service processes (wandb-core ... --pid RANK_PID) of a rank of this job."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().split(b"\0")
+                if not (cmd and cmd[0].endswith(b"wandb-core") and b"--pid" in cmd):
+                    continue
+                owner = Path("/proc", cmd[cmd.index(b"--pid") + 1].decode(), "cmdline").read_bytes()
+            except (OSError, IndexError):
+                continue
+            if str(job).encode() in owner:
+                found.append(int(d.name))
+    return found
+
+
+def test_a_w_and_b_service_that_dies_stops_the_logging_not_the_run(tmp_path):
+    """A SLURM preemption's SIGTERM reaches every process of the step, W&B's service (wandb-core)
+    too, which exits at once: rank 0's next log call raised ConnectionResetError and the rank died
+    before its checkpoint (the requeued job went back to an older one). Here the service alone is
+    ended with SIGTERM at step 20 of 300: the job must complete, with one warning line, no
+    traceback, and the W&B history it had logged before kept in the offline run. Ranks as fresh
+    interpreters (launcher=torchrun_local), as srun starts them: their exit runs wandb's atexit
+    teardown, which printed the lost connection's traceback unless W&B was torn down first."""
+    job = tmp_path / "job"
+    killed: list[int] = []
+
+    def kill_service_at(step: int) -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                now = int((job / ".progress").read_text())
+            except (OSError, ValueError):
+                now = -1
+            if now >= step and (cores := _wandb_core_of(job)):
+                for pid in cores:
+                    os.kill(pid, signal.SIGTERM)
+                killed.append(now)
+                return
+            time.sleep(0.02)
+
+    t = threading.Thread(target=kill_service_at, args=(20,), daemon=True)
+    t.start()
+    proc = train([*FAST, "strategy=single", "trainer.devices=1", "trainer.max_steps=300", "logger=wandb",
+                  "logger.mode=offline", "launcher=torchrun_local", f"hydra.run.dir={job}"], tmp_path, timeout=400)
+    t.join(timeout=5)
+    assert killed and killed[0] < 300, "the W&B service was not ended during the run"
+    rec = read_record(job)
+    assert rec["status"] == "completed" and rec["steps"] == 300 and len(rec["loss"]["curve"]) == 300
+    console = proc.stdout + proc.stderr
+    warnings = [line for line in console.splitlines() if "W&B stopped logging" in line]
+    assert len(warnings) == 1 and "ConnectionResetError" in warnings[0], console[-3000:]
+    assert "Traceback" not in console, console[-3000:]
+    (path,) = find_runs(job)
+    logged = [h["trainer/global_step"] for h in read_run(path)["history"] if "train/loss" in h]
+    assert logged and max(logged) <= killed[0] + 5, (logged[-3:], killed)
