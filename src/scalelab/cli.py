@@ -140,13 +140,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _unrecognized(parser: argparse.ArgumentParser, command: str, extra: list[str]) -> str:
+    """The unknown options alone (overrides after one are not the problem), each with the nearest
+    option the command has."""
+    import difflib
+
+    options = [e.split("=", 1)[0] for e in extra if e.startswith("-")]
+    if not options:
+        return f"unrecognized arguments: {' '.join(extra)}"
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    known = {o.lstrip("-"): o for a in sub._actions for o in a.option_strings}   # dashes match anything
+    said = []
+    for o in options:
+        near = difflib.get_close_matches(o.lstrip("-"), list(known), n=1, cutoff=0.6)
+        said.append(o + (f" (did you mean {known[near[0]]}?)" if near else ""))
+    return f"unrecognized option(s) for `scalelab {command}`: {', '.join(said)}"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command in ("slurm", "k8s") and not any(e.startswith("-") for e in extra):
         args.overrides += extra  # overrides given after the options
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.error(_unrecognized(parser, args.command, extra))
     try:
         code = args.func(args)
         sys.stdout.flush()

@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from scalelab.paths import REPO_ROOT, cache_dir
+from scalelab.slurm_request import check_times, test_only
 
 TEMPLATE = REPO_ROOT / "slurm" / "run.sbatch.template"
 # Job states after which a job will not run again (a REQUEUED / PREEMPTED job that SLURM requeues
@@ -86,7 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partition")
     p.add_argument("--account")
     p.add_argument("--qos")
-    p.add_argument("--cpus-per-task", type=int, default=8)
+    p.add_argument("--cpus-per-task", type=int, help="CPUs per rank (default: 1 with --cpu, else 8)")
     p.add_argument("--signal-delay", type=int, default=90, metavar="S",
                    help="USR1 this many seconds before the time limit: save, requeue, resume (default 90)")
     p.add_argument("--setup", action="append", default=[], metavar="LINE",
@@ -114,9 +115,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--array sets give different layouts (trainer.num_nodes {sorted(set(layout))}, "
                              f"trainer.devices {sorted(set(layout_d))}): one array has one layout; submit them apart")
         nodes, devices = layout[0], layout_d[0]
-        for name, v in (("--cpus-per-task", args.cpus_per_task), ("--signal-delay", args.signal_delay)):
-            if v < (0 if name == "--signal-delay" else 1):
-                raise ValueError(f"{name} {v} must be >= {0 if name == '--signal-delay' else 1}")
+        if args.cpus_per_task is not None and args.cpus_per_task < 1:
+            raise ValueError(f"--cpus-per-task {args.cpus_per_task} must be >= 1")
+        check_times(args.time, args.signal_delay)
         for name in ("job_name", "time", "partition", "account", "qos"):
             if getattr(args, name) is not None:
                 sbatch_value("--" + name.replace("_", "-"), getattr(args, name))
@@ -139,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
     if args.cpu and not any(o.startswith("trainer.accelerator=") for o in overrides):
         overrides.append("trainer.accelerator=cpu")  # a CPU job on a GPU node must not take the GPUs
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    script = render(nodes, devices, overrides, not args.cpu, args.time, args.partition, args.cpus_per_task,
+    cpus = args.cpus_per_task or (1 if args.cpu else 8)   # a CPU rank runs one thread (threads_per_rank)
+    script = render(nodes, devices, overrides, not args.cpu, args.time, args.partition, cpus,
                     args.job_name, args.log_dir, account=args.account, qos=args.qos, setup=args.setup,
                     signal_delay_s=args.signal_delay, array=sets or None, stamp=stamp)
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)  # sbatch does not create --output's folder
@@ -151,7 +153,11 @@ def run(args: argparse.Namespace) -> int:
             print(script, end="")
         return 0
     try:
-        job = submit(script, Path(args.log_dir) / f"{args.job_name}-{stamp}.sbatch")
+        job = submit(script, Path(args.log_dir) / f"{args.job_name}-{stamp}.sbatch",
+                     asked=asked(nodes, devices, cpus, 0 if args.cpu else devices, args.partition, args.time))
+    except ValueError as e:   # the scheduler could never start it: nothing submitted
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -194,16 +200,32 @@ def refuse_secrets(overrides: list[str]) -> None:
                              "environment instead (sbatch exports it to the job), e.g. WANDB_API_KEY")
 
 
-def submit(script: str, path: Path) -> str:
-    """sbatch the script (kept at `path` for the user); the job id. RuntimeError with sbatch's words."""
+def asked(nodes: int, devices: int, cpus_per_task: int, gpus_per_node: int, partition: str | None,
+          time_limit: str) -> str:
+    """A job's request in words, for an error that says why SLURM refuses it."""
+    return (f"{nodes} node(s) x {devices} rank(s) x {cpus_per_task} CPU(s)"
+            + (f", {gpus_per_node} GPU(s) per node" if gpus_per_node else "")
+            + f", partition {partition or '(default)'}, time {time_limit}")
+
+
+def submit(script: str, path: Path, asked: str | None = None) -> str:
+    """sbatch the script (kept at `path` for the user); the job id. With `asked` (the request in
+    words), `sbatch --test-only` first: ValueError, nothing submitted, if SLURM could never start
+    it. RuntimeError with sbatch's words if sbatch fails. A script not submitted is not kept."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(script)
     try:
-        proc = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, timeout=60)
-    except FileNotFoundError:
-        raise RuntimeError("sbatch not found: run this on a SLURM login node") from None
-    if proc.returncode != 0:
-        raise RuntimeError(f"sbatch failed: {(proc.stderr or proc.stdout).strip()[:300]}")
+        if asked is not None:
+            test_only(path, asked)
+        try:
+            proc = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, timeout=60)
+        except FileNotFoundError:
+            raise RuntimeError("sbatch not found: run this on a SLURM login node") from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"sbatch failed: {' / '.join((proc.stderr or proc.stdout).split(chr(10)))[:300]}")
+    except (ValueError, RuntimeError):
+        path.unlink(missing_ok=True)
+        raise
     return proc.stdout.strip().split(";")[0]
 
 
@@ -241,11 +263,14 @@ def _reason(state: str, code: str, detail: str, pending_reason: str) -> str | No
 def wait(job_ids: list[str], poll_s: float = 1.0, grace_s: float = 60.0) -> dict[str, dict]:
     """Block until every job is done for good (a requeued job is pending again, not done). A job
     gone from the queue that accounting still does not show as done after grace_s is UNKNOWN."""
-    gone_since = None
+    gone_since, pending = None, {}
     while True:
         rows = sacct(job_ids)
-        live = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(sorted({j.split("_")[0] for j in job_ids}))],
-                              capture_output=True, text=True).stdout.split()
+        queued = subprocess.run(["squeue", "-h", "-o", "%i|%T|%r", "-j",
+                                 ",".join(sorted({j.split("_")[0] for j in job_ids}))],
+                                capture_output=True, text=True).stdout.splitlines()
+        live = [q.split("|")[0].strip() for q in queued if q.strip()]
+        _say_pending(queued, pending)
         states = {j: rows.get(j) for j in job_ids}
         if not live and all(s and s["state"] in DONE for s in states.values()):
             return {j: s for j, s in states.items() if s}
@@ -255,6 +280,23 @@ def wait(job_ids: list[str], poll_s: float = 1.0, grace_s: float = 60.0) -> dict
                        "node_list": None}
             return {j: s if s and s["state"] in DONE else unknown for j, s in states.items()}
         time.sleep(poll_s)
+
+
+def _say_pending(queued: list[str], pending: dict, quiet_s: float = 10.0) -> None:
+    """A job pending for quiet_s says why (squeue's reason), once per reason: `--wait` on a job that
+    waits for resources, a reservation or its priority is not silent."""
+    now = time.monotonic()
+    for q in queued:
+        jid, state, reason = (q.split("|") + ["", ""])[:3]
+        if state != "PENDING":
+            pending.pop(jid, None)
+            continue
+        was, since, said = pending.get(jid, (None, now, None))
+        since = since if was == reason else now
+        if reason not in (said, "None", "") and now - since >= quiet_s:
+            print(f"[scalelab] SLURM job {jid}: pending ({reason})", file=sys.stderr, flush=True)
+            said = reason
+        pending[jid] = (reason, since, said)
 
 
 def finalize(job_dir: Path, st: dict, job_id: str, meta: dict | None = None) -> dict:

@@ -178,3 +178,31 @@ def test_bad_override_fails_before_anything_is_submitted(tmp_path):
     assert not list(tmp_path.rglob("*.sbatch"))
     out = subprocess.run(["sacct", "-n", "-X", "-S", "now-1hours", f"--name={name}"], capture_output=True, text=True)
     assert out.stdout.strip() == ""
+
+
+def test_a_job_slurm_could_never_start_is_refused_before_anything_is_submitted(tmp_path):
+    """More ranks x CPUs than a node has, more nodes than the cluster has, a partition it does not
+    have: SLURM used to accept such a job and leave it PENDING (PartitionConfig) for good while
+    `--wait` said nothing. `sbatch --test-only` asks the scheduler first: one line, exit 2, no job,
+    no script kept. A sweep is checked whole before its first job is submitted."""
+    name = f"never{os.getpid()}"
+    info = subprocess.run(["sinfo", "-h", "-o", "%P|%D|%c"], capture_output=True, text=True).stdout.split()
+    part, nodes, cpus = info[0].split("|")
+    part, nodes, cpus = part.rstrip("*"), int(nodes), int(cpus.rstrip("+"))
+    batch = f"data.global_batch_size={4 * cpus}"    # divides by 1 and by 2 x cpus ranks
+    ok = ["submit", "--cpu", "--cpus-per-task", "1", "--time", "00:10:00", "--job-name", name, *FAST, batch]
+    for cmd in ([*SLURM, *ok, "--devices", str(2 * cpus)],
+                [*SLURM, *ok, "--nodes", str(nodes + 1)],
+                [*SLURM, *ok, "--partition", "nosuchpart"],
+                [*TRAIN, "-m", "hydra/launcher=slurm", f"hydra.launcher.job_name={name}", "trainer.accelerator=cpu",
+                 *FAST, batch, f"trainer.devices=1,{2 * cpus}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]):
+        try:
+            proc = subprocess.run(cmd, cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=60)
+        finally:   # a job that got through would wait in the queue for good
+            subprocess.run(["scancel", f"--name={name}"], capture_output=True)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith("error: SLURM would never start this job") and "Traceback" not in proc.stderr
+        assert f"partitions here: {part}" in proc.stderr and "nothing was submitted" in proc.stderr, proc.stderr
+    assert not list(tmp_path.rglob("*.sbatch"))
+    out = subprocess.run(["sacct", "-n", "-X", "-S", "now-1hours", f"--name={name}"], capture_output=True, text=True)
+    assert out.stdout.strip() == ""

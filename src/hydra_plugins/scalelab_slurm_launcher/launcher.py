@@ -13,6 +13,7 @@ Hydra plugins are imported whenever Hydra scans for them: imports stay inside th
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -39,6 +40,7 @@ class ScalelabSlurmLauncher(Launcher):
 
         from scalelab import launch, slurm
         from scalelab.results.record import scrub, scrub_file
+        from scalelab.slurm_request import test_only
 
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -47,8 +49,9 @@ class ScalelabSlurmLauncher(Launcher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         scrub_file(sweep_dir / "multirun.yaml")
-        jobs = []  # (num, overrides, cfg, job dir, SLURM id)
+        jobs, scripts = [], []  # (num, overrides, cfg, job dir, SLURM id); (script, path, request)
         try:
+            check_settings(p)
             for overrides in job_overrides:  # before anything is submitted (scalelab.train checks argv too)
                 slurm.refuse_secrets(list(overrides))
             for i, overrides in enumerate(job_overrides):
@@ -62,15 +65,28 @@ class ScalelabSlurmLauncher(Launcher):
                 gpus = 0 if cpu else (int(t.devices) if p.get("gpus_per_node", "auto") == "auto"
                                       else int(p["gpus_per_node"] or 0))
                 args = [o for o in overrides if not o.lstrip("+~").startswith(("launcher=", "hydra."))]
+                cpus = int(p.get("cpus_per_task") or (1 if cpu else 8))
                 script = slurm.render(int(t.num_nodes), int(t.devices), args, gpus, p.get("time", "01:00:00"),
-                                      p.get("partition"), int(p.get("cpus_per_task") or (1 if cpu else 8)),
-                                      p.get("job_name", "scalelab"), str(sweep_dir / "slurm"),
+                                      p.get("partition"), cpus, p.get("job_name", "scalelab"), str(sweep_dir / "slurm"),
                                       account=p.get("account"), qos=p.get("qos"), setup=list(p.get("setup") or []),
                                       signal_delay_s=int(p.get("signal_delay_s", 90)), run_dir=str(job_dir),
                                       sweep=(str(sweep_dir), num))
-                job_id = slurm.submit(script, sweep_dir / "slurm" / f"job{num}.sbatch")
+                path = sweep_dir / "slurm" / f"job{num}.sbatch"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(script)
+                # every job's request checked by the scheduler before the first is submitted
+                request = slurm.asked(int(t.num_nodes), int(t.devices), cpus, gpus, p.get("partition"),
+                                      p.get("time", "01:00:00"))
+                try:
+                    test_only(path, f"job #{num} ({' '.join(filter_overrides(overrides))}): {request}")
+                except ValueError:
+                    path.unlink(missing_ok=True)
+                    raise
+                scripts.append((num, list(overrides), cfg, job_dir, script, path))
+            for num, overrides, cfg, job_dir, script, path in scripts:
+                job_id = slurm.submit(script, path)
                 log.info(f"[scalelab] #{num} SLURM job {job_id}: {' '.join(filter_overrides(overrides))}")
-                jobs.append((num, list(overrides), cfg, job_dir, job_id))
+                jobs.append((num, overrides, cfg, job_dir, job_id))
             ids = {j[4]: j for j in jobs}
             (sweep_dir / "slurm" / "jobs.json").write_text(json.dumps({str(j[0]): j[4] for j in jobs}) + "\n")
             states = slurm.wait(list(ids), float(p.get("poll_s", 1.0)))
@@ -78,9 +94,14 @@ class ScalelabSlurmLauncher(Launcher):
             # Nothing of this sweep may keep running once its command gave up on it.
             if jobs:
                 subprocess.run(["scancel", *[j[4] for j in jobs]], capture_output=True)
+            for *_, path in scripts[len(jobs):]:   # checked, never submitted: not kept
+                path.unlink(missing_ok=True)
+            ended = f"; cancelled SLURM job(s) {', '.join(j[4] for j in jobs)}" if jobs else ""
             if isinstance(e, KeyboardInterrupt):
-                raise
-            raise SystemExit(f"error: {e}") from None
+                print(f"stopped (Ctrl-C){ended}", file=sys.stderr, flush=True)
+                raise SystemExit(130) from None
+            print(f"error: {e}{ended}", file=sys.stderr, flush=True)
+            raise SystemExit(2 if isinstance(e, ValueError) and not jobs else 1) from None
         runs = []
         for num, overrides, cfg, job_dir, job_id in jobs:
             st = states.get(job_id, {"state": "UNKNOWN", "reason": "not in accounting"})
@@ -96,3 +117,28 @@ class ScalelabSlurmLauncher(Launcher):
             ret.return_value = float(final) if rec.get("status") == "completed" and final is not None else math.nan
             runs.append(ret)
         return runs
+
+
+def check_settings(p: dict) -> None:
+    """hydra.launcher.* values, before anything is submitted: ValueError in one line. A key the
+    settings do not have (`+hydra.launcher.partiton=debug`, as Hydra's own error advises for a
+    misspelt one) would be ignored and the job sent to the default partition."""
+    from dataclasses import fields
+
+    from scalelab.schema import not_a_key
+    from scalelab.slurm_request import check_times
+
+    from .config import ScalelabSlurmConf
+
+    known = [f.name for f in fields(ScalelabSlurmConf)]
+    for key in p:
+        if key not in known:
+            raise ValueError(not_a_key("hydra.launcher", key, known))
+    cpus = p.get("cpus_per_task")
+    if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1):
+        raise ValueError(f"hydra.launcher.cpus_per_task={cpus!r} must be an integer >= 1 (or null: 1 on CPU, else 8)")
+    gpus = p.get("gpus_per_node", "auto")
+    if gpus != "auto" and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0):
+        raise ValueError(f"hydra.launcher.gpus_per_node={gpus!r} must be auto (trainer.devices) or an integer >= 0")
+    check_times(str(p.get("time", "01:00:00")), p.get("signal_delay_s", 90),
+                ("hydra.launcher.time", "hydra.launcher.signal_delay_s"))

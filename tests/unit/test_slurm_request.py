@@ -1,0 +1,71 @@
+"""What a SLURM job asks for, checked before it is submitted (scalelab.slurm_request; the scheduler's
+own answer, sbatch --test-only, is tested against the real cluster in tests/slurm)."""
+import pytest
+
+from scalelab.slurm import _say_pending
+from scalelab.slurm_request import check_times, time_seconds
+
+
+@pytest.mark.parametrize("text,secs", [("30", 1800), ("10:30", 630), ("01:00:00", 3600), ("2-03", 183600),
+                                       ("1-00:30", 88200), ("1-01:02:03", 90123), ("UNLIMITED", None),
+                                       ("infinite", None)])
+def test_sbatch_time_formats(text, secs):
+    assert time_seconds(text) == secs     # sbatch(1) --time: days-hours[:min[:sec]], h:m:s, m:s, minutes
+
+
+@pytest.mark.parametrize("text", ["-5", "abc", "0", "00:00:00", "1:2:3:4", "1.5", ""])
+def test_bad_times_are_one_line_naming_the_value(text):
+    with pytest.raises(ValueError) as e:
+        time_seconds(text)
+    assert repr(text) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_limit_must_leave_two_minutes_before_the_warning_signal():
+    check_times("00:03:30", 90)             # 210 s = 90 s delay + 120 s of training
+    with pytest.raises(ValueError, match=r"leaves 119 s before the warning signal"):
+        check_times("00:03:29", 90)
+    with pytest.raises(ValueError, match=r"leaves -30 s .* at least 210 s"):
+        check_times("00:01:00", 90)         # the walkthrough's job: requeued every ~30 s
+    check_times("5", 0)                     # 300 s, no warning signal
+    check_times("UNLIMITED", 90)
+    with pytest.raises(ValueError, match="--signal-delay -1 must be >= 0"):
+        check_times("10", -1)
+
+
+def test_launcher_settings_are_checked(monkeypatch):
+    from hydra_plugins.scalelab_slurm_launcher.launcher import check_settings
+
+    good = {"_target_": "x", "partition": "debug", "time": "00:10:00", "cpus_per_task": None,
+            "gpus_per_node": "auto", "signal_delay_s": 90}
+    check_settings(good)
+    for bad, words in (({"partiton": "debug"}, "did you mean hydra.launcher.partition?"),
+                       ({"cpus_per_task": 0}, "cpus_per_task=0 must be an integer >= 1"),
+                       ({"cpus_per_task": True}, "cpus_per_task=True must be"),
+                       ({"gpus_per_node": "two"}, "gpus_per_node='two' must be auto"),
+                       ({"gpus_per_node": -1}, "gpus_per_node=-1 must be"),
+                       ({"time": "abc"}, "hydra.launcher.time 'abc' is not a SLURM time"),
+                       ({"time": "00:02:00"}, "hydra.launcher.signal_delay_s 90 s")):
+        with pytest.raises(ValueError, match=words.replace("?", r"\?").replace("(", r"\(")):
+            check_settings({**good, **bad})
+
+
+def test_a_pending_job_says_why_once_per_reason(capsys):
+    pending: dict = {}
+    _say_pending(["85|PENDING|Resources"], pending, quiet_s=0)
+    _say_pending(["85|PENDING|Resources"], pending, quiet_s=0)
+    _say_pending(["85|PENDING|ReqNodeNotAvail, UnavailableNodes:vm"], pending, quiet_s=0)
+    _say_pending(["85|RUNNING|None"], pending, quiet_s=0)
+    _say_pending(["86|PENDING|Priority"], pending, quiet_s=60)      # not yet: pending for < 60 s
+    assert capsys.readouterr().err.splitlines() == [
+        "[scalelab] SLURM job 85: pending (Resources)",
+        "[scalelab] SLURM job 85: pending (ReqNodeNotAvail, UnavailableNodes:vm)"]
+
+
+def test_an_unknown_option_is_named_alone_with_the_nearest(capsys):
+    from scalelab.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["slurm", "submit", "--cpu", "model=gpt_nano", "trainer.max_steps=5", "--partiton", "debug"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert "--partiton (did you mean --partition?)" in err and "model=gpt_nano" not in err
