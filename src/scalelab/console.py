@@ -92,6 +92,9 @@ class StepProgressBar(ProgressBar):
                                                                          *self._loss_reads.drain()]
             self._shown_loss = due[-1][1][0] if due else self._shown_loss
         loss = self._shown_loss
-        text = f"step {step}/{last} | {speed}" + (f" | loss {loss:.4f}" if loss is not None else "")
+        # several ranks: this is rank 0's own micro-batch loss (the table's is the mean over the
+        # data-parallel ranks, which would need a collective per print)
+        which = "rank-0 loss" if trainer.world_size > 1 else "loss"
+        text = f"step {step}/{last} | {speed}" + (f" | {which} {loss:.4f}" if loss is not None else "")
         sys.stdout.write("\r" + text.ljust(60) + ("\n" if step >= last else ""))
         sys.stdout.flush()

@@ -35,6 +35,8 @@ def test_console_is_quiet_and_counts_steps(short_job):
         assert noise not in console, noise
     assert "step 6/6" in console and "tokens/s" in console
     assert console.count("step 6/6") == 1               # rank 0 alone draws the bar
+    # 2 ranks: the bar's loss is rank 0's own batch, not the table's mean over ranks: it says so
+    assert "rank-0 loss " in console.split("step 6/6", 1)[1].splitlines()[0]
 
 
 def test_short_run_is_flagged_everywhere(short_job):
