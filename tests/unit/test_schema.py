@@ -80,6 +80,19 @@ def test_read_records_skips_and_reports(tmp_path):
         load_record(tmp_path / "b" / "run.json")
 
 
+def test_a_globs_logs_and_scripts_are_one_line(tmp_path, capsys):
+    """`scalelab compare outputs/slurm/*` names the job dirs and every .out / .sbatch beside them:
+    those are one line together, not one "not valid JSON" line each."""
+    (tmp_path / "7-x").mkdir()
+    (tmp_path / "7-x" / "run.json").write_text(json.dumps(_good()))
+    for name in ("scalelab-7.out", "scalelab-8.out", "s-1.sbatch", "s-2.sbatch"):
+        (tmp_path / name).write_text("#!/bin/bash\n")
+    recs = read_records(sorted(tmp_path.iterdir()))
+    assert len(recs) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "skipped 4 file(s) that are not run records (not .json): s-1.sbatch, s-2.sbatch, scalelab-7.out and 1 more"]
+
+
 def test_scrub_redacts_keys_overrides_and_known_values(monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", "sk-secret-123")
     register_secrets(["hunter22"])

@@ -196,8 +196,11 @@ def read_records(paths: list[Path | str], problems: list[str] | None = None) -> 
     `problems` when given, else one line "skipped PATH: reason" to stderr."""
     import sys
 
-    out = []
+    out, others = [], []
     for p in map(Path, paths):
+        if p.is_file() and p.suffix != ".json":   # a glob's logs and scripts (`compare outputs/slurm/*`)
+            others.append(p)
+            continue
         files = [p] if p.is_file() else sorted(p.rglob(RUN_FILE))
         for f in files:
             try:
@@ -210,6 +213,13 @@ def read_records(paths: list[Path | str], problems: list[str] | None = None) -> 
                 continue
             rec.setdefault("job", {})["record_path"] = str(f)
             out.append(rec)
+    if others:   # one line for them all
+        names = ", ".join(o.name for o in others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        why = f"{len(others)} file(s) that are not run records (not .json): {names}"
+        if problems is None:
+            print(f"skipped {why}", file=sys.stderr)
+        else:
+            problems.append(why)
     return out
 
 
