@@ -175,8 +175,11 @@ def run(args: argparse.Namespace) -> int:
         finalize(d, states.get(jid, {"state": "UNKNOWN"}), jid)
     if sets:
         from scalelab.results.callbacks import summarize_sweep
+        from scalelab.results.record import read_records
 
-        summarize_sweep(root)
+        # the tasks' own logger settings (their records' config): a W&B summary run as a local sweep's
+        cfg = next((r["config"] for r in read_records([root], problems=[]) if r.get("config")), {})
+        summarize_sweep(root, cfg.get("logger"), cfg.get("cache_dir"))
     else:
         from scalelab.results.record import read_records
         from scalelab.results.table import render as table

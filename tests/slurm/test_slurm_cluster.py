@@ -206,3 +206,20 @@ def test_a_job_slurm_could_never_start_is_refused_before_anything_is_submitted(t
     assert not list(tmp_path.rglob("*.sbatch"))
     out = subprocess.run(["sacct", "-n", "-X", "-S", "now-1hours", f"--name={name}"], capture_output=True, text=True)
     assert out.stdout.strip() == ""
+
+
+def test_an_array_job_is_a_sweep_with_its_w_and_b_summary(tmp_path):
+    """`--array` once per override set: one SLURM array task per set, each in its own run dir, and
+    `--wait` aggregates them as a local sweep: sweep.json, the comparison, the dashboard and, with
+    the tasks' logger (W&B offline by default), the sweep's W&B summary run (it was not logged)."""
+    proc = subprocess.run([*SLURM, *SUBMIT, "--array", "trainer.max_steps=6", "--array", "trainer.max_steps=8",
+                           *FAST, "strategy=single", "logger.mode=offline"], cwd=tmp_path, env=env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    root = Path(re.search(r"Submitted batch job (\d+): 2 run\(s\) under (\S+)", proc.stdout).group(2))
+    recs = [json.loads((root / str(i) / "run.json").read_text()) for i in (0, 1)]
+    assert [r["status"] for r in recs] == ["completed", "completed"] and [r["steps"] for r in recs] == [6, 8]
+    assert [r["slurm"]["array_task_id"] for r in recs] in (["0", "1"], [0, 1])
+    summary = json.loads((root / "sweep.json").read_text())
+    assert summary["num_completed"] == 2 and summary.get("wandb_run_id")
+    assert (root / "report.html").is_file() and list((root / "wandb").glob("offline-run-*"))
