@@ -161,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("stopped (Ctrl-C) before the job was submitted", file=sys.stderr)
+        return 130
     root = Path(args.log_dir).resolve() / f"{job}-{stamp}"
     dirs = {f"{job}_{i}": root / str(i) for i in range(len(sets))} if sets else {job: root}
     print(f"Submitted batch job {job}: {len(dirs)} run(s) under {root}", flush=True)
@@ -226,7 +229,7 @@ def submit(script: str, path: Path, asked: str | None = None) -> str:
             raise RuntimeError("sbatch not found: run this on a SLURM login node") from None
         if proc.returncode != 0:
             raise RuntimeError(f"sbatch failed: {' / '.join((proc.stderr or proc.stdout).split(chr(10)))[:300]}")
-    except (ValueError, RuntimeError):
+    except BaseException:   # refused, failed or interrupted: nothing submitted, nothing kept
         path.unlink(missing_ok=True)
         raise
     return proc.stdout.strip().split(";")[0]

@@ -212,9 +212,13 @@ def test_an_array_job_is_a_sweep_with_its_w_and_b_summary(tmp_path):
     """`--array` once per override set: one SLURM array task per set, each in its own run dir, and
     `--wait` aggregates them as a local sweep: sweep.json, the comparison, the dashboard and, with
     the tasks' logger (W&B offline by default), the sweep's W&B summary run (it was not logged)."""
-    proc = subprocess.run([*SLURM, *SUBMIT, "--array", "trainer.max_steps=6", "--array", "trainer.max_steps=8",
-                           *FAST, "strategy=single", "logger.mode=offline"], cwd=tmp_path, env=env(),
-                          capture_output=True, text=True, timeout=300)
+    name = f"array{os.getpid()}"
+    try:
+        proc = subprocess.run([*SLURM, *SUBMIT, "--job-name", name, "--array", "trainer.max_steps=6", "--array",
+                               "trainer.max_steps=8", *FAST, "strategy=single", "logger.mode=offline"], cwd=tmp_path,
+                              env=env(), capture_output=True, text=True, timeout=300)
+    finally:   # a job left behind would hold the one-node cluster's slots for the next tests
+        subprocess.run(["scancel", f"--name={name}"], capture_output=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     root = Path(re.search(r"Submitted batch job (\d+): 2 run\(s\) under (\S+)", proc.stdout).group(2))
     recs = [json.loads((root / str(i) / "run.json").read_text()) for i in (0, 1)]

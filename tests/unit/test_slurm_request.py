@@ -8,12 +8,12 @@ from scalelab.slurm_request import check_times, time_seconds
 
 @pytest.mark.parametrize("text,secs", [("30", 1800), ("10:30", 630), ("01:00:00", 3600), ("2-03", 183600),
                                        ("1-00:30", 88200), ("1-01:02:03", 90123), ("UNLIMITED", None),
-                                       ("infinite", None)])
+                                       ("infinite", None), ("0", None), ("00:00:00", None)])
 def test_sbatch_time_formats(text, secs):
     assert time_seconds(text) == secs     # sbatch(1) --time: days-hours[:min[:sec]], h:m:s, m:s, minutes
 
 
-@pytest.mark.parametrize("text", ["-5", "abc", "0", "00:00:00", "1:2:3:4", "1.5", ""])
+@pytest.mark.parametrize("text", ["-5", "abc", "-1", "1:2:3:4", "1.5", ""])
 def test_bad_times_are_one_line_naming_the_value(text):
     with pytest.raises(ValueError) as e:
         time_seconds(text)
@@ -21,13 +21,17 @@ def test_bad_times_are_one_line_naming_the_value(text):
 
 
 def test_the_limit_must_leave_two_minutes_before_the_warning_signal():
-    check_times("00:03:30", 90)             # 210 s = 90 s delay + 120 s of training
-    with pytest.raises(ValueError, match=r"leaves 119 s before the warning signal"):
-        check_times("00:03:29", 90)
-    with pytest.raises(ValueError, match=r"leaves -30 s .* at least 210 s"):
+    # worst case: the limit rounded up to whole minutes, minus the delay, minus 60 s (the signal
+    # may come that much early): 00:04:30 -> 300 - 90 - 60 = 150 s >= 120
+    check_times("00:04:30", 90)
+    check_times("00:04:01", 90)             # rounded up to 300 s as well
+    with pytest.raises(ValueError, match=r"leaves 90 s before the warning signal at worst"):
+        check_times("00:04:00", 90)         # 240 - 90 - 60
+    with pytest.raises(ValueError, match=r"leaves 0 s .* at least 270 s"):
         check_times("00:01:00", 90)         # the walkthrough's job: requeued every ~30 s
-    check_times("5", 0)                     # 300 s, no warning signal
+    check_times("3", 0)                     # 180 - 0 - 60 = 120 s, no warning delay
     check_times("UNLIMITED", 90)
+    check_times("0", 90)
     with pytest.raises(ValueError, match="--signal-delay -1 must be >= 0"):
         check_times("10", -1)
 
@@ -44,7 +48,7 @@ def test_launcher_settings_are_checked(monkeypatch):
                        ({"gpus_per_node": "two"}, "gpus_per_node='two' must be auto"),
                        ({"gpus_per_node": -1}, "gpus_per_node=-1 must be"),
                        ({"time": "abc"}, "hydra.launcher.time 'abc' is not a SLURM time"),
-                       ({"time": "00:02:00"}, "hydra.launcher.signal_delay_s 90 s")):
+                       ({"time": "00:04:00"}, "hydra.launcher.signal_delay_s 90 s")):
         with pytest.raises(ValueError, match=words.replace("?", r"\?").replace("(", r"\(")):
             check_settings({**good, **bad})
 

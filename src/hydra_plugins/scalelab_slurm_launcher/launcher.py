@@ -79,7 +79,7 @@ class ScalelabSlurmLauncher(Launcher):
                                       p.get("time", "01:00:00"))
                 try:
                     test_only(path, f"job #{num} ({' '.join(filter_overrides(overrides))}): {request}")
-                except ValueError:
+                except BaseException:
                     path.unlink(missing_ok=True)
                     raise
                 scripts.append((num, list(overrides), cfg, job_dir, script, path))

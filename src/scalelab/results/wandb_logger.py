@@ -41,8 +41,8 @@ def _forget_the_service() -> None:
 
     try:
         wandb.teardown()
-    except Exception:  # noqa: BLE001 - the service is gone: the message to it is what fails
-        pass
+    except (Exception, SystemExit):  # noqa: BLE001 - the service is gone: the message to it fails, or
+        pass                         # its exit status (-15 after SIGTERM) comes back as sys.exit
 
 
 class TolerantWandbLogger(WandbLogger):
