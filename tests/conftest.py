@@ -55,6 +55,10 @@ def env() -> dict:
     # into ~/.cache by a probe (torch's file lock keeps two builders apart)
     e.setdefault("TORCH_EXTENSIONS_DIR", str(Path(e["SCALELAB_CACHE"]) / "torch_extensions"))
     e["HYDRA_FULL_ERROR"] = "1"
+    # A test that used W&B in this pytest process (tests/unit/test_report_wandb.py logs a sweep
+    # summary in-process) left its service's address in WANDB_SERVICE: a job started from here would
+    # log through that service, not one of its own as a user's job does.
+    e.pop("WANDB_SERVICE", None)
     # tests.mutations (strategy._target_=tests.mutations.X) must import in the Hydra app and the ranks
     e["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), e.get("PYTHONPATH", "")) if p)
     return e
