@@ -105,6 +105,7 @@ def test_a_hung_rank_ends_the_job_within_the_collective_timeout(tmp_path):
     assert "Timed out waiting 5000ms" in rec["error"], rec["error"]
 
 
+@pytest.mark.slow   # 3 runs, 21-53 s; its logic in the default suite: tests/unit/test_progress_mark.py
 def test_resume_with_accumulation_saves_whole_steps_only(tmp_path):
     """Gradient accumulation: after resuming at step 4, the first micro-batch of step 5 still
     reports step 4, and the periodic save wrote step-4 again, one micro-batch into step 5; a later

@@ -32,3 +32,20 @@ def test_once_a_second_otherwise_and_the_last_step_at_the_end(tmp_path, monkeypa
     # steps 1..5 end at t = 0.0, 0.4, 0.9, 1.1, 1.5; the end of training at t = 1.6
     seen, last = _run(tmp_path, monkeypatch, False, [0.0, 0.4, 0.9, 1.1, 1.5, 1.6])
     assert seen == [1, 1, 1, 4, 4] and last == 5
+
+
+def test_a_resumed_run_with_accumulation_saves_whole_steps_only(tmp_path, monkeypatch):
+    """Resumed at step 4 (a checkpoint every 2 steps), 2 micro-batches per step: the first
+    micro-batch ends still reporting step 4 and must not save step 4 again, mid-step (a later
+    resume from it ran a micro-batch off); step 6 is saved once, after its last micro-batch.
+    End to end, as a user runs it: tests/integration/test_elastic.py (slow)."""
+    cb = PeriodicCheckpoint(tmp_path, every=2, keep=2, note_progress=False)
+    saved = []
+    monkeypatch.setattr(cb, "save", lambda trainer, step: saved.append(step))
+    trainer = SimpleNamespace(global_step=4, is_global_zero=True)
+    cb.on_train_start(trainer, None)
+    ends = [4, 5, 5, 6, 6, 7]        # global_step after each micro-batch: 5 ends at its 2nd, ...
+    for i, step in enumerate(ends):
+        trainer.global_step = step
+        cb.on_train_batch_end(trainer, None, None, None, i)
+    assert saved == [6]
