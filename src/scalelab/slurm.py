@@ -14,6 +14,7 @@ import shlex
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -140,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cpu and not any(o.startswith("trainer.accelerator=") for o in overrides):
         overrides.append("trainer.accelerator=cpu")  # a CPU job on a GPU node must not take the GPUs
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    cpus = args.cpus_per_task or (1 if args.cpu else 8)   # a CPU rank runs one thread (threads_per_rank)
+    cpus = cpus_per_task(args.cpus_per_task, args.cpu)
     script = render(nodes, devices, overrides, not args.cpu, args.time, args.partition, cpus,
                     args.job_name, args.log_dir, account=args.account, qos=args.qos, setup=args.setup,
                     signal_delay_s=args.signal_delay, array=sets or None, stamp=stamp)
@@ -176,15 +177,15 @@ def run(args: argparse.Namespace) -> int:
         return 130
     for jid, d in dirs.items():
         finalize(d, states.get(jid, {"state": "UNKNOWN"}), jid)
+    from scalelab.results.record import read_records
+
     if sets:
         from scalelab.results.callbacks import summarize_sweep
-        from scalelab.results.record import read_records
 
         # the tasks' own logger settings (their records' config): a W&B summary run as a local sweep's
         cfg = next((r["config"] for r in read_records([root], problems=[]) if r.get("config")), {})
         summarize_sweep(root, cfg.get("logger"), cfg.get("cache_dir"))
     else:
-        from scalelab.results.record import read_records
         from scalelab.results.table import render as table
 
         print(table(read_records([root])))
@@ -214,25 +215,47 @@ def asked(nodes: int, devices: int, cpus_per_task: int, gpus_per_node: int, part
             + f", partition {partition or '(default)'}, time {time_limit}")
 
 
-def submit(script: str, path: Path, asked: str | None = None) -> str:
-    """sbatch the script (kept at `path` for the user); the job id. With `asked` (the request in
-    words), `sbatch --test-only` first: ValueError, nothing submitted, if SLURM could never start
-    it. RuntimeError with sbatch's words if sbatch fails. A script not submitted is not kept."""
+@contextmanager
+def _not_kept(path: Path):
+    """A script that is refused, fails or is interrupted before SLURM takes it is not kept."""
+    try:
+        yield
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
+def prepare(script: str, path: Path, asked: str | None = None) -> Path:
+    """Write the script at `path` (kept there for the user). With `asked` (the request in words),
+    `sbatch --test-only` it: ValueError, nothing kept, if SLURM could never start it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(script)
-    try:
-        if asked is not None:
+    if asked is not None:
+        with _not_kept(path):
             test_only(path, asked)
+    return path
+
+
+def sbatch(path: Path) -> str:
+    """Submit a prepared script; the job id. RuntimeError with sbatch's words if sbatch fails."""
+    with _not_kept(path):
         try:
             proc = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, timeout=60)
         except FileNotFoundError:
             raise RuntimeError("sbatch not found: run this on a SLURM login node") from None
         if proc.returncode != 0:
             raise RuntimeError(f"sbatch failed: {' / '.join((proc.stderr or proc.stdout).split(chr(10)))[:300]}")
-    except BaseException:   # refused, failed or interrupted: nothing submitted, nothing kept
-        path.unlink(missing_ok=True)
-        raise
     return proc.stdout.strip().split(";")[0]
+
+
+def submit(script: str, path: Path, asked: str | None = None) -> str:
+    """prepare (and check, with `asked`) then sbatch: the job id."""
+    return sbatch(prepare(script, path, asked))
+
+
+def cpus_per_task(given: int | None, cpu: bool) -> int:
+    """CPUs per rank: as given, else 1 for a CPU rank (it runs one thread: threads_per_rank), else 8."""
+    return int(given or (1 if cpu else 8))
 
 
 def sacct(job_ids: list[str]) -> dict[str, dict]:

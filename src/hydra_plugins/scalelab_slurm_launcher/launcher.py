@@ -40,7 +40,6 @@ class ScalelabSlurmLauncher(Launcher):
 
         from scalelab import launch, slurm
         from scalelab.results.record import scrub, scrub_file
-        from scalelab.slurm_request import test_only
 
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -49,7 +48,7 @@ class ScalelabSlurmLauncher(Launcher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         scrub_file(sweep_dir / "multirun.yaml")
-        jobs, scripts = [], []  # (num, overrides, cfg, job dir, SLURM id); (script, path, request)
+        jobs, scripts = [], []  # (num, overrides, cfg, job dir, SLURM id); the same with the script's path
         try:
             check_settings(p)
             for overrides in job_overrides:  # before anything is submitted (scalelab.train checks argv too)
@@ -65,26 +64,20 @@ class ScalelabSlurmLauncher(Launcher):
                 gpus = 0 if cpu else (int(t.devices) if p.get("gpus_per_node", "auto") == "auto"
                                       else int(p["gpus_per_node"] or 0))
                 args = [o for o in overrides if not o.lstrip("+~").startswith(("launcher=", "hydra."))]
-                cpus = int(p.get("cpus_per_task") or (1 if cpu else 8))
+                cpus = slurm.cpus_per_task(p.get("cpus_per_task"), cpu)
                 script = slurm.render(int(t.num_nodes), int(t.devices), args, gpus, p.get("time", "01:00:00"),
                                       p.get("partition"), cpus, p.get("job_name", "scalelab"), str(sweep_dir / "slurm"),
                                       account=p.get("account"), qos=p.get("qos"), setup=list(p.get("setup") or []),
                                       signal_delay_s=int(p.get("signal_delay_s", 90)), run_dir=str(job_dir),
                                       sweep=(str(sweep_dir), num))
-                path = sweep_dir / "slurm" / f"job{num}.sbatch"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(script)
                 # every job's request checked by the scheduler before the first is submitted
                 request = slurm.asked(int(t.num_nodes), int(t.devices), cpus, gpus, p.get("partition"),
                                       p.get("time", "01:00:00"))
-                try:
-                    test_only(path, f"job #{num} ({' '.join(filter_overrides(overrides))}): {request}")
-                except BaseException:
-                    path.unlink(missing_ok=True)
-                    raise
-                scripts.append((num, list(overrides), cfg, job_dir, script, path))
-            for num, overrides, cfg, job_dir, script, path in scripts:
-                job_id = slurm.submit(script, path)
+                path = slurm.prepare(script, sweep_dir / "slurm" / f"job{num}.sbatch",
+                                     asked=f"job #{num} ({' '.join(filter_overrides(overrides))}): {request}")
+                scripts.append((num, list(overrides), cfg, job_dir, path))
+            for num, overrides, cfg, job_dir, path in scripts:
+                job_id = slurm.sbatch(path)
                 log.info(f"[scalelab] #{num} SLURM job {job_id}: {' '.join(filter_overrides(overrides))}")
                 jobs.append((num, overrides, cfg, job_dir, job_id))
             ids = {j[4]: j for j in jobs}
