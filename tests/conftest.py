@@ -76,21 +76,27 @@ def records(root: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(root.rglob("run.json"))]
 
 
+def cmdlines():
+    """(pid, argv: its /proc cmdline split at NULs) of every process that can be read now."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                yield int(d.name), (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+
+
 def worker_pids(under: Path | str, rank: int | None = None) -> list[int]:
     """Processes still running a scalelab rank (or only rank `rank`: its process title) of a job
     under `under` (the test's own folder: other scalelab jobs may run on the same machine)."""
     if not str(under) or Path(under) in (Path("/"), Path(".")):
         raise ValueError(f"worker_pids needs the test's own job folder, got {under!r}")
     pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                continue
-            if b"-m scalelab.worker" in cmd and str(under).encode() in cmd and (
-                    rank is None or f"(rank {rank}".encode() in cmd):
-                pids.append(int(d.name))
+    for pid, argv in cmdlines():
+        cmd = b" ".join(argv)
+        if b"-m scalelab.worker" in cmd and str(under).encode() in cmd and (
+                rank is None or f"(rank {rank}".encode() in cmd):
+            pids.append(pid)
     return pids
 
 

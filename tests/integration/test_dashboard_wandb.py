@@ -14,7 +14,7 @@ import pytest
 
 from scalelab.results.wandb_offline import find_runs, read_run
 
-from ..conftest import FAST, read_record, train, worker_pids
+from ..conftest import FAST, cmdlines, read_record, train, worker_pids
 
 pytestmark = pytest.mark.integration
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"   # 40 characters: a well-formed W&B key
@@ -49,18 +49,13 @@ def test_online_init_error_trains_offline_with_one_warning(tmp_path, monkeypatch
 
 def _wandb_core_of(job: Path) -> list[int]:
     """The W&B service processes (wandb-core ... --pid RANK_PID) of a rank of this job."""
+    procs = dict(cmdlines())
     found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().split(b"\0")
-                if not (cmd and cmd[0].endswith(b"wandb-core") and b"--pid" in cmd):
-                    continue
-                owner = Path("/proc", cmd[cmd.index(b"--pid") + 1].decode(), "cmdline").read_bytes()
-            except (OSError, IndexError):
-                continue
-            if str(job).encode() in owner:
-                found.append(int(d.name))
+    for pid, argv in procs.items():
+        if argv and argv[0].endswith(b"wandb-core") and b"--pid" in argv[:-1]:
+            owner = procs.get(int(argv[argv.index(b"--pid") + 1] or -1), [])
+            if str(job).encode() in b" ".join(owner):
+                found.append(pid)
     return found
 
 
