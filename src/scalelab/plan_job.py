@@ -26,7 +26,7 @@ def terms_for_job(overrides: list[str]):
     from omegaconf import OmegaConf
 
     from scalelab.config import validate
-    from scalelab.models.build import build_net
+    from scalelab.models.build import count_parameters
     from scalelab.paths import conf_dir
     from scalelab.plan.run_records import terms_from_run
     from scalelab.preflight import _check_group_values, _compose
@@ -55,10 +55,7 @@ def terms_for_job(overrides: list[str]):
         GlobalHydra.instance().clear()
     resolved = OmegaConf.to_container(cfg, resolve=True)
     world = spec.run.world_size
-    import torch
-
-    with torch.device("meta"):  # count parameters without allocating them
-        n_params = sum(p.numel() for p in build_net(spec.run.model_arch).parameters())
+    n_params = count_parameters(spec.run.model_arch)
     from scalelab.launch import threads_per_rank
 
     threads = threads_per_rank(cfg.trainer.threads_per_rank, spec.run.devices_per_node, target)
