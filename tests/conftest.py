@@ -193,6 +193,25 @@ def run_one_job(tmp_path_factory, tag: str, args: list[str], optim: list[str] = 
     return job
 
 
+def run_jobs(tmp_path_factory, tag: str, jobs: dict[str, list[str]], optim: list[str] = SGD,
+             timeout: float = 600) -> dict[str, Path]:
+    """Several fast runs (gpt_nano, no logger) that differ in several keys at once, as ONE multirun,
+    the way `scalelab recommend --verify` runs its candidates: each run's overrides become an option
+    of a config group written here (a `# @package _global_` overlay), so the command imports the
+    worker once for all of them (a sweep job costs about half a lone command: README
+    "Performance", sweepcost). Returns each run's job dir (sweep/N, in the order given)."""
+    from scalelab.recommend.verify import overlay
+
+    cwd = tmp_path_factory.mktemp(tag)
+    group = cwd / "conf" / "test_job"
+    group.mkdir(parents=True)
+    for name, overrides in jobs.items():
+        (group / f"{name}.yaml").write_text(overlay(list(overrides)))
+    train(["-m", f"+test_job={','.join(jobs)}", f"hydra.searchpath=[file://{cwd / 'conf'}]",
+           f"hydra.sweep.dir={cwd / 'sweep'}", *BASE, *optim, "logger=none"], cwd, timeout=timeout)
+    return {name: cwd / "sweep" / str(i) for i, name in enumerate(jobs)}
+
+
 def read_record(job: Path) -> dict:
     return json.loads((job / "run.json").read_text())
 

@@ -16,11 +16,12 @@ import pytest
 from scalelab.errors import ConfigError
 from scalelab.preflight import preflight
 
-from ..conftest import FAST, assert_nano_flops, records, train, worker_pids
+from ..conftest import FAST, assert_nano_flops, records, run_jobs, train, worker_pids
 
 pytestmark = pytest.mark.integration
 
-TWO = [*FAST, "logger=none", "trainer.devices=2", "trainer.max_steps=10"]
+TWO_JOB = ["trainer.devices=2", "trainer.max_steps=10"]
+TWO = [*FAST, "logger=none", *TWO_JOB]
 # Plain DDP vs single: observed <= 1.1e-7 relative over 20 SGD steps (summation order only).
 DDP_TOL = 1e-4
 # bf16 / fp16 compression rounds every gradient element to 8 / 11 significant bits before the all-reduce
@@ -58,18 +59,19 @@ def _close(a, b, rel):
 
 @pytest.fixture(scope="module")
 def opts(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("ddp_options")
-    out = {
-        "bf16": _run(root, "bf16", ["strategy=ddp_compress"]),
-        "fp16": _run(root, "fp16", ["strategy=ddp_compress", "strategy.comm_hook=fp16"]),
-        # The default launcher (ranks forked from the fork server), as users run it. Its PowerSGD
-        # ranks used to abort now and then with heap corruption: the profile window stopped
-        # torch.profiler while a gloo worker was still finishing the hook's collective (fixed by
-        # ProfileWindow's barrier, scaling/breakdown.py; README "Fixed (2026-11-30)").
-        "powersgd": _run(root, "powersgd", ["strategy=ddp_powersgd"]),
-        "local1_sgd": _run(root, "local1_sgd", ["strategy=local_sgd", "strategy.local_sgd_period=1"]),
-    }
-    out["root"] = root
+    # one multirun of the four (each its own overrides: conftest.run_jobs); the default launcher
+    # (ranks forked from the fork server), as users run it. Its PowerSGD ranks used to abort now
+    # and then with heap corruption: the profile window stopped torch.profiler while a gloo worker
+    # was still finishing the hook's collective (fixed by ProfileWindow's barrier,
+    # scaling/breakdown.py; README "Fixed (2026-11-30)").
+    jobs = run_jobs(tmp_path_factory, "ddp_options", {
+        "bf16": ["strategy=ddp_compress", *TWO_JOB],
+        "fp16": ["strategy=ddp_compress", "strategy.comm_hook=fp16", *TWO_JOB],
+        "powersgd": ["strategy=ddp_powersgd", *TWO_JOB],
+        "local1_sgd": ["strategy=local_sgd", "strategy.local_sgd_period=1", *TWO_JOB],
+    })
+    out = {name: json.loads((job / "run.json").read_text()) for name, job in jobs.items()}
+    out["root"] = jobs["bf16"].parent.parent
     return out
 
 

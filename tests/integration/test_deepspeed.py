@@ -7,7 +7,7 @@ gradient off by a constant factor shows; see tests/conftest.py SGD; DeepSpeed ta
 through zero_allow_untested_optimizer). Each ZeRO job here serves several checks: the
 10-step job of zero2/zero3 is equivalence + sharding + checkpoint save + consolidated export, and
 zero3's resumed job (to step 20) is the round trip. Default suite: 4 DeepSpeed jobs (zero1,
-zero2 saved, zero3 saved + resumed); zero2's round trip and the variants are slow.
+zero2 saved, zero3 saved: one multirun; zero3 resumed); zero2's round trip and the variants are slow.
 
 Tolerance, all ZeRO stages, fp32: REL = 1e-4 relative per step. ZeRO changes only where sums
 happen (reduce-scatter of bucketed gradients, each rank updating its own fp32 partition with the
@@ -35,7 +35,7 @@ import pytest
 from ..conftest import (ADAMW, REPO, assert_nano_flops, assert_same_curve, assert_trained_from_seeded_init,
                         losses_by_step, worker_pids)
 from ..conftest import read_record as _rec
-from ..conftest import run_one_job
+from ..conftest import run_jobs, run_one_job
 
 
 def _job(tmp_path_factory, tag: str, args: list[str], optim=None) -> Path:
@@ -66,13 +66,6 @@ def _assert_same_curve(rec: dict, ref: dict, steps, rel: float = REL) -> None:
 # -- shared runs (the references single@1 / ddp@2: the `ref` fixture of tests/conftest.py) ----
 
 
-def _saved(tmp_path_factory, strategy: str, extra=()) -> Path:
-    """10 steps + DeepSpeed checkpoint + consolidated export."""
-    return _job(tmp_path_factory, f"{strategy}_a", [f"strategy={strategy}", "trainer.devices=2",
-                                                    "trainer.max_steps=10", "checkpoint.save=true",
-                                                    "checkpoint.export_consolidated=true", *extra])
-
-
 def _resumed(tmp_path_factory, strategy: str, saved: Path, extra=()) -> dict:
     """A new job resumes the saved checkpoint and runs to step 20."""
     ckpt = saved / "checkpoints" / "last.ckpt"
@@ -82,18 +75,29 @@ def _resumed(tmp_path_factory, strategy: str, saved: Path, extra=()) -> dict:
 
 
 @pytest.fixture(scope="module")
-def zero1_run(tmp_path_factory) -> Path:
-    return _job(tmp_path_factory, "zero1", ["strategy=zero1", "trainer.devices=2", "trainer.max_steps=10"])
+def ten_steps(tmp_path_factory) -> dict[str, Path]:
+    """zero1 (10 steps), zero2 and zero3 (10 steps + checkpoint + export): one multirun
+    (conftest.run_jobs), one import of the worker for the three."""
+    saved = ["trainer.max_steps=10", "checkpoint.save=true", "checkpoint.export_consolidated=true"]
+    return run_jobs(tmp_path_factory, "deepspeed", {
+        "zero1": ["strategy=zero1", "trainer.devices=2", "trainer.max_steps=10"],
+        "zero2": ["strategy=zero2", "trainer.devices=2", *saved],
+        "zero3": ["strategy=zero3", "trainer.devices=2", *saved, *Z3]}, timeout=JOB_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
-def zero2_saved(tmp_path_factory) -> Path:
-    return _saved(tmp_path_factory, "zero2")
+def zero1_run(ten_steps) -> Path:
+    return ten_steps["zero1"]
 
 
 @pytest.fixture(scope="module")
-def zero3_saved(tmp_path_factory) -> Path:
-    return _saved(tmp_path_factory, "zero3", Z3)
+def zero2_saved(ten_steps) -> Path:
+    return ten_steps["zero2"]
+
+
+@pytest.fixture(scope="module")
+def zero3_saved(ten_steps) -> Path:
+    return ten_steps["zero3"]
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ import pytest
 from ..conftest import (assert_nano_flops, assert_same_curve, assert_trained_from_seeded_init, losses_by_step,
                         worker_pids)
 from ..conftest import read_record as _rec
+from ..conftest import run_jobs
 from ..conftest import run_one_job as _job
 
 pytestmark = pytest.mark.integration
@@ -42,25 +43,33 @@ def _assert_same_curve(rec: dict, ref: dict, steps, rel: float = REL) -> None:
 # -- shared runs (the references single@1 / ddp@2: the `ref` fixture of tests/conftest.py) ----
 
 
-def _saved_and_resumed(tmp_path_factory, strategy: str, devices: int, extra=()) -> dict:
-    """10 steps + sharded checkpoint + consolidated export, then a new job resumes to 20."""
-    a = _job(tmp_path_factory, f"{strategy}_a", [f"strategy={strategy}", f"trainer.devices={devices}",
-                                                 "trainer.max_steps=10", "checkpoint.save=true",
-                                                 "checkpoint.export_consolidated=true", *extra])
-    ckpt = a / "checkpoints" / "last.ckpt"
-    b = _job(tmp_path_factory, f"{strategy}_b", [f"strategy={strategy}", f"trainer.devices={devices}",
-                                                 "trainer.max_steps=20", f"checkpoint.resume_from={ckpt}", *extra])
-    return {"saved": a, "resumed": b, "ckpt": ckpt}
+def _saved_and_resumed(tmp_path_factory, strategies: tuple[str, ...], devices: int) -> dict:
+    """Each strategy: 10 steps + sharded checkpoint + consolidated export (one multirun for all),
+    then a second multirun resumes each to step 20 (conftest.run_jobs)."""
+    tag = "_".join(strategies)
+    saved = run_jobs(tmp_path_factory, f"{tag}_saved", {
+        s: [f"strategy={s}", f"trainer.devices={devices}", "trainer.max_steps=10", "checkpoint.save=true",
+            "checkpoint.export_consolidated=true"] for s in strategies})
+    ckpt = {s: job / "checkpoints" / "last.ckpt" for s, job in saved.items()}
+    resumed = run_jobs(tmp_path_factory, f"{tag}_resumed", {
+        s: [f"strategy={s}", f"trainer.devices={devices}", "trainer.max_steps=20",
+            f"checkpoint.resume_from={ckpt[s]}"] for s in strategies})
+    return {s: {"saved": saved[s], "resumed": resumed[s], "ckpt": ckpt[s]} for s in strategies}
 
 
 @pytest.fixture(scope="module")
-def fsdp_runs(tmp_path_factory):
-    return _saved_and_resumed(tmp_path_factory, "fsdp", 2)
+def saved_and_resumed(tmp_path_factory) -> dict:
+    return _saved_and_resumed(tmp_path_factory, ("fsdp", "tp"), 2)
 
 
 @pytest.fixture(scope="module")
-def tp_runs(tmp_path_factory):
-    return _saved_and_resumed(tmp_path_factory, "tp", 2)
+def fsdp_runs(saved_and_resumed):
+    return saved_and_resumed["fsdp"]
+
+
+@pytest.fixture(scope="module")
+def tp_runs(saved_and_resumed):
+    return saved_and_resumed["tp"]
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +212,7 @@ def test_no_rank_outlives_its_job(fsdp_runs, tp_runs):
 # -- slow: 4 ranks, 2-D, and variants ---------------------------------------------------------
 @pytest.fixture(scope="module")
 def fsdp_tp_runs(tmp_path_factory):
-    return _saved_and_resumed(tmp_path_factory, "fsdp_tp", 4)
+    return _saved_and_resumed(tmp_path_factory, ("fsdp_tp",), 4)["fsdp_tp"]
 
 
 @pytest.mark.slow
