@@ -56,15 +56,20 @@ def hand_loop(s: dict, out: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def job_overrides(s: dict, extra: list[str] = ()) -> list[str]:
+    """The scalelab-train overrides of one run of this shape (strategy apart), extras included."""
+    return ["trainer.devices=1", "model=gpt_nano", f"model.arch.n_layers={s['layers']}",
+            f"model.arch.d_model={s['width']}", f"model.arch.n_heads={s['heads']}",
+            f"model.arch.seq_len={s['seq_len']}", f"model.arch.vocab_size={s['vocab']}",
+            f"data.global_batch_size={s['batch']}", f"trainer.precision={s['precision']}",
+            f"trainer.max_steps={s['steps']}", f"trainer.warmup_steps={s['warmup']}", "logger=csv",
+            "trainer.enable_progress_bar=false", "trainer.count_device_syncs=true", *extra]
+
+
 def sweep(s: dict, strategies: list[str], out: Path, extra: list[str] = ()) -> list[dict]:
     sweep_dir = out / "sweep"
-    cmd = [sys.executable, "-m", "scalelab.train", "-m", f"strategy={','.join(strategies)}", "trainer.devices=1",
-           "model=gpt_nano", f"model.arch.n_layers={s['layers']}", f"model.arch.d_model={s['width']}",
-           f"model.arch.n_heads={s['heads']}", f"model.arch.seq_len={s['seq_len']}",
-           f"model.arch.vocab_size={s['vocab']}", f"data.global_batch_size={s['batch']}",
-           f"trainer.precision={s['precision']}", f"trainer.max_steps={s['steps']}",
-           f"trainer.warmup_steps={s['warmup']}", "logger=csv", "trainer.enable_progress_bar=false",
-           "trainer.count_device_syncs=true", f"hydra.sweep.dir={sweep_dir}", *extra]
+    cmd = [sys.executable, "-m", "scalelab.train", "-m", f"strategy={','.join(strategies)}", *job_overrides(s, extra),
+           f"hydra.sweep.dir={sweep_dir}"]
     proc = _run(cmd, out / "sweep.log", 900)
     recs = {}
     for p in sorted(sweep_dir.rglob("run.json")):
@@ -75,16 +80,15 @@ def sweep(s: dict, strategies: list[str], out: Path, extra: list[str] = ()) -> l
     return [recs[name] for name in strategies if name in recs]
 
 
-def plan(rec: dict, s: dict, out: Path) -> dict | None:
+def plan(rec: dict, s: dict, out: Path, extra: list[str] = ()) -> dict | None:
+    """`scalelab plan` of the run's own job: its overrides (a stage's extras included, e.g.
+    strategy.contiguous_gradients=false, whose reduce buckets the plan counts), composed and split
+    as the trainer did, on the run's hardware profile."""
     profile = (rec.get("mfu") or {}).get("hardware_profile")   # this_cpu on CPU: the host's cached probe
     if not profile:
         return None
-    cmd = [sys.executable, "-m", "scalelab.cli", "plan", "--layers", str(s["layers"]), "--hidden", str(s["width"]),
-           "--heads", str(s["heads"]), "--vocab", str(s["vocab"]), "--seq-len", str(s["seq_len"]),
-           "--strategy", rec["strategy"], "--devices", "1", "--micro-batch", str(rec["per_device_batch_size"]),
-           "--global-batch", str(rec["global_batch_size"]), "--precision", s["precision"],
-           "--optimizer", "adam", "--activation-checkpointing", str(rec.get("activation_checkpointing") or "none"),
-           "--hardware", profile, "--json"]
+    cmd = [sys.executable, "-m", "scalelab.cli", "plan", f"strategy={rec['strategy']}", *job_overrides(s, extra),
+           f"hardware_profile={profile}", "--json"]
     proc = _run(cmd, out / f"plan-{rec['strategy']}.log", 120, rec["config"].get("cache_dir"))
     return json.loads(proc.stdout) if proc.returncode == 0 else None
 
@@ -198,7 +202,7 @@ def main() -> int:
               f"({time.time() - t0:.0f} s)", flush=True)
     recs = sweep(s, a.strategies.split(","), out, a.overrides)
     print(f"[gpu_check] sweep: {len(recs)} runs ({time.time() - t0:.0f} s)", flush=True)
-    plans = {r["strategy"]: plan(r, s, out) for r in recs}
+    plans = {r["strategy"]: plan(r, s, out, a.overrides) for r in recs}
     md, rows = table(hand, recs, plans)
     phases = phases_table(recs, plans)
     checks = [] if a.smoke else goals(rows, a.no_hand)

@@ -207,15 +207,17 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         on_signal = requeue.requeue_callback(job_dir, periodic)
         callbacks.append(on_signal)
     window = _profile_window(cfg, spec, resumed=resume is not None)
-    if window is not None:
-        callbacks.append(window)
     syncs = None
     if cfg.trainer.get("count_device_syncs", False):
         from scalelab.scaling.device_syncs import DeviceSyncCounter
 
         syncs = DeviceSyncCounter(int(cfg.trainer.warmup_steps) + 1,
                                   int(cfg.trainer.max_steps) - (window.steps if window is not None else 0))
+        # before the window: at the first profiled batch the counter stops before the window's
+        # own device synchronize (in its batch start), which is no step's sync
         callbacks.append(syncs)
+    if window is not None:
+        callbacks.append(window)
     logger = build_logger(cfg, job_dir, resumed=resume is not None)
     strategy = without_teardown_copies(plan.lightning_strategy(spec.run))
     if hasattr(strategy, "_timeout"):  # collectives fail after this instead of Lightning's 30 min
