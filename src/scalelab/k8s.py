@@ -11,30 +11,42 @@ yaml.safe_dump, so every string is quoted where YAML needs it.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import yaml
 
+OUTPUTS_MOUNT = "/scalelab-outputs"
+# Kubernetes object names (RFC 1123 DNS labels: a PyTorchJob's pods are named after it)
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _LAYOUT_KEYS = ("trainer.devices=", "trainer.num_nodes=", "launcher=", "launcher.rdzv_endpoint=",
                 "launcher.node_rank=")
 
 
 def manifest(nodes: int, devices: int, image: str, overrides: list[str], name: str = "scalelab",
              namespace: str | None = None, port: int = 29500, gpus: bool = True, rdzv_timeout_s: int | None = None,
-             cpu: str | None = None, memory: str | None = None) -> dict:
-    """The PyTorchJob as a dict (render() dumps it)."""
+             cpu: str | None = None, memory: str | None = None, pvc: str | None = None,
+             mount: str = OUTPUTS_MOUNT) -> dict:
+    """The PyTorchJob as a dict (render() dumps it). Every pod mounts a memory-backed /dev/shm (a
+    container's default is 64 MiB: too small for NCCL's and the DataLoader's shared memory); with a
+    PersistentVolumeClaim `pvc`, the job's folder is on it (MOUNT/NAME, the same on every pod: node
+    0's run.json, every node's ranks.log), since a finished pod's own disk cannot be read back."""
     command = ["scalelab-train", *[o for o in overrides if not o.startswith(_LAYOUT_KEYS)], "launcher=torchrun",
                f"trainer.num_nodes={nodes}", f"trainer.devices={devices}",
-               *([f"launcher.rdzv_timeout_s={rdzv_timeout_s}"] if rdzv_timeout_s else [])]
+               *([f"launcher.rdzv_timeout_s={rdzv_timeout_s}"] if rdzv_timeout_s else []),
+               *([f"hydra.run.dir={mount}/{name}"] if pvc else [])]
     limits = {**({"nvidia.com/gpu": str(devices)} if gpus else {}), **({"cpu": str(cpu)} if cpu else {}),
               **({"memory": str(memory)} if memory else {})}
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, *([{"name": "outputs", "mountPath": mount}] if pvc else [])]
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}},
+               *([{"name": "outputs", "persistentVolumeClaim": {"claimName": pvc}}] if pvc else [])]
     container = {"name": "pytorch", "image": image, "imagePullPolicy": "IfNotPresent", "command": command,
                  "ports": [{"name": "pytorchjob-port", "containerPort": port}],
-                 **({"resources": {"limits": limits}} if limits else {})}
+                 **({"resources": {"limits": limits}} if limits else {}), "volumeMounts": mounts}
 
     def replica(count: int) -> dict:
         return {"replicas": count, "restartPolicy": "Never",
-                "template": {"spec": {"containers": [container]}}}
+                "template": {"spec": {"containers": [container], "volumes": volumes}}}
 
     specs = {"Master": replica(1)}
     if nodes > 1:
@@ -71,6 +83,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=29500, help="the master's rendezvous port (MASTER_PORT)")
     p.add_argument("--cpu", action="store_true", help="no GPUs (gloo ranks on CPU cores): no nvidia.com/gpu limit")
     p.add_argument("--rdzv-timeout", type=int, help="launcher.rdzv_timeout_s (pods start at different times)")
+    p.add_argument("--pvc", help="a PersistentVolumeClaim (ReadWriteMany) for the results: the job's folder is "
+                   f"{OUTPUTS_MOUNT}/NAME on it")
     p.add_argument("--out", help="write the manifest here instead of stdout")
     p.add_argument("overrides", nargs="*", help="scalelab-train overrides, e.g. strategy=fsdp model=gpt_small")
 
@@ -87,6 +101,18 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.port <= 65535:
         print(f"error: --port {args.port} must be in 1-65535", file=sys.stderr)
         return 2
+    for flag, value in (("--name", args.name), ("--namespace", args.namespace)):
+        if value is not None and not _NAME.fullmatch(value):
+            print(f"error: {flag} {value!r} is not a Kubernetes name: lowercase letters, digits and '-', starting "
+                  "and ending with a letter or digit, at most 63 characters", file=sys.stderr)
+            return 2
+    if not args.image.strip() or any(c.isspace() for c in args.image):
+        print(f"error: --image {args.image!r} must be an image reference (e.g. registry/scalelab:tag), without "
+              "spaces", file=sys.stderr)
+        return 2
+    if args.pvc is not None and not _NAME.fullmatch(args.pvc):
+        print(f"error: --pvc {args.pvc!r} is not a Kubernetes name (the claim's metadata.name)", file=sys.stderr)
+        return 2
     clash = [o for o in args.overrides if o.startswith(_LAYOUT_KEYS)]
     if clash:
         print(f"error: {clash[0]}: the layout comes from --nodes / --devices and the pods' environment (MASTER_ADDR, "
@@ -96,12 +122,14 @@ def run(args: argparse.Namespace) -> int:
         # the pods' environment); no data preparation: the pods prepare it
         preflight([*args.overrides, "launcher=torchrun", f"trainer.num_nodes={args.nodes}",
                    f"trainer.devices={args.devices}", f"launcher.rdzv_endpoint=master:{args.port}",
-                   "launcher.node_rank=0", *(["trainer.accelerator=cpu"] if args.cpu else [])], data=False)
+                   "launcher.node_rank=0", *(["trainer.accelerator=cpu"] if args.cpu else []),
+                   *([f"launcher.rdzv_timeout_s={args.rdzv_timeout}"] if args.rdzv_timeout is not None else [])],
+                  data=False)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     text = render(args.nodes, args.devices, args.image, args.overrides, name=args.name, namespace=args.namespace,
-                  port=args.port, gpus=not args.cpu, rdzv_timeout_s=args.rdzv_timeout)
+                  port=args.port, gpus=not args.cpu, rdzv_timeout_s=args.rdzv_timeout, pvc=args.pvc)
     if args.out:
         Path(args.out).write_text(text)
         print(f"wrote {args.out}")

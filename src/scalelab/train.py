@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from scalelab import launch, requeue, timing
+from scalelab import launch, requeue, same_job, timing
 from scalelab.errors import ConfigError
 from scalelab.paths import conf_dir
 from scalelab.results.record import (RUN_FILE, BadRecord, base_record, install_log_redaction, load_record,
@@ -69,7 +69,7 @@ def run_job(cfg: DictConfig) -> dict:
     layout = None
     if cfg.launcher.name == "torchrun":  # this node of a multi-node job: resolved here, read by the ranks
         layout = launch.torchrun_layout(cfg.launcher, spec.run.num_nodes)
-        layout["rdzv_id"] = layout["rdzv_id"] or _rdzv_id(resolved["job"]["overrides"], layout, resolved["job"]["num"])
+        layout["rdzv_id"] = layout["rdzv_id"] or same_job.rdzv_id(layout["endpoint"], resolved["job"]["num"])
         resolved["launcher"].update(rdzv_endpoint=layout["endpoint"], node_rank=layout["node_rank"],
                                     rdzv_id=layout["rdzv_id"])
     try:
@@ -149,16 +149,6 @@ def _mark_attempt(job_dir: Path, what: str = "") -> None:
     from the last one (after the last ATTEMPT_MARK)."""
     with open(job_dir / "ranks.log", "a") as f:
         f.write(f"{ATTEMPT_MARK} {os.environ['SLURM_JOB_ID']} requeue {requeue.requeue_count()}{what}\n")
-
-
-def _rdzv_id(overrides: list[str], layout: dict, num: int) -> str:
-    """The same id on every node of a job: from what the nodes share (the overrides but the node's
-    own rank, the endpoint, the job's number in a sweep)."""
-    import hashlib
-
-    shared = sorted(o for o in overrides if not o.lstrip("+~").startswith("launcher.node_rank="))
-    key = "\n".join([*shared, str(layout["endpoint"]), str(num)])
-    return "scalelab-" + hashlib.sha1(key.encode()).hexdigest()[:12]
 
 
 def _node_record(resolved: dict, spec, threads: int, layout: dict) -> dict:

@@ -187,6 +187,10 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
                           **({"length_fn": lambda b: b.shape[0] * seq} if seq else {}))
     # HostLRMonitor: Lightning's LearningRateMonitor without its per-step torch.tensor(lr, device=cuda)
     callbacks = [metrics, live] + ([HostLRMonitor("step")] if cfg.logger.name != "none" else [])
+    if cfg.launcher.name == "torchrun" and spec.run.num_nodes > 1:  # nodes started by hand: the same command?
+        from scalelab.same_job import check_callback
+
+        callbacks.append(check_callback(list(cfg.job.overrides), int(cfg.launcher.node_rank)))
     if cfg.trainer.enable_progress_bar:
         callbacks.append(StepProgressBar(seq, spec.batch.global_batch_size))
     val_curve = ValidationCurve.for_config(cfg.trainer)  # None unless trainer.val_every_n_steps

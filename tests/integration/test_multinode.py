@@ -4,7 +4,9 @@ rendezvous on 127.0.0.1), as two hosts over SSH or two pods of a PyTorchJob woul
 The 2-node ddp run must equal a 1-node 4-rank run (launcher=local) step by step: the same global
 batch over the same 4 data-parallel ranks, only the launch differs, so the curves agree to float
 rounding (1e-5 relative). A node whose peer never joins must fail within launcher.rdzv_timeout_s
-with one line naming the rendezvous, and leave nothing running.
+with one line naming the rendezvous, and leave nothing running; nodes whose commands differ must
+stop at once, naming the differing overrides. Node 1 reads its endpoint and rank from
+MASTER_ADDR / MASTER_PORT / NODE_RANK, node 0 from the launcher keys: the same job.
 """
 from __future__ import annotations
 
@@ -26,17 +28,27 @@ COMMON = [*BASE, *SGD, "logger=none", f"trainer.max_steps={STEPS}", "data.global
 REL = 1e-5
 
 
-def _node(k: int, port: int, job: Path, cwd: Path, extra: list[str], nodes: int = 2) -> subprocess.Popen:
-    args = [*COMMON, *extra, "launcher=torchrun", f"trainer.num_nodes={nodes}", "trainer.devices=2",
-            f"launcher.rdzv_endpoint=127.0.0.1:{port}", f"launcher.node_rank={k}", f"hydra.run.dir={job}"]
-    return subprocess.Popen(TRAIN + args, cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+def _node(k: int, port: int, job: Path, cwd: Path, extra: list[str], nodes: int = 2,
+          from_env: bool = False) -> subprocess.Popen:
+    """Node k; from_env: the endpoint and node rank from MASTER_ADDR/MASTER_PORT/NODE_RANK (keys left
+    null), as a PyTorchJob pod or a cluster script sets them, instead of the launcher keys."""
+    e = env()
+    where = [f"launcher.rdzv_endpoint=127.0.0.1:{port}", f"launcher.node_rank={k}"]
+    if from_env:
+        e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK=str(k))
+        where = []
+    args = [*COMMON, *extra, "launcher=torchrun", f"trainer.num_nodes={nodes}", "trainer.devices=2", *where,
+            f"hydra.run.dir={job}"]
+    return subprocess.Popen(TRAIN + args, cwd=cwd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
 
 
-def _two_nodes(tmp_path: Path, extra: list[str], timeout: float = 150) -> tuple[dict, dict]:
+def _both(tmp_path: Path, extra: list[list[str]], timeout: float = 150) -> tuple[list[subprocess.Popen], list[str]]:
+    """Nodes 0 and 1 (node 1 started first, reading its endpoint and rank from the environment:
+    the same job as node 0's launcher keys), each with its own extra overrides."""
     port = free_port()
-    jobs = [tmp_path / "node0", tmp_path / "node1"]
-    procs = [_node(k, port, jobs[k], tmp_path, [*extra, "launcher.rdzv_timeout_s=60"]) for k in (1, 0)][::-1]
+    procs = [_node(k, port, tmp_path / f"node{k}", tmp_path, [*extra[k], "launcher.rdzv_timeout_s=60"],
+                   from_env=k == 1) for k in (1, 0)][::-1]
     outs = []
     try:
         for p in procs:
@@ -45,9 +57,14 @@ def _two_nodes(tmp_path: Path, extra: list[str], timeout: float = 150) -> tuple[
         for p in procs:
             if p.poll() is None:
                 p.kill()
+    return procs, outs
+
+
+def _two_nodes(tmp_path: Path, extra: list[str], timeout: float = 150) -> tuple[dict, dict]:
+    procs, outs = _both(tmp_path, [extra, extra], timeout)
     for k, p in enumerate(procs):
         assert p.returncode == 0, f"node {k} exited {p.returncode}\n{outs[k][-4000:]}"
-    return tuple(json.loads((j / "run.json").read_text()) for j in jobs)
+    return tuple(json.loads((tmp_path / f"node{k}" / "run.json").read_text()) for k in (0, 1))
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +123,19 @@ def test_node_that_never_joins_fails_the_other_in_time(tmp_path):
     assert "\n" not in err and err.startswith(f"rendezvous at 127.0.0.1:{port} failed on node 0"), err
     assert "launcher.rdzv_timeout_s=4" in err
     assert not worker_pids(tmp_path)
+
+
+def test_nodes_running_different_commands_stop_at_once_naming_the_difference(tmp_path):
+    """The rendezvous id is the same on every node of a job (endpoint, job number), so nodes whose
+    overrides differ meet, and their ranks stop first thing, naming the keys, instead of waiting
+    out launcher.rdzv_timeout_s (60 here) for a rendezvous that never comes."""
+    t0 = time.monotonic()
+    procs, outs = _both(tmp_path, [["strategy=ddp"], ["strategy=ddp", "seed=7"]])
+    took = time.monotonic() - t0
+    print(f"mismatched nodes stopped after {took:.1f} s")
+    assert [p.returncode for p in procs] != [0, 0] and took < 60, outs
+    rec = json.loads((tmp_path / "node0" / "run.json").read_text())
+    assert rec["status"] == "failed" and "\n" not in rec["error"], rec["error"]
+    assert "node 1 runs another command than node 0" in rec["error"], rec["error"]
+    assert "seed: - vs 7" in rec["error"], rec["error"]   # node 0 has no seed override, node 1 seed=7
+    assert rec["steps"] == 0 and not worker_pids(tmp_path)

@@ -109,6 +109,46 @@ def test_render_round_trips_and_the_command_is_a_list():
         assert value == "" or value.startswith('"') or value.isdigit(), line
 
 
+def test_render_mounts_shared_memory_and_the_results_claim():
+    """Every pod: /dev/shm in memory (a container's default 64 MiB is too small for NCCL); with
+    --pvc the job's folder is on the claim, the same path on every pod (a finished pod's own disk
+    is gone with it)."""
+    for pvc in (None, "results"):
+        doc = yaml.safe_load(k8s.render(2, 8, "img", ["strategy=ddp"], name="run-1", pvc=pvc))
+        for role in ("Master", "Worker"):
+            pod = doc["spec"]["pytorchReplicaSpecs"][role]["template"]["spec"]
+            c = pod["containers"][0]
+            vols = {v["name"]: v for v in pod["volumes"]}
+            mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+            assert vols["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}} and mounts["dshm"] == "/dev/shm"
+            if pvc is None:
+                assert "outputs" not in vols and not any(a.startswith("hydra.run.dir=") for a in c["command"])
+            else:
+                assert vols["outputs"]["persistentVolumeClaim"] == {"claimName": "results"}
+                assert mounts["outputs"] == "/scalelab-outputs"
+                assert c["command"][-1] == "hydra.run.dir=/scalelab-outputs/run-1"
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--name", "Bad_Name"], ["--name 'Bad_Name' is not a Kubernetes name"]),
+    (["--namespace", "x-"], ["--namespace 'x-' is not a Kubernetes name"]),
+    (["--image", ""], ["--image '' must be an image reference"]),
+    (["--image", "a b"], ["--image 'a b'"]),
+    (["--pvc", "My_Claim"], ["--pvc 'My_Claim' is not a Kubernetes name"]),
+    (["--rdzv-timeout", "-5"], ["launcher.rdzv_timeout_s=-5 must be a number > 0"]),
+])
+def test_render_refuses_what_kubernetes_or_the_pods_would(args, words, capsys):
+    from scalelab.cli import build_parser
+
+    a = build_parser().parse_args(["k8s", "render", "strategy=ddp", "--nodes", "2", "--devices", "2", "--cpu",
+                                   "--image", "img", *args])
+    assert k8s.run(a) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for w in words:
+        assert w in err, err
+
+
 def test_render_single_node_has_no_workers():
     doc = yaml.safe_load(k8s.render(1, 2, "img", [], gpus=False))
     assert list(doc["spec"]["pytorchReplicaSpecs"]) == ["Master"]
