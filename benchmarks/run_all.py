@@ -203,6 +203,16 @@ def part_throughput(st: Settings, work: Path, part: Part) -> None:
                    "ratios; checked from run.json: micro-batch, shape, parameter count, AdamW, 1 thread per rank, fp32")
 
 
+def shell_arg(arg: str) -> str:
+    """An override as a user pastes it into bash: double-quoted with `$` escaped where it holds an
+    interpolation (bash would strip the single quotes Hydra needs, and expand `${...}`)."""
+    import shlex
+
+    if "$" in arg or "'" in arg:
+        return '"' + arg.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+    return shlex.quote(arg)
+
+
 def part_weak(st: Settings, work: Path, part: Part, states: Part) -> None:
     sweep = work / "weak"
     args = [f"strategy={','.join(WEAK_STRATEGIES)}", "trainer.devices=1,2", "model=gpt_nano",
@@ -242,7 +252,7 @@ def part_weak(st: Settings, work: Path, part: Part, states: Part) -> None:
             f"weak:{s}", f"weak-scaling efficiency, single@1 -> {s}@2{note}", f"{eff:.3f}",
             f"{t2:.0f} vs {base:.0f} samples/s at 1 rank; vs {s}@1: "
             + (f"{own:.3f} {src}{agree}" if own is not None else "n/a")))
-    part.method = (f"weak: one sweep `scalelab-train -m {' '.join(args[:-1])}` ({len(recs)} jobs, {wall:.0f} s), "
+    part.method = (f"weak: one sweep `scalelab-train -m {' '.join(map(shell_arg, args[:-1]))}` ({len(recs)} jobs, {wall:.0f} s), "
                    "8 samples per rank (tp/pipeline: one batch of 16 per 2-rank group); efficiency = thr(strategy@2) / "
                    "(2 x thr(single@1)) from the run.json files (samples/s, steady steps), and vs the strategy's own "
                    "@1 run, which is sweep.json's weak group where it has one")
