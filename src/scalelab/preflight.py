@@ -30,6 +30,9 @@ from scalelab.strategies.registry import choices
 _PASS_THROUGH = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion",
                  "-sc", "--version", "--config-dir", "-cd", "--config-name", "-cn", "--experimental-rerun"}
 _MAX_JOBS = 5000
+# Hydra's run modes, of which a command takes one (flag -> mode)
+_MODES = {"-m": "multirun", "--multirun": "multirun", "--cfg": "cfg", "-c": "cfg", "--info": "info", "-i": "info",
+          "--shell-completion": "shell", "-sc": "shell", "--run": "run", "-r": "run"}
 
 
 def _groups() -> list[str]:
@@ -122,6 +125,10 @@ def _naming_job(job: list[str], jobs: list[list[str]], args: list[str]):
 def preflight(args: list[str], data: bool = True) -> int:
     """Validate all jobs; returns how many. Raises ConfigError on the first bad one.
     data: also prepare each job's data (cached) and check it is enough for the run."""
+    modes = [a.split("=")[0] for a in args if a.split("=")[0] in _MODES]
+    if len({_MODES[m] for m in modes}) > 1:   # Hydra's own refusal is a ValueError traceback
+        raise ConfigError(f"{' and '.join(dict.fromkeys(modes))} cannot be combined: --cfg job prints one job's "
+                          "config (drop -m and give each key one value); -m runs the sweep")
     if any(a.split("=")[0] in _PASS_THROUGH for a in args):
         return 0
     GlobalHydra.instance().clear()
