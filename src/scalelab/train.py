@@ -118,6 +118,9 @@ def run_job(cfg: DictConfig) -> dict:
     exited = timing.now()
     if layout is not None and rc == 0 and not (job_dir / RUN_FILE).exists():
         record = _node_record(resolved, spec, threads, layout)  # global rank 0 ran on another node
+        from scalelab.results.callbacks import OTHER_NODE
+
+        OTHER_NODE.append(layout["node_rank"])
     else:
         record = _collect(job_dir, rc, resolved, spec, threads)
         if layout is not None and rc != 0 and not any(job_dir.glob("error-rank*.txt")):
@@ -140,7 +143,7 @@ def run_job(cfg: DictConfig) -> dict:
         _FAILED.append(f"{resolved['job']['name']}: {record.get('error')}")
         log.error(f"[scalelab] job {resolved['job']['name']} FAILED: {record.get('error')}")
     # To the console and the job's train.log (Hydra's job logging): a sweep prints its table at the end.
-    log.info(_one_line(record) if multirun else render([record]))
+    log.info(_one_line(record) if multirun or record.get("record_on_node") is not None else render([record]))
     return record
 
 
@@ -183,6 +186,9 @@ def _rendezvous_error(job_dir: Path, layout: dict) -> str | None:
 def _one_line(record: dict) -> str:
     if record["status"] != "completed":
         return f"[scalelab] {record['job']['name']}: {record['status']}"
+    if record.get("record_on_node") is not None:  # launcher=torchrun, a node without global rank 0
+        return (f"[scalelab] {record['job']['name']}: node {record.get('node_rank')}'s ranks completed; the run "
+                f"record (figures, losses) is on node {record['record_on_node']}")
     thr, st, loss = record["throughput"], record["step_time_s"], record["loss"]["final"]
     return (f"[scalelab] {record['job']['name']}: completed, {thr.get('samples_per_s') or 0:.1f} samples/s, "
             f"step {(st.get('median') or 0) * 1e3:.1f} ms (median of {st.get('measured_steps')}), "

@@ -60,11 +60,12 @@ def _both(tmp_path: Path, extra: list[list[str]], timeout: float = 150) -> tuple
     return procs, outs
 
 
-def _two_nodes(tmp_path: Path, extra: list[str], timeout: float = 150) -> tuple[dict, dict]:
+def _two_nodes(tmp_path: Path, extra: list[str], timeout: float = 150) -> tuple[dict, dict, list[str]]:
+    """Both nodes' records and console output."""
     procs, outs = _both(tmp_path, [extra, extra], timeout)
     for k, p in enumerate(procs):
         assert p.returncode == 0, f"node {k} exited {p.returncode}\n{outs[k][-4000:]}"
-    return tuple(json.loads((tmp_path / f"node{k}" / "run.json").read_text()) for k in (0, 1))
+    return (*(json.loads((tmp_path / f"node{k}" / "run.json").read_text()) for k in (0, 1)), outs)
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +77,14 @@ def local4(tmp_path_factory) -> dict:
 
 def test_two_nodes_ddp_equal_one_node(tmp_path, local4):
     t0 = time.monotonic()
-    rec, other = _two_nodes(tmp_path, ["strategy=ddp"])
+    rec, other, outs = _two_nodes(tmp_path, ["strategy=ddp"])
     print(f"two-node ddp: {time.monotonic() - t0:.1f} s")
     assert rec["status"] == "completed" and rec["world_size"] == 4 and rec["num_nodes"] == 2
     assert rec["devices_per_node"] == 2
     # node 1 holds no rank 0: its record says so and points at node 0's
     assert other["status"] == "completed" and other["record_on_node"] == 0 and other["node_rank"] == 1
+    assert "node 1's ranks completed; the run record (figures, losses) is on node 0" in outs[1], outs[1][-2000:]
+    assert "loss final" in outs[0]   # node 0 prints the comparison table
     assert [(p["rank"], p["node_rank"], p["local_rank"]) for p in rec["placement"]] == \
         [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
     got, want = losses_by_step(rec), losses_by_step(local4)
@@ -94,7 +97,7 @@ def test_two_nodes_ddp_equal_one_node(tmp_path, local4):
 
 @pytest.mark.slow  # ~35 s more: the default suite keeps the ddp and never-joins checks (~80 s)
 def test_two_nodes_fsdp_tp_groups_stay_inside_a_node(tmp_path):
-    rec, _ = _two_nodes(tmp_path, ["strategy=fsdp_tp", "strategy.tensor_parallel_size=2"])
+    rec, _, _ = _two_nodes(tmp_path, ["strategy=fsdp_tp", "strategy.tensor_parallel_size=2"])
     assert rec["status"] == "completed" and rec["world_size"] == 4 and rec["parallel"]["tp"] == 2
     node = {p["rank"]: p["node_rank"] for p in rec["placement"]}
     assert node == {0: 0, 1: 0, 2: 1, 3: 1}

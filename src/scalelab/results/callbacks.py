@@ -45,8 +45,17 @@ def summarize_sweep(sweep_dir: Path, logger_cfg: Any = None, cache_dir: str | No
     return summary
 
 
+# launcher=torchrun: the node ranks (never 0) of this command's jobs whose run record is on node 0
+# (scalelab.train notes them): such a command's sweep has no figures of its own to aggregate.
+OTHER_NODE: list[int] = []
+
+
 class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
+        if OTHER_NODE:   # node 0 aggregates the sweep (sweep.json, table, report.html) from the records
+            print(f"\n== sweep {sweep_dir}: node {OTHER_NODE[0]}'s ranks of {len(OTHER_NODE)} job(s) completed; "
+                  "the records, sweep.json and report.html are written on node 0 ==")
+            return
         if sweep_dir.exists() and any(sweep_dir.rglob("run.json")):
             summarize_sweep(sweep_dir, config.get("logger"), config.get("cache_dir"))
