@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import select
 import signal
 import subprocess
@@ -155,10 +156,70 @@ def rank_command(launcher: str, nodes: int, devices: int, job_dir: Path, extra: 
             f"--max-restarts={max_restarts}", "-m", "scalelab.worker", str(job_dir)]
 
 
-def run_ranks(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float, on_start=None) -> int:
+class TracebackFilter:
+    """The console's view of torchrun's output, without the Python tracebacks (torchrun's own on a
+    failed rendezvous or a failed child; each failed rank's, prefixed `[rankN]:`) and C++ frame
+    dumps (`Exception raised from ...`, `frame #N: ...`), nor torchrun's box of failed children
+    (`ChildFailedError`, ~20 lines): a failure there printed 45-140 lines before the job's one-line
+    error. Each traceback's last line (the exception) is kept; ranks.log
+    keeps every line. Progress bars (`\r` without a newline) pass through as they come."""
+
+    _PREFIX = re.compile(rb"^\[(?:default)?rank\d+\]:\s?")
+    _START = (b"Traceback (most recent call last)", b"Exception raised from ")
+    # torchrun's summary of failed children: the exception line, then a box between two rules of '='
+    _BOX = b"torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+
+    def __init__(self) -> None:
+        self.pending, self.skipping, self.dropped = b"", False, 0
+        self.box_rules = -1   # inside the box: the '=' rules seen so far
+
+    def feed(self, chunk: bytes) -> bytes:
+        *lines, self.pending = (self.pending + chunk).split(b"\n")
+        out = b"".join(self._line(ln + b"\n") for ln in lines)
+        if b"\r" in self.pending and not self.skipping:  # a progress bar's update: now, not at its newline
+            out, self.pending = out + self.pending, b""
+        return out
+
+    def flush(self) -> bytes:
+        rest, self.pending = self._line(self.pending) if self.pending else b"", b""
+        return rest
+
+    def _line(self, line: bytes) -> bytes:
+        body = self._PREFIX.sub(b"", line.lstrip(b"\r")).rstrip()
+        if body.startswith(self._BOX) or self.box_rules >= 0:
+            self.box_rules += 1 if body.startswith(b"=====") or body.startswith(self._BOX) else 0
+            self.box_rules = -1 if self.box_rules >= 2 else self.box_rules   # its closing rule
+            self.dropped += 1
+            return b""
+        if body.startswith(self._START):
+            self.skipping = True
+        elif self.skipping and (not body or body[:1] in b" \t" or body.startswith(b"frame #")):
+            pass
+        else:
+            self.skipping = False
+            return line
+        self.dropped += 1
+        return b""
+
+
+def run_ranks(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float, on_start=None,
+              console: TracebackFilter | None = None) -> int:
     """Run the rank launcher in its own process group, tee its output to log_path, and make
     sure nothing outlives it (timeout, Ctrl-C or an exception kill the whole group).
-    on_start(proc): told the launcher's process (scalelab.requeue forwards signals to srun)."""
+    on_start(proc): told the launcher's process (scalelab.requeue forwards signals to srun).
+    console: what of the output the console shows (None: all of it, as ranks.log)."""
+    try:
+        return _run_ranks(cmd, env, log_path, timeout_s, on_start, console)
+    finally:
+        if console is not None:
+            sys.stdout.buffer.write(console.flush())
+            if console.dropped:
+                sys.stdout.write(f"[scalelab] {console.dropped} traceback line(s) not shown here: {log_path} has "
+                                 "them (verbose=true shows them)\n")
+            sys.stdout.flush()
+
+
+def _run_ranks(cmd, env, log_path, timeout_s, on_start, console) -> int:
     with open(log_path, "ab", buffering=0) as log:  # unbuffered: the log is live while ranks run
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -173,7 +234,7 @@ def run_ranks(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: fl
                 chunk = os.read(fd, 65536) if ready else b""  # raw chunks keep progress bars (\r) live
                 if chunk:
                     log.write(chunk)
-                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.buffer.write(console.feed(chunk) if console is not None else chunk)
                     sys.stdout.flush()
                 elif ready or proc.poll() is not None:  # EOF, or the launcher exited (an orphan may hold the pipe)
                     break

@@ -113,8 +113,10 @@ def run_job(cfg: DictConfig) -> dict:
         if stopped:  # saved for a requeue: this attempt writes no run record, the next one will
             log.info(f"[scalelab] {resolved['job']['name']}: {stopped}")
             return {"status": "requeued", "job": resolved["job"]}
-    else:
-        rc, elastic = launch.run_ranks(cmd, env, job_dir / "ranks.log", float(cfg.trainer.timeout_s)), {}
+    else:  # torchrun (one node of several, or torchrun_local): its tracebacks stay in ranks.log
+        console = launch.TracebackFilter() if not cfg.get("verbose", False) else None
+        rc, elastic = launch.run_ranks(cmd, env, job_dir / "ranks.log", float(cfg.trainer.timeout_s),
+                                       console=console), {}
     exited = timing.now()
     if layout is not None and rc == 0 and not (job_dir / RUN_FILE).exists():
         record = _node_record(resolved, spec, threads, layout)  # global rank 0 ran on another node

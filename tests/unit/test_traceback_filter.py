@@ -1,0 +1,45 @@
+"""launcher=torchrun's console without tracebacks (scalelab.launch.TracebackFilter): a rendezvous or
+rank failure printed 45-140 lines of torchrun's and the ranks' tracebacks and C++ frames before the
+job's one-line error; ranks.log keeps them. Fed in 7-byte chunks, as a pipe may cut it."""
+from scalelab.launch import TracebackFilter
+
+TEXT = (b"step 1/6 | 100 tokens/s\rstep 2/6 | 120 tokens/s\n"
+        b"[rank0]: Traceback (most recent call last):\n"
+        b"[rank0]:   File \"x.py\", line 1, in <module>\n"
+        b"[rank0]:     boom()\n"
+        b"[rank0]: RuntimeError: boom\n"
+        b"Traceback (most recent call last):\n"
+        b"  File \"run.py\", line 3\n"
+        b"    main()\n"
+        b"torch.distributed.DistStoreError: wait timeout\n"
+        b"Exception raised from recvBytes at Utils.hpp:678 (most recent call first):\n"
+        b"frame #0: c10::Error::Error(...)\n"
+        b"frame #1: foo\n"
+        b"\n"
+        b"normal line\n"
+        b"torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        b"============================================================\n"
+        b"scalelab.worker FAILED\n"
+        b"------------------------------------------------------------\n"
+        b"Failures:\n"
+        b"  <NO_OTHER_FAILURES>\n"
+        b"============================================================\n"
+        b"last line without a newline")
+
+
+def test_tracebacks_and_frames_are_left_out_their_exceptions_kept():
+    f = TracebackFilter()
+    out = b"".join(f.feed(TEXT[i:i + 7]) for i in range(0, len(TEXT), 7)) + f.flush()
+    assert out == (b"step 1/6 | 100 tokens/s\rstep 2/6 | 120 tokens/s\n"
+                   b"[rank0]: RuntimeError: boom\n"
+                   b"torch.distributed.DistStoreError: wait timeout\n"
+                   b"normal line\n"
+                   b"last line without a newline")
+    # 3 + 3 lines of the two tracebacks, 1 + 2 + 1 (blank) of the C++ dump, 7 of torchrun's box
+    assert f.dropped == 17
+
+
+def test_a_progress_bar_update_shows_before_its_newline():
+    f = TracebackFilter()
+    assert f.feed(b"\rstep 3/6 | 130 tokens/s") == b"\rstep 3/6 | 130 tokens/s"
+    assert f.feed(b"\rstep 4/6") == b"\rstep 4/6"
