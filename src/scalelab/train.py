@@ -15,6 +15,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from scalelab import launch, requeue, same_job, timing
+from scalelab.checkpointing import PROGRESS
 from scalelab.errors import ConfigError
 from scalelab.paths import conf_dir
 from scalelab.results.record import (RUN_FILE, BadRecord, base_record, install_log_redaction, load_record,
@@ -127,6 +128,9 @@ def run_job(cfg: DictConfig) -> dict:
         record = _collect(job_dir, rc, resolved, spec, threads)
         if layout is not None and rc != 0 and not any(job_dir.glob("error-rank*.txt")):
             record["error"] = _rendezvous_error(job_dir, layout) or record.get("error")
+        elif layout is not None and rc != 0 and _PEER_GONE.search(str(record.get("error"))):
+            record["error"] += (" (a peer's connection ended: the rank that failed first may be on another node, "
+                                "whose ranks.log says why)")
     record.update(elastic)                   # restarts and steps redone (launcher=local)
     t = record.setdefault("timing", {})
     # The whole command's start for the first job of a command; later jobs of a sweep start at
@@ -185,6 +189,12 @@ def _rendezvous_error(job_dir: Path, layout: dict) -> str | None:
             f"launcher.rdzv_timeout_s={layout['timeout_s']:g})")
 
 
+# A rank's error when a peer went away first (gloo, NCCL): under launcher=torchrun that peer may be
+# on another node, where this node cannot see why.
+_PEER_GONE = re.compile(r"Connection (reset|closed) by peer|connection reset|Broken pipe|NCCL (remote|communicator) "
+                        r"(error|was aborted)|ProcessGroup\w* .*(aborted|closed)", re.I)
+
+
 def _one_line(record: dict) -> str:
     if record["status"] != "completed":
         return f"[scalelab] {record['job']['name']}: {record['status']}"
@@ -208,6 +218,10 @@ def _collect(job_dir: Path, rc: int, resolved: dict, spec, threads: int) -> dict
                          spec.plan.parallel_degrees(spec.run.world_size), spec.run.model_arch, None,
                          spec.run.accelerator, threads)
     record.update(status="failed", returncode=rc, error=_error_message(job_dir, rc))
+    try:  # the steps rank 0 finished (its progress mark, at most ~1 s old): the record says how far it got
+        record["steps"] = int((job_dir / PROGRESS).read_text())
+    except (OSError, ValueError):
+        pass
     return record
 
 
