@@ -203,13 +203,15 @@ class TracebackFilter:
 
 
 def run_ranks(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float, on_start=None,
-              console: TracebackFilter | None = None) -> int:
+              console: TracebackFilter | None = None, start_by: tuple[float, str] | None = None) -> int:
     """Run the rank launcher in its own process group, tee its output to log_path, and make
     sure nothing outlives it (timeout, Ctrl-C or an exception kill the whole group).
     on_start(proc): told the launcher's process (scalelab.requeue forwards signals to srun).
-    console: what of the output the console shows (None: all of it, as ranks.log)."""
+    console: what of the output the console shows (None: all of it, as ranks.log).
+    start_by (seconds, why): end it when it has started no rank (scalelab.worker child) by then,
+    writing `TimeoutError: why` to the log (torchrun: a rendezvous that never completes)."""
     try:
-        return _run_ranks(cmd, env, log_path, timeout_s, on_start, console)
+        return _run_ranks(cmd, env, log_path, timeout_s, on_start, console, start_by)
     finally:
         if console is not None:
             sys.stdout.buffer.write(console.flush())
@@ -219,13 +221,31 @@ def run_ranks(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: fl
             sys.stdout.flush()
 
 
-def _run_ranks(cmd, env, log_path, timeout_s, on_start, console) -> int:
+def _started_a_rank(pid: int) -> bool:
+    """Whether process `pid` has a child running scalelab.worker (True where /proc cannot tell)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == pid and b"scalelab.worker" in (d / "cmdline").read_bytes():
+                return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
+
+
+def _run_ranks(cmd, env, log_path, timeout_s, on_start, console, start_by) -> int:
     with open(log_path, "ab", buffering=0) as log:  # unbuffered: the log is live while ranks run
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         if on_start is not None:
             on_start(proc)
         deadline = time.monotonic() + timeout_s
+        start_deadline = time.monotonic() + start_by[0] if start_by else None
         try:
             assert proc.stdout is not None
             fd = proc.stdout.fileno()
@@ -240,6 +260,12 @@ def _run_ranks(cmd, env, log_path, timeout_s, on_start, console) -> int:
                     break
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"job exceeded trainer.timeout_s={timeout_s:g}")
+                if start_deadline is not None and _started_a_rank(proc.pid):
+                    start_deadline = None
+                elif start_deadline is not None and time.monotonic() > start_deadline:
+                    _kill_group(proc)
+                    log.write(f"\nTimeoutError: {start_by[1]}\n".encode())
+                    return 1
             return proc.wait()
         except BaseException as e:
             _kill_group(proc)

@@ -116,8 +116,13 @@ def run_job(cfg: DictConfig) -> dict:
             return {"status": "requeued", "job": resolved["job"]}
     else:  # torchrun (one node of several, or torchrun_local): its tracebacks stay in ranks.log
         console = launch.TracebackFilter() if not cfg.get("verbose", False) else None
+        # a rendezvous that never completes (torchrun's store client can wait forever on an endpoint
+        # where another program listens; with no node 0 it retries past its timeout) ends here
+        start_by = (float(layout["timeout_s"]) + 10, f"no rank started within launcher.rdzv_timeout_s="
+                    f"{layout['timeout_s']:g} + 10 s: is {layout['endpoint']} node 0's scalelab-train (or another "
+                    "program's port)?") if layout is not None else None
         rc, elastic = launch.run_ranks(cmd, env, job_dir / "ranks.log", float(cfg.trainer.timeout_s),
-                                       console=console), {}
+                                       console=console, start_by=start_by), {}
     exited = timing.now()
     if layout is not None and rc == 0 and not (job_dir / RUN_FILE).exists():
         record = _node_record(resolved, spec, threads, layout)  # global rank 0 ran on another node

@@ -142,3 +142,29 @@ def test_nodes_running_different_commands_stop_at_once_naming_the_difference(tmp
     assert "node 1 runs another command than node 0" in rec["error"], rec["error"]
     assert "seed: - vs 7" in rec["error"], rec["error"]   # node 0 has no seed override, node 1 seed=7
     assert rec["steps"] == 0 and not worker_pids(tmp_path)
+
+
+def test_an_endpoint_where_another_program_listens_fails_in_bounded_time(tmp_path):
+    """torchrun's store client waited forever on an endpoint held by a program that accepts and
+    never answers (measured: still waiting after 200 s with launcher.rdzv_timeout_s=15). The
+    launcher ends a node that has started no rank by launcher.rdzv_timeout_s + 10 s."""
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen(8)
+        port = other.getsockname()[1]
+        t0 = time.monotonic()
+        p = _node(1, port, tmp_path / "node1", tmp_path, ["strategy=ddp", "launcher.rdzv_timeout_s=2"])
+        try:
+            out = p.communicate(timeout=120)[0]
+        finally:
+            if p.poll() is None:
+                p.kill()
+    took = time.monotonic() - t0
+    print(f"node 1 at a foreign endpoint failed after {took:.1f} s")
+    assert p.returncode != 0 and took < 60, out[-3000:]
+    err = json.loads((tmp_path / "node1" / "run.json").read_text())["error"]
+    assert err.startswith(f"rendezvous at 127.0.0.1:{port} failed on node 1: TimeoutError: no rank started within "
+                          "launcher.rdzv_timeout_s=2 + 10 s"), err
+    assert not worker_pids(tmp_path)
