@@ -113,7 +113,12 @@ def test_screenshot_is_not_blank(report, tmp_path):
     drawn = 1 - (px.min(axis=1) > 245).mean()
     assert 0.05 < drawn < 0.9                               # drawn on, not a blank or solid page
     assert len(np.unique(px, axis=0)) > 200                 # lines, bars, text: many colours
-    # the first series colour (#1f77b4, blue) and the second (#d62728, red) are drawn in the charts
-    for rgb, least in (((0x1F, 0x77, 0xB4), 200), ((0xD6, 0x27, 0x28), 100)):
-        assert (np.abs(px - np.array(rgb)).sum(axis=1) < 40).sum() > least, rgb
+    # the strategies' colours (ddp, fsdp: lines, counted at full size) and the first colour after
+    # the four strategies' (the memory, breakdown and planner bars) are drawn in the charts
+    from scalelab.results.report import PALETTE
+
+    full = np.asarray(img, dtype=np.int32).reshape(-1, 3)
+    for pixels, color, least in ((full, PALETTE[0], 1000), (full, PALETTE[1], 500), (px, PALETTE[4], 2000)):
+        rgb = tuple(int(color[i:i + 2], 16) for i in (1, 3, 5))
+        assert (np.abs(pixels - np.array(rgb)).sum(axis=1) < 40).sum() > least, rgb
     shutil.copy(shot, report.parent / "dashboard.png")      # kept with the report for a look by hand

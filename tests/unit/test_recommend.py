@@ -2,6 +2,7 @@
 trainer's vocabulary, bad input. Expected values are worked out by hand in each test."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -328,3 +329,63 @@ def test_lr_check_disagreement_names_the_direction():
     assert "favours large LRs" in higher and "--lr-steps" in higher
     assert "rules" in _why_not_advice({"varied": "lr_scaling", "best": "sqrt", "steps": 30}, adv)
     assert _why_not_advice({"varied": "optim.lr", "best": None, "steps": 30}, adv).startswith("no LR-check run")
+
+
+# ---------------------------------------------------------------------------- recommendation.html
+def _html_doc(out) -> dict:
+    """A recommendation.json with one verified candidate and a 3-LR check (the walkthrough's figures);
+    a command and an error with characters HTML and markdown tables must escape."""
+    row = {"planner_rank": 1, "strategy": "fsdp_grad_op", "split": "8 x 1", "predicted_step_s": 0.3,
+           "measured_step_s": 0.33, "step_ratio": 0.91, "step_ratio_at_host_speed": 0.95, "measured_score": 6173.0,
+           "loss_final": 3.1, "status": "completed"}
+    bad = {"planner_rank": 2, "strategy": "zero3", "split": "8 x 1", "predicted_step_s": 0.31,
+           "status": "failed", "error": "RuntimeError: a | b <oom>"}
+    return {"request": {"model": {"name": "gpt_nano"}, "nodes": 1, "devices": 2, "hardware": "this_cpu",
+                        "global_batches": [16]}, "objective": "throughput",
+            "search": {"fitting": 2, "built": 3, "pruned_total": 1, "pruned": {"too big": 1}},
+            "winner": {"source": "measured best of the verified", "reason": "compute-bound",
+                       "command": "scalelab-train strategy=fsdp_grad_op +tag='<b>&x'"},
+            "ranking": [], "rejected_by_trainer": [],
+            "verification": {"argv": ["-m"], "steps": 20, "wall_s": 30.0, "sweep_dir": str(out / "verify"),
+                             "ranking": [row, bad], "measured_best": "fsdp_grad_op 8 x 1", "measured_best_index": 0},
+            "lr": {"advice": {"rule": "none", "lr": 0.003, "base_lr": 0.003, "base_batch": 16, "warmup_steps": 2,
+                              "why": "base batch", "global_batch": 16, "by_rule": {"none": 0.003}},
+                   "check": {"argv": ["-m"], "wall_s": 40.0, "varied": "optim.lr", "best": 0.003,
+                             "report": "r.html", "sweep_dir": str(out / "lr_check"), "runs": []}}}
+
+
+def test_recommendation_html_charts_the_verified_figure_and_renders_its_summary(tmp_path):
+    """Walkthrough: the chart showed 5,507 tokens/s for the winner, the median of its verification run
+    (6,173, as in the table) and the three LR-check runs; the summary was raw markdown text."""
+    from scalelab.recommend.report import write_all
+
+    from .test_report import _rec as run_record
+
+    out = tmp_path / "rec"
+    records = []
+    for sweep, tokens in (("verify", [6173.0]), ("lr_check", [5013.0, 6002.0, 4852.0])):
+        for i, tok in enumerate(tokens):
+            records.append(run_record(i, "fsdp_grad_op", 2, 16, tok / 64, lr=0.0015 * 2 ** i,
+                                      job={"name": f"{sweep}/{i}", "sweep_dir": str((out / sweep).resolve())}))
+    page = write_all(_html_doc(out), out, records, [])["html"].read_text()
+    start = page.index("const FIGS=") + len("const FIGS=")
+    thr = {d["name"]: d["y"] for d in json.JSONDecoder().raw_decode(page, start)[0]["throughput"]["data"]}
+    assert thr == {"LR check: fsdp_grad_op b16": [5013.0], "verification: fsdp_grad_op b16": [6173.0]}
+    summary = page[page.index('<section class="summary">'):page.index("</section>")]
+    assert "<h3>Planner ranking (best layout of each strategy)</h3>" in summary and "<table>" in summary
+    assert "<b>Run this</b>" in summary and "<b>fsdp_grad_op 8 x 1</b>" in summary
+    assert "<code>scalelab-train strategy=fsdp_grad_op +tag=&#x27;&lt;b&gt;&amp;x&#x27;</code>" in summary
+    assert "<td>failed: RuntimeError: a | b &lt;oom&gt;</td>" in summary
+    for raw in ("| # |", "|---", "**", "## ", "`"):
+        assert raw not in summary, raw
+
+
+def test_markdown_html_constructs():
+    from scalelab.recommend.report import markdown_html
+
+    md = "# T <1>\n\npara **b** and `a**b**<c>`\nsame para\n\n- one `x`\n- two\n\n| h \\| 1 | h2 |\n|---|---|\n| a | b |"
+    assert markdown_html(md).splitlines() == [
+        "<h2>T &lt;1&gt;</h2>", "<p>para <b>b</b> and <code>a**b**&lt;c&gt;</code> same para</p>",
+        "<ul><li>one <code>x</code></li><li>two</li></ul>",
+        '<div class="scroll"><table><thead><tr><th>h | 1</th><th>h2</th></tr></thead>'
+        "<tbody><tr><td>a</td><td>b</td></tr></tbody></table></div>"]

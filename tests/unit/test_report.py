@@ -272,7 +272,7 @@ def test_loss_curves_with_lr(loaded):
     ch = charts.loss_curves(sort_records(recs, None))
     assert len(ch["traces"]) == 8                              # every completed run, not the failed one
     t4 = next(t for t in ch["traces"] if t["name"].startswith("fx/4 "))
-    assert t4 == {"name": "fx/4 ddp x2 b32 lr 0.002->0.0002", "x": [1, 2], "y": [5.0, 2.5]}
+    assert t4 == {"name": "fx/4 ddp x2 b32 lr 0.002->0.0002", "x": [1, 2], "y": [5.0, 2.5], "strategy": "ddp"}
     assert ch["traces"][0]["name"] == "fx/0 ddp x1 b16 lr 0.001"
 
 

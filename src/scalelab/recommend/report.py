@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from pathlib import Path
 
 from scalelab.plan.report import fmt_bytes, fmt_time
@@ -118,6 +119,69 @@ def markdown(doc: dict) -> str:
     return "\n".join(out)
 
 
+def _inline(text: str) -> str:
+    """One line of the summary's markdown as escaped HTML: `code` spans (kept literal) and **bold**."""
+    parts = text.split("`")
+    if len(parts) % 2 == 0:   # an unpaired backtick is text
+        parts[-2:] = [parts[-2] + "`" + parts[-1]]
+    return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else
+                   re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(p)) for i, p in enumerate(parts))
+
+
+def _cells(row: str) -> list[str]:
+    """A pipe-table row's cells (markdown_table escapes a literal | as \\|)."""
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", row.strip()[1:-1])]
+
+
+def _html_table(lines: list[str]) -> str:
+    head, *rows = [_cells(ln) for ln in lines if not re.fullmatch(r"\|[-:| ]+\|", ln.strip())]
+    th = "".join(f"<th>{_inline(c)}</th>" for c in head)
+    body = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<div class="scroll"><table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def markdown_html(md: str, shift: int = 1) -> str:
+    """The summary's markdown (markdown() writes only headings, paragraphs with **bold** and `code`,
+    pipe tables and - lists) as HTML, with no markdown package; headings one level down (SHIFT)
+    under the page's own <h1>."""
+    blocks: list[tuple[str, list[str]]] = []
+    for line in md.splitlines():
+        kind = ("blank" if not line.strip() else "h" if re.match(r"#{1,6} ", line) else
+                "table" if line.lstrip().startswith("|") else "li" if re.match(r"[-*] ", line) else "p")
+        if blocks and kind == blocks[-1][0] and kind not in ("h", "blank"):
+            blocks[-1][1].append(line)
+        else:
+            blocks.append((kind, [line]))
+    out = []
+    for kind, lines in blocks:
+        if kind == "h":
+            hashes, text = lines[0].split(" ", 1)
+            level = min(6, len(hashes) + shift)
+            out.append(f"<h{level}>{_inline(text.strip())}</h{level}>")
+        elif kind == "table":
+            out.append(_html_table(lines))
+        elif kind == "li":
+            out.append("<ul>" + "".join(f"<li>{_inline(ln[2:].strip())}</li>" for ln in lines) + "</ul>")
+        elif kind == "p":
+            out.append(f"<p>{_inline(' '.join(ln.strip() for ln in lines))}</p>")
+    return "\n".join(out)
+
+
+SUMMARY_STYLE = ("<style>.summary td,.summary th{text-align:left;white-space:normal;min-width:3em}.summary .scroll"
+                 "{max-height:none}.summary code{background:#f4f4f4;padding:0 .2em;word-break:break-all}</style>")
+
+
+def sweep_names(doc: dict) -> dict[str, str]:
+    """The chart labels of recommend's two sweeps: without them the LR-check runs (other LRs) were
+    pooled with the verification runs, and the winner's chart figure was not the table's."""
+    names = {}
+    if doc.get("verification"):
+        names[doc["verification"]["sweep_dir"]] = "verification"
+    if (doc.get("lr") or {}).get("check"):
+        names[doc["lr"]["check"]["sweep_dir"]] = "LR check"
+    return names
+
+
 def write_all(doc: dict, out: Path, records: list[dict], summaries: list[dict]) -> dict[str, Path]:
     """recommendation.json, recommendation.md and (when runs were made) recommendation.html."""
     out.mkdir(parents=True, exist_ok=True)
@@ -128,8 +192,9 @@ def write_all(doc: dict, out: Path, records: list[dict], summaries: list[dict]) 
     if records:
         from scalelab.results.report import render_html
 
-        page = render_html(records, summaries, title="ScaleLab recommendation: verification and LR runs")
-        summary = f'<section><pre style="white-space:pre-wrap">{html.escape(md)}</pre></section>'
+        page = render_html(records, summaries, title="ScaleLab recommendation: verification and LR runs",
+                           sweep_names=sweep_names(doc))
+        summary = f'<section class="summary">{SUMMARY_STYLE}{markdown_html(md)}</section>'
         page = page.replace("</h1>", "</h1>" + summary, 1)
         paths["html"] = out / "recommendation.html"
         paths["html"].write_text(page)

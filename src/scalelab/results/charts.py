@@ -31,8 +31,39 @@ def completed(records: list[dict]) -> list[dict]:
     return [r for r in records if r.get("status") == "completed"]
 
 
-def _suffix(rec: dict, group_by: str | None) -> str:
-    return f" [{group_by}={_show(lookup(rec, group_by))}]" if group_by else ""
+def sweep_of(rec: dict) -> str | None:
+    """The run's sweep dir as train.py wrote it (job.sweep_dir; None for a single run)."""
+    return (rec.get("job") or {}).get("sweep_dir") or None
+
+
+def _norm(path) -> str | None:
+    return str(Path(path).resolve()) if path else None
+
+
+def sweep_labels(dirs, names: dict | None = None) -> dict:
+    """Short series labels of the sweeps runs came from, keyed by _norm(dir): the dir's name (two
+    path parts where names clash), or NAMES[dir]. Empty for fewer than two sweeps: series of one
+    sweep need no label, and runs of two sweeps must never share a series (a before/after
+    comparison would be averaged away). Callers label from one source each (records or summaries):
+    a copied sweep's run.json still names the dir it ran in."""
+    dirs = sorted({_norm(d) for d in dirs}, key=str)
+    if len(dirs) < 2:
+        return {}
+    names = {_norm(k): v for k, v in (names or {}).items()}
+    base = {d: Path(d).name if d else "no sweep" for d in dirs}
+    clash = {b for b in base.values() if list(base.values()).count(b) > 1}
+    return {d: names.get(d) or ("/".join(Path(d).parts[-2:]) if d and base[d] in clash else base[d]) for d in dirs}
+
+
+def _suffix(rec: dict, group_by: str | None, sweep_shown: bool = False) -> str:
+    """" [KEY=VALUE]" of --group-by; the run's sweep dir (`--group-by job.sweep_dir`) as its name,
+    and nothing where the series already names its sweep (legends of full paths squeezed the plot)."""
+    if not group_by:
+        return ""
+    value = lookup(rec, group_by)
+    if isinstance(value, str) and value == sweep_of(rec):
+        return "" if sweep_shown else f" [{group_by}={Path(value).name}]"
+    return f" [{group_by}={_show(value)}]"
 
 
 def _median(xs: list[float]) -> float:
@@ -58,13 +89,14 @@ def _unique(names: list[str], extra: list[list[str]]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: str | None = None) -> dict:
+def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: str | None = None,
+               names: dict | None = None) -> dict:
     """Scaling efficiency vs world size, one series per sweep.aggregate group of KIND
     (strong: same global batch; weak: same per-rank batch), plus the ideal line (1.0). Only the
     selected runs are drawn; efficiencies stay against their sweep's baseline."""
     by_job = {job_name(r): r for r in records}
-    traces, names, rules, bases = [], [], [], []
-    many = len(summaries) > 1
+    traces, labels, rules, bases = [], [], [], []
+    sweeps = sweep_labels([s.get("sweep_dir") for s in summaries], names)
     for s in summaries:
         for g in s.get("groups", []):
             if g["kind"] != kind:
@@ -78,13 +110,14 @@ def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: 
             else:
                 dp = (base.get("parallel") or {}).get("dp") or base.get("world_size") or 1
                 name = f"{g['strategy']} {base['global_batch_size'] // dp}/rank"
-            if many:
-                name = f"{Path(s.get('sweep_dir', '')).name}: {name}"
-            names.append(name + _suffix(base, group_by))
+            if sweeps:
+                name = f"{sweeps[_norm(s.get('sweep_dir'))]}: {name}"
+            labels.append(name + _suffix(base, group_by, bool(sweeps)))
             rules.append(f"lr_rule={base.get('lr_rule')}")
             bases.append(f"(base {g['baseline_job']})")
-            traces.append({"x": [m["world_size"] for m in runs], "y": [m["scaling_efficiency"] for m in runs]})
-    for t, n in zip(traces, _unique(names, [rules, bases])):
+            traces.append({"x": [m["world_size"] for m in runs], "y": [m["scaling_efficiency"] for m in runs],
+                           "strategy": str(g["strategy"])})
+    for t, n in zip(traces, _unique(labels, [rules, bases])):
         t["name"] = n
     notes = []
     if traces:
@@ -98,19 +131,21 @@ def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: 
                  "efficiency = thr(N) / (N x thr(N0) / N0)", traces, notes=notes)
 
 
-def throughput(records: list[dict], group_by: str | None = None) -> dict:
-    """Tokens/s vs world size, one series per strategy and global batch (median over repeats)."""
+def throughput(records: list[dict], group_by: str | None = None, names: dict | None = None) -> dict:
+    """Tokens/s vs world size, one series per sweep (where there are several), strategy and
+    global batch: the median over the repeats of one sweep, never over two sweeps."""
     series: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    label = {}
+    sweeps = sweep_labels([sweep_of(r) for r in completed(records)], names)
     for r in completed(records):
         tok = (r.get("throughput") or {}).get("tokens_per_s")
         if tok is None:
             continue
-        key = (str(r.get("strategy")), r.get("global_batch_size") or 0, _suffix(r, group_by))
+        key = (sweeps.get(_norm(sweep_of(r)), ""), str(r.get("strategy")), r.get("global_batch_size") or 0,
+               _suffix(r, group_by, bool(sweeps)))
         series[key][r["world_size"]].append(float(tok))
-        label[key] = f"{key[0]} b{key[1]}{key[2]}"
-    traces = [{"name": label[k], "x": sorted(v), "y": [_median(v[w]) for w in sorted(v)]}
-              for k, v in sorted(series.items())]
+    traces = [{"name": f"{sw}: {st} b{b}{sx}" if sw else f"{st} b{b}{sx}", "x": sorted(v),
+               "y": [_median(v[w]) for w in sorted(v)], "strategy": st}
+              for (sw, st, b, sx), v in sorted(series.items())]
     notes = [] if traces else ["no completed run with a token throughput"]
     return chart("throughput", "Throughput vs world size", "world size", "tokens/s", traces, notes=notes)
 
@@ -156,22 +191,24 @@ def loss_curves(records: list[dict]) -> dict:
             lr += f"->{r['lr_final']:.3g}"
         traces.append({"name": f"{job_name(r)} {r.get('strategy')} x{r.get('world_size')} "
                                f"b{r.get('global_batch_size')} {lr}",
-                       "x": [p[0] for p in curve], "y": [p[1] for p in curve]})
+                       "x": [p[0] for p in curve], "y": [p[1] for p in curve], "strategy": str(r.get("strategy"))})
     return chart("loss", "Loss curves (legend: LR peak -> final)", "optimizer step", "training loss", traces,
                  notes=[] if traces else ["no completed run with a loss curve"])
 
 
-def lr_scaling(records: list[dict]) -> dict:
-    """Final loss vs global batch size, one series per LR rule (median over the runs of each
-    batch size); the text is the LR each rule used at that batch."""
-    series: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+def lr_scaling(records: list[dict], names: dict | None = None) -> dict:
+    """Final loss vs global batch size, one series per sweep (where there are several) and LR rule
+    (median over the runs of each batch size); the text is the LR each rule used at that batch."""
+    series: dict[tuple, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    sweeps = sweep_labels([sweep_of(r) for r in completed(records)], names)
     for r in completed(records):
         if (r.get("loss") or {}).get("final") is not None:
-            series[str(r.get("lr_rule"))][r.get("global_batch_size") or 0].append(r)
+            key = (sweeps.get(_norm(sweep_of(r)), ""), str(r.get("lr_rule")))
+            series[key][r.get("global_batch_size") or 0].append(r)
     traces = []
-    for rule, by_batch in sorted(series.items()):
+    for (sweep, rule), by_batch in sorted(series.items()):
         xs = sorted(by_batch)
-        traces.append({"name": f"lr_rule={rule}", "x": xs,
+        traces.append({"name": f"{sweep}: lr_rule={rule}" if sweep else f"lr_rule={rule}", "x": xs,
                        "y": [_median([m["loss"]["final"] for m in by_batch[b]]) for b in xs],
                        "text": [", ".join(f"lr {v:.3g}" for v in sorted({m.get("lr") for m in by_batch[b]
                                                                         if m.get("lr") is not None}))
@@ -260,10 +297,13 @@ def planner(records: list[dict], cache: str | Path | None = None) -> list[dict]:
 
 
 def all_charts(records: list[dict], summaries: list[dict], group_by: str | None = None,
-               cache: str | Path | None = None) -> list[dict]:
-    return [efficiency(summaries, records, "strong", group_by), efficiency(summaries, records, "weak", group_by),
-            throughput(records, group_by), memory(records), loss_curves(records), lr_scaling(records),
-            breakdown(records), *planner(records, cache)]
+               cache: str | Path | None = None, sweep_names: dict | None = None) -> list[dict]:
+    """Every chart. Per-run charts (memory, loss, breakdown, planner) name each run by its job
+    name, `<sweep>/<num>`, so only the charts that pool runs are told the sweeps' SWEEP_NAMES."""
+    return [efficiency(summaries, records, "strong", group_by, sweep_names),
+            efficiency(summaries, records, "weak", group_by, sweep_names),
+            throughput(records, group_by, sweep_names), memory(records), loss_curves(records),
+            lr_scaling(records, sweep_names), breakdown(records), *planner(records, cache)]
 
 
 def failed(records: list[dict]) -> list[dict]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections import defaultdict
 from pathlib import Path
 
 from scalelab.results import charts as C
@@ -17,8 +18,40 @@ from scalelab.results.table import _cells, _columns, flatten, lookup, _show
 
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
        "font-src data:; connect-src 'none'; base-uri 'none'; form-action 'none'")
-PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
-           "#7f7f7f"]
+# Plotly's default qualitative palette, then ten more distinct colours. Strategies take the first
+# ones in sorted order, for the whole page: colours that followed trace order gave ddp a different
+# colour on each chart. Series that are not strategies (memory parts, LR rules) take the rest.
+PALETTE = ["#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880", "#FF97FF",
+           "#FECB52", "#8C564B", "#BCBD22", "#00A08B", "#750D86", "#B68100", "#862A16", "#1616A7", "#6C7C32",
+           "#DA16FF", "#0D2A63"]
+# Series of one strategy on one chart (two sweeps, two batch sizes) share its colour: told apart by these.
+DASHES = ["solid", "dot", "dash", "longdash", "dashdot", "longdashdot"]
+SYMBOLS = ["circle", "square", "diamond", "triangle-up", "x", "cross"]
+LEGEND_RIGHT_MAX = 24   # longer series names: the legend goes below the plot, not beside it
+
+
+def strategy_colors(records_or_traces: list[dict]) -> dict[str, str]:
+    """{strategy: colour}, one per strategy of the report (sorted, so stable for one set of runs)."""
+    names = sorted({str(r["strategy"]) for r in records_or_traces if r.get("strategy") is not None})
+    return {s: PALETTE[i % len(PALETTE)] for i, s in enumerate(names)}
+
+
+def trace_styles(traces: list[dict], colors: dict[str, str]) -> list[tuple[str, int]]:
+    """(colour, variant) of each trace: a strategy's series its colour, variants 0, 1, ... in turn
+    within this chart; other series the colours after the strategies'; the ideal line grey."""
+    seen: dict[str, int] = defaultdict(int)
+    out, other = [], 0
+    for t in traces:
+        key = t.get("strategy")
+        if t.get("dash"):
+            out.append(("#444", 0))
+        elif key in colors:
+            out.append((colors[key], seen[key]))
+            seen[key] += 1
+        else:
+            out.append((PALETTE[(len(colors) + other) % len(PALETTE)], 0))
+            other += 1
+    return out
 
 
 def _js(obj) -> str:
@@ -26,17 +59,19 @@ def _js(obj) -> str:
     return json.dumps(obj, default=str).replace("</", "<\\/")
 
 
-def figure(ch: dict) -> dict:
-    """Plotly {data, layout} of one chart dict."""
+def figure(ch: dict, colors: dict[str, str] | None = None) -> dict:
+    """Plotly {data, layout} of one chart dict; COLORS: {strategy: colour} of the whole page
+    (default: this chart's strategies)."""
     data = []
-    for i, t in enumerate(ch["traces"]):
-        color = "#444" if t.get("dash") else PALETTE[i % len(PALETTE)]
+    styles = trace_styles(ch["traces"], strategy_colors(ch["traces"]) if colors is None else colors)
+    for t, (color, k) in zip(ch["traces"], styles):
         d = {"name": t["name"], "x": t["x"], "y": t["y"]}
         if ch["kind"] == "bar":
             d.update(type="bar", marker={"color": color})
         else:
             d.update(type="scatter", mode="lines" if t.get("dash") or len(t["x"]) > 30 else "lines+markers",
-                     line={"color": color, "dash": "dash" if t.get("dash") else "solid"})
+                     line={"color": color, "dash": "dash" if t.get("dash") else DASHES[k % len(DASHES)]},
+                     marker={"color": color, "symbol": SYMBOLS[k % len(SYMBOLS)]})
         if t.get("text"):   # hover only (bar `text` would print inside the bars)
             d.update(hovertext=t["text"], hovertemplate="%{x}: %{y:.4g}<br>%{hovertext}<extra>%{fullData.name}</extra>")
         data.append(d)
@@ -54,11 +89,26 @@ def figure(ch: dict) -> dict:
             layout["yaxis"].update(type="log", rangemode="normal")
     elif ch["id"] == "loss":
         layout["yaxis"]["rangemode"] = "normal"
+    _legend_below(layout, [t["name"] for t in ch["traces"]])
     if not ch["traces"]:
         layout["annotations"] = [{"text": "no data: " + "; ".join(ch["notes"])[:160], "showarrow": False,
                                   "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5}]
         layout["xaxis"]["visible"] = layout["yaxis"]["visible"] = False
     return {"data": data, "layout": layout}
+
+
+def _legend_below(layout: dict, names: list[str]) -> None:
+    """Long series names (two sweeps, --group-by): the legend below the plot, the figure taller by
+    its rows (~6 px a character, in a card ~540 px wide). Beside the plot it took the plot's width."""
+    if max(map(len, names), default=0) <= LEGEND_RIGHT_MAX:
+        return
+    rows, used = 1, 0
+    for n in names:
+        w = 40 + 6 * len(n)
+        rows, used = (rows + 1, w) if used and used + w > 540 else (rows, used + w)
+    layout["legend"].update(orientation="h", x=0, xanchor="left", y=-0.16, yanchor="top")
+    layout["height"] += 22 * rows
+    layout["margin"]["b"] += 22 * rows
 
 
 def _table(table_id: str, heads: list[str], rows: list[list[str]], failed: list[bool], errors: list[str]) -> str:
@@ -132,11 +182,15 @@ th[data-dir=desc]::after{content:' \\25BC'}tr.failed td{color:#b00;background:#f
 
 
 def render_html(records: list[dict], summaries: list[dict], group_by: str | None = None,
-                title: str = "ScaleLab comparison", cache: str | Path | None = None) -> str:
+                title: str = "ScaleLab comparison", cache: str | Path | None = None,
+                sweep_names: dict | None = None) -> str:
+    """The page. SWEEP_NAMES ({sweep dir: label}) names the series of runs from several sweeps
+    (default: each sweep dir's name)."""
     import plotly.offline
 
-    chs = C.all_charts(records, summaries, group_by, cache)
-    figs = {ch["id"]: figure(ch) for ch in chs}
+    chs = C.all_charts(records, summaries, group_by, cache, sweep_names)
+    colors = strategy_colors(records)
+    figs = {ch["id"]: figure(ch, colors) for ch in chs}
     cards = "".join(
         f'<div class="card"><div id="{ch["id"]}" class="chart"></div>'
         + "".join(f'<p class="note">{html.escape(n)}</p>' for n in ch["notes"]) + "</div>" for ch in chs)
