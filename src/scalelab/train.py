@@ -189,9 +189,13 @@ def _rendezvous_error(job_dir: Path, layout: dict) -> str | None:
               if re.match(r"\s*(torch\.distributed\.\S*(Dist\w*Error|Rendezvous\w*Error)|\S*TimeoutError)\b", ln)]
     if not causes:
         return None
-    return (f"rendezvous at {layout['endpoint']} failed on node {layout['node_rank']}: {causes[-1][:300]} "
-            f"(every node must run the same command with its own launcher.node_rank within "
-            f"launcher.rdzv_timeout_s={layout['timeout_s']:g})")
+    if re.search(r"EADDRINUSE|address already in use", causes[-1], re.I):  # node 0 could not host the store
+        hint = (f"port {layout['endpoint'].rpartition(':')[2]} is taken on this host: give every node another "
+                "port in launcher.rdzv_endpoint")
+    else:
+        hint = (f"every node must run the same command with its own launcher.node_rank within "
+                f"launcher.rdzv_timeout_s={layout['timeout_s']:g}")
+    return f"rendezvous at {layout['endpoint']} failed on node {layout['node_rank']}: {causes[-1][:300]} ({hint})"
 
 
 # A rank's error when a peer went away first (gloo, NCCL): under launcher=torchrun that peer may be

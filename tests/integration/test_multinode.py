@@ -168,3 +168,24 @@ def test_an_endpoint_where_another_program_listens_fails_in_bounded_time(tmp_pat
     assert err.startswith(f"rendezvous at 127.0.0.1:{port} failed on node 1: TimeoutError: no rank started within "
                           "launcher.rdzv_timeout_s=2 + 10 s"), err
     assert not worker_pids(tmp_path)
+
+
+def test_node_0_on_a_taken_port_says_so(tmp_path):
+    """Node 0 hosts the rendezvous store: a port another program holds is its own one-line error,
+    not the advice that every node must run the same command."""
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen(8)
+        port = other.getsockname()[1]
+        p = _node(0, port, tmp_path / "node0", tmp_path, ["strategy=ddp", "launcher.rdzv_timeout_s=20"])
+        try:
+            out = p.communicate(timeout=90)[0]
+        finally:
+            if p.poll() is None:
+                p.kill()
+    assert p.returncode != 0, out[-3000:]
+    err = json.loads((tmp_path / "node0" / "run.json").read_text())["error"]
+    assert "EADDRINUSE" in err and err.endswith(f"(port {port} is taken on this host: give every node another port "
+                                                "in launcher.rdzv_endpoint)"), err
