@@ -128,3 +128,11 @@ def test_strategy_table_says_which_split_fits(capsys):
     assert main([*base, "--strategy", "fsdp,ddp"]) == 0
     out = capsys.readouterr().out
     assert f"  fsdp: fits with micro-batch {alt['micro_batch']} x" in out and "  ddp: no micro-batch" in out
+
+
+def test_times_keep_their_units_below_a_microsecond():
+    """The step line reads `compute 211 us + ... + optimizer 927 ns`, not `9.27e-07 s` beside `211 us`."""
+    from scalelab.plan.report import fmt_time
+
+    assert [fmt_time(x) for x in (9.27e-07, 2.11e-4, 0.0, 5e-11, 90.0, 7200.0)] == \
+        ["927 ns", "211 us", "0 s", "0.05 ns", "1.5 min", "2 h"]

@@ -14,10 +14,10 @@ def fmt_bytes(n) -> str:
 
 
 def fmt_time(s: float) -> str:
-    for unit, div in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1), ("ms", 1e-3), ("us", 1e-6)):
+    for unit, div in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
         if s >= div:
             return f"{s / div:.3g} {unit}"
-    return f"{s:.3g} s"
+    return "0 s" if s == 0 else f"{s / 1e-9:.3g} ns"   # below a nanosecond: still in the line's units
 
 
 def _si(x: float) -> str:
@@ -106,7 +106,8 @@ def render(doc: dict) -> str:
     if doc["train"]:
         tr = doc["train"]
         out.append(f"train {_si(tr['tokens'])} tokens: {fmt_time(tr['time_s'])}, "
-                   f"{tr['device_hours']:,.0f} device-hours, cost {tr['cost']:,.0f}, "
+                   f"{tr['device_hours']:,.0f} device-hours, cost {tr['cost']:,.0f} (the profile's "
+                   f"cost_per_device_hour x device-hours), "
                    f"energy {tr['energy_kwh']:,.0f} kWh")
     return "\n".join(out)
 
