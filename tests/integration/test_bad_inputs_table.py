@@ -23,6 +23,7 @@ from ..conftest import TRAIN, env, worker_pids
 TRAIN_ROWS = [
     (["optim.lr=abc"], "optim.lr='abc' must be a number > 0"),
     (["-m", "strategy=ddp,fsdp", "--cfg", "job"], "-m and --cfg cannot be combined"),  # Hydra: a ValueError traceback
+    (["strategy=ddp,fsdp"], "strategy=ddp,fsdp: several values make a sweep (scalelab-train -m ...)"),
     (["optim.lr=0"], "optim.lr=0 must be a number > 0"),
     (["optim.lr=-1"], "optim.lr=-1 must be a number > 0"),
     (["optim.optimizer.betas=[1.5,0.9]"], "optim.optimizer.betas=[1.5, 0.9] must be a list of 2 numbers in [0, 1)"),
