@@ -10,7 +10,9 @@ MASTER_ADDR / MASTER_PORT / NODE_RANK, node 0 from the launcher keys: the same j
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -68,6 +70,27 @@ def _two_nodes(tmp_path: Path, extra: list[str], timeout: float = 150) -> tuple[
     return (*(json.loads((tmp_path / f"node{k}" / "run.json").read_text()) for k in (0, 1)), outs)
 
 
+def _lone_node(k: int, port: int, tmp_path: Path, rdzv_timeout_s: float, wait: float = 120):
+    """Node k alone (its peers never come): (process, console, seconds it took, its record)."""
+    t0 = time.monotonic()
+    p = _node(k, port, tmp_path / f"node{k}", tmp_path, ["strategy=ddp", f"launcher.rdzv_timeout_s={rdzv_timeout_s}"])
+    try:
+        out = p.communicate(timeout=wait)[0]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return p, out, time.monotonic() - t0, json.loads((tmp_path / f"node{k}" / "run.json").read_text())
+
+
+@contextlib.contextmanager
+def _held_port():
+    """A port another program holds: it accepts connections and never answers."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen(8)
+        yield other.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
 def local4(tmp_path_factory) -> dict:
     cwd = tmp_path_factory.mktemp("local4")
@@ -109,18 +132,9 @@ def test_two_nodes_fsdp_tp_groups_stay_inside_a_node(tmp_path):
 
 def test_node_that_never_joins_fails_the_other_in_time(tmp_path):
     port = free_port()
-    job = tmp_path / "node0"
-    t0 = time.monotonic()
-    p = _node(0, port, job, tmp_path, ["strategy=ddp", "launcher.rdzv_timeout_s=4"])
-    try:
-        out = p.communicate(timeout=90)[0]
-    finally:
-        if p.poll() is None:
-            p.kill()
-    took = time.monotonic() - t0
+    p, out, took, rec = _lone_node(0, port, tmp_path, 4, wait=90)
     print(f"lonely node failed after {took:.1f} s")
     assert p.returncode != 0, out[-3000:]
-    rec = json.loads((job / "run.json").read_text())
     assert rec["status"] == "failed"
     err = rec["error"]
     assert "\n" not in err and err.startswith(f"rendezvous at 127.0.0.1:{port} failed on node 0"), err
@@ -148,23 +162,11 @@ def test_an_endpoint_where_another_program_listens_fails_in_bounded_time(tmp_pat
     """torchrun's store client waited forever on an endpoint held by a program that accepts and
     never answers (measured: still waiting after 200 s with launcher.rdzv_timeout_s=15). The
     launcher ends a node that has started no rank by launcher.rdzv_timeout_s + 10 s."""
-    import socket
-
-    with socket.socket() as other:
-        other.bind(("127.0.0.1", 0))
-        other.listen(8)
-        port = other.getsockname()[1]
-        t0 = time.monotonic()
-        p = _node(1, port, tmp_path / "node1", tmp_path, ["strategy=ddp", "launcher.rdzv_timeout_s=2"])
-        try:
-            out = p.communicate(timeout=120)[0]
-        finally:
-            if p.poll() is None:
-                p.kill()
-    took = time.monotonic() - t0
+    with _held_port() as port:
+        p, out, took, rec = _lone_node(1, port, tmp_path, 2)
     print(f"node 1 at a foreign endpoint failed after {took:.1f} s")
     assert p.returncode != 0 and took < 60, out[-3000:]
-    err = json.loads((tmp_path / "node1" / "run.json").read_text())["error"]
+    err = rec["error"]
     assert err.startswith(f"rendezvous at 127.0.0.1:{port} failed on node 1: TimeoutError: no rank started within "
                           "launcher.rdzv_timeout_s=2 + 10 s"), err
     assert not worker_pids(tmp_path)
@@ -173,19 +175,9 @@ def test_an_endpoint_where_another_program_listens_fails_in_bounded_time(tmp_pat
 def test_node_0_on_a_taken_port_says_so(tmp_path):
     """Node 0 hosts the rendezvous store: a port another program holds is its own one-line error,
     not the advice that every node must run the same command."""
-    import socket
-
-    with socket.socket() as other:
-        other.bind(("127.0.0.1", 0))
-        other.listen(8)
-        port = other.getsockname()[1]
-        p = _node(0, port, tmp_path / "node0", tmp_path, ["strategy=ddp", "launcher.rdzv_timeout_s=20"])
-        try:
-            out = p.communicate(timeout=90)[0]
-        finally:
-            if p.poll() is None:
-                p.kill()
+    with _held_port() as port:
+        p, out, _, rec = _lone_node(0, port, tmp_path, 20, wait=90)
     assert p.returncode != 0, out[-3000:]
-    err = json.loads((tmp_path / "node0" / "run.json").read_text())["error"]
+    err = rec["error"]
     assert "EADDRINUSE" in err and err.endswith(f"(port {port} is taken on this host: give every node another port "
                                                 "in launcher.rdzv_endpoint)"), err
