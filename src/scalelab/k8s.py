@@ -17,6 +17,7 @@ import sys
 import yaml
 
 OUTPUTS_MOUNT = "/scalelab-outputs"
+NODE_DIR = "node${oc.env:RANK,0}"   # Hydra resolves it in each pod: the operator's RANK is its node rank
 # Kubernetes object names (RFC 1123 DNS labels: a PyTorchJob's pods are named after it)
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _LAYOUT_KEYS = ("trainer.devices=", "trainer.num_nodes=", "launcher=", "launcher.rdzv_endpoint=",
@@ -29,12 +30,14 @@ def manifest(nodes: int, devices: int, image: str, overrides: list[str], name: s
              mount: str = OUTPUTS_MOUNT) -> dict:
     """The PyTorchJob as a dict (render() dumps it). Every pod mounts a memory-backed /dev/shm (a
     container's default is 64 MiB: too small for NCCL's and the DataLoader's shared memory); with a
-    PersistentVolumeClaim `pvc`, the job's folder is on it (MOUNT/NAME, the same on every pod: node
-    0's run.json, every node's ranks.log), since a finished pod's own disk cannot be read back."""
+    PersistentVolumeClaim `pvc`, each pod's job folder is on it (MOUNT/NAME/nodeK, K = the pod's
+    RANK, which the operator sets: node 0's run.json, every node's ranks.log, never one folder
+    written by two nodes), since a finished pod's own disk cannot be read back."""
     command = ["scalelab-train", *[o for o in overrides if not o.startswith(_LAYOUT_KEYS)], "launcher=torchrun",
                f"trainer.num_nodes={nodes}", f"trainer.devices={devices}",
                *([f"launcher.rdzv_timeout_s={rdzv_timeout_s}"] if rdzv_timeout_s else []),
-               *([f"hydra.run.dir={mount}/{name}"] if pvc else [])]
+               *([f"hydra.run.dir={mount}/{name}/{NODE_DIR}", f"hydra.sweep.dir={mount}/{name}/{NODE_DIR}"]
+                 if pvc else [])]
     limits = {**({"nvidia.com/gpu": str(devices)} if gpus else {}), **({"cpu": str(cpu)} if cpu else {}),
               **({"memory": str(memory)} if memory else {})}
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, *([{"name": "outputs", "mountPath": mount}] if pvc else [])]
@@ -83,8 +86,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=29500, help="the master's rendezvous port (MASTER_PORT)")
     p.add_argument("--cpu", action="store_true", help="no GPUs (gloo ranks on CPU cores): no nvidia.com/gpu limit")
     p.add_argument("--rdzv-timeout", type=int, help="launcher.rdzv_timeout_s (pods start at different times)")
-    p.add_argument("--pvc", help="a PersistentVolumeClaim (ReadWriteMany) for the results: the job's folder is "
-                   f"{OUTPUTS_MOUNT}/NAME on it")
+    p.add_argument("--pvc", help="a PersistentVolumeClaim (ReadWriteMany) for the results: each pod's job folder "
+                   f"is {OUTPUTS_MOUNT}/NAME/nodeK on it")
     p.add_argument("--out", help="write the manifest here instead of stdout")
     p.add_argument("overrides", nargs="*", help="scalelab-train overrides, e.g. strategy=fsdp model=gpt_small")
 

@@ -176,8 +176,8 @@ class TracebackFilter:
     def feed(self, chunk: bytes) -> bytes:
         *lines, self.pending = (self.pending + chunk).split(b"\n")
         out = b"".join(self._line(ln + b"\n") for ln in lines)
-        if b"\r" in self.pending and not self.skipping:  # a progress bar's update: now, not at its newline
-            out, self.pending = out + self.pending, b""
+        if b"\r" in self.pending:  # a progress bar's update (never a traceback's): now, not at its newline
+            out, self.pending, self.skipping = out + self.pending, b"", False
         return out
 
     def flush(self) -> bytes:

@@ -61,7 +61,7 @@ def _compose(overrides: list[str], hydra_cfg: bool = False):
         ambiguous = re.search(r"Ambiguous value for argument '([^']*)'", str(e))
         if ambiguous:   # a,b outside a sweep: Hydra's own line reads as a numbered list cut short
             raise ConfigError(f"{ambiguous.group(1)}: several values make a sweep (scalelab-train -m ...); one job "
-                              "takes one value (a list value is written KEY=[a,b])") from e
+                              "takes one value (a list is KEY=[a,b]; a string with a comma is quoted: KEY='a,b')") from e
         lines = [ln.strip().rstrip(".") for ln in str(e).splitlines() if ln.strip()]
         raise ConfigError("; ".join(lines[:2])) from e
 

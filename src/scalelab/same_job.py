@@ -1,35 +1,45 @@
 """launcher=torchrun: every node of a job must run the same command (its own node rank apart).
 
-The rendezvous id is the same on every node of a job (the endpoint and the job's number in a
-sweep), so nodes whose commands differ still meet; their ranks then compare their commands first
-thing after the process group forms (Lightning's setup hook, before the model is built) and stop
-with one line naming the differing overrides. Before, the id hashed the overrides themselves:
-nodes that differed in any value (even node 0 given launcher.rdzv_endpoint and node 1 reading
-MASTER_ADDR/MASTER_PORT, as the README allows) waited out launcher.rdzv_timeout_s (15 min by
-default) and then blamed the rendezvous.
+The rendezvous id is the same on every node of a job (node 0's port and the job's number in a
+sweep), so nodes whose commands differ still meet; each rank then posts its overrides to the
+store torchrun's rendezvous made (MASTER_ADDR:MASTER_PORT), waits for every rank's, and all stop
+with one line naming the differing overrides, before anything else: the Trainer, the device mesh
+(FSDP2 / TP strategies build it in setup_environment, where mismatched nodes would wait for each
+other until the collective timeout) and the model. Before, the id hashed the overrides
+themselves: nodes that differed in any value (even node 0 given launcher.rdzv_endpoint and node 1
+reading MASTER_ADDR/MASTER_PORT, as the README allows) waited out launcher.rdzv_timeout_s (15 min
+by default) and then blamed the rendezvous.
 """
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 
-# A node's own settings: its rendezvous keys (node rank; endpoint given or read from the
-# environment; its timeout) and where it writes (hydra.run.dir, hydra.sweep.dir).
-NODE_OWN = ("launcher.", "hydra.")
+# A node's own settings, free to differ: its rendezvous keys (node rank; endpoint given or read
+# from the environment; its timeout), where it writes (hydra.run.dir, hydra.sweep.dir, cache_dir),
+# what it prints and logs (only global rank 0 logs), and its host resources and time limits.
+NODE_OWN = ("launcher.", "hydra.", "verbose", "cache_dir", "logger", "trainer.timeout_s",
+            "trainer.collective_timeout_s", "trainer.threads_per_rank", "trainer.enable_progress_bar",
+            "data.num_workers")
 
 
 def shared_overrides(overrides: list[str]) -> dict[str, str]:
-    """KEY -> VALUE of the overrides every node must share (Hydra's +/++/~ prefixes kept in KEY)."""
+    """KEY -> VALUE of the overrides every node must share (`+k=v` and `k=v` alike; `~k` deletes)."""
     out = {}
     for o in overrides:
         key, _, value = str(o).partition("=")
-        if not key.lstrip("+~").startswith(NODE_OWN):
-            out[key] = value
+        name = key.lstrip("+")
+        if not name.lstrip("~").startswith(NODE_OWN):
+            out[name] = value
     return out
 
 
 def rdzv_id(endpoint: str, num: int) -> str:
-    """The same id on every node of a job: node 0's endpoint and the job's number in its sweep."""
-    return "scalelab-" + hashlib.sha1(f"{endpoint}\n{num}".encode()).hexdigest()[:12]
+    """The same id on every node of a job: node 0's port and the job's number in its sweep. Not
+    its host: node 0 may name itself localhost while node 1 reaches it as node0 or by address."""
+    port = str(endpoint).rpartition(":")[2]
+    return "scalelab-" + hashlib.sha1(f"{port}\n{num}".encode()).hexdigest()[:12]
 
 
 def difference(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:
@@ -38,28 +48,27 @@ def difference(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:
             if mine.get(k) != theirs.get(k)]
 
 
-def check_callback(overrides: list[str], node_rank: int):
-    """A Lightning callback that compares this rank's command with every other rank's once the
-    process group exists (its setup hook) and raises one line when they differ. Lightning is
-    imported here: the launcher imports this module for rdzv_id and never imports Lightning."""
-    import lightning as L
+def check(overrides: list[str], node_rank: int, timeout_s: float, environ=None) -> None:
+    """Post this rank's overrides to the rendezvous store, wait for every rank's, and raise one line
+    (RuntimeError) when any node's differ from global rank 0's. The ranks' torchrun environment
+    (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) names the store."""
+    from datetime import timedelta
 
-    shared, mine = shared_overrides(overrides), int(node_rank)
+    import torch.distributed as dist
 
-    class SameJobOnEveryNode(L.Callback):
-        def setup(self, trainer, pl_module, stage: str) -> None:
-            import torch.distributed as dist
-
-            if not (dist.is_available() and dist.is_initialized()):
-                return
-            every: list = [None] * dist.get_world_size()
-            dist.all_gather_object(every, (mine, shared))
-            node0, ref = every[0]
-            for node, theirs in every:
-                diff = difference(ref, theirs)
-                if diff:
-                    raise RuntimeError(f"node {node} runs another command than node {node0} (node {node0} vs node "
-                                       f"{node}: {'; '.join(diff)[:400]}): every node must run the same "
-                                       "scalelab-train overrides, with its own launcher.node_rank")
-
-    return SameJobOnEveryNode()
+    env = os.environ if environ is None else environ
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    wait = timedelta(seconds=float(timeout_s))
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=wait)
+    prefix = f"scalelab/same_job/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    store.set(f"{prefix}{rank}", json.dumps([int(node_rank), shared_overrides(overrides)]))
+    keys = [f"{prefix}{r}" for r in range(world)]
+    store.wait(keys, wait)
+    every = [json.loads(store.get(k)) for k in keys]
+    node0, ref = every[0]
+    for node, theirs in every:
+        diff = difference(ref, theirs)
+        if diff:
+            raise RuntimeError(f"node {node} runs another command than node {node0} (node {node0} vs node {node}: "
+                               f"{'; '.join(diff)[:400]}): every node must run the same scalelab-train overrides, "
+                               "with its own launcher.node_rank")

@@ -84,6 +84,7 @@ def run_job(cfg: DictConfig) -> dict:
         return done
     OmegaConf.save(OmegaConf.create(scrub(resolved)), job_dir / "config_resolved.yaml")
     (job_dir / RUN_FILE).unlink(missing_ok=True)
+    (job_dir / PROGRESS).unlink(missing_ok=True)   # a failed record's steps come from this run's mark only
     log.info(f"[scalelab] {resolved['job']['name']}: strategy={cfg.strategy.name} world={spec.run.world_size} "
              f"batch={spec.batch.global_batch_size} (micro {spec.batch.per_device_batch_size} x acc "
              f"{spec.batch.accumulate_grad_batches}) -> {job_dir}")
@@ -118,9 +119,11 @@ def run_job(cfg: DictConfig) -> dict:
         console = launch.TracebackFilter() if not cfg.get("verbose", False) else None
         # a rendezvous that never completes (torchrun's store client can wait forever on an endpoint
         # where another program listens; with no node 0 it retries past its timeout) ends here
-        start_by = (float(layout["timeout_s"]) + 10, f"no rank started within launcher.rdzv_timeout_s="
-                    f"{layout['timeout_s']:g} + 10 s: is {layout['endpoint']} node 0's scalelab-train (or another "
-                    "program's port)?") if layout is not None else None
+        # (the margin covers torchrun's own start, which a loaded host or a cold file system slows)
+        margin = max(30.0, 0.1 * float(layout["timeout_s"])) if layout is not None else 0.0
+        start_by = (float(layout["timeout_s"]) + margin, f"no rank started within launcher.rdzv_timeout_s="
+                    f"{layout['timeout_s']:g} + {margin:g} s: is {layout['endpoint']} node 0's scalelab-train (or "
+                    "another program's port)?") if layout is not None else None
         rc, elastic = launch.run_ranks(cmd, env, job_dir / "ranks.log", float(cfg.trainer.timeout_s),
                                        console=console, start_by=start_by), {}
     exited = timing.now()

@@ -161,6 +161,11 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     torch.set_num_threads(int(cfg.job.threads_per_rank))
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # same initial weights on every rank
     rank, world = _global_rank(), spec.run.world_size
+    if cfg.launcher.name == "torchrun" and spec.run.num_nodes > 1:  # nodes started by hand: the same command?
+        from scalelab import same_job
+
+        same_job.check(list(cfg.job.overrides), int(cfg.launcher.node_rank),
+                       float(cfg.trainer.get("collective_timeout_s", 600)))
     plan = spec.plan
     with plan.init_device(spec.run, _local_rank()):  # on the GPU itself where it can
         module = LitModule(spec.run.model_arch, cfg.model.task, hydra.utils.instantiate(cfg.optim.optimizer),
@@ -187,10 +192,6 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
                           **({"length_fn": lambda b: b.shape[0] * seq} if seq else {}))
     # HostLRMonitor: Lightning's LearningRateMonitor without its per-step torch.tensor(lr, device=cuda)
     callbacks = [metrics, live] + ([HostLRMonitor("step")] if cfg.logger.name != "none" else [])
-    if cfg.launcher.name == "torchrun" and spec.run.num_nodes > 1:  # nodes started by hand: the same command?
-        from scalelab.same_job import check_callback
-
-        callbacks.append(check_callback(list(cfg.job.overrides), int(cfg.launcher.node_rank)))
     if cfg.trainer.enable_progress_bar:
         callbacks.append(StepProgressBar(seq, spec.batch.global_batch_size))
     val_curve = ValidationCurve.for_config(cfg.trainer)  # None unless trainer.val_every_n_steps

@@ -111,8 +111,7 @@ def test_render_round_trips_and_the_command_is_a_list():
 
 def test_render_mounts_shared_memory_and_the_results_claim():
     """Every pod: /dev/shm in memory (a container's default 64 MiB is too small for NCCL); with
-    --pvc the job's folder is on the claim, the same path on every pod (a finished pod's own disk
-    is gone with it)."""
+    --pvc each pod's job folder is on the claim (a finished pod's own disk is gone with it)."""
     for pvc in (None, "results"):
         doc = yaml.safe_load(k8s.render(2, 8, "img", ["strategy=ddp"], name="run-1", pvc=pvc))
         for role in ("Master", "Worker"):
@@ -126,7 +125,9 @@ def test_render_mounts_shared_memory_and_the_results_claim():
             else:
                 assert vols["outputs"]["persistentVolumeClaim"] == {"claimName": "results"}
                 assert mounts["outputs"] == "/scalelab-outputs"
-                assert c["command"][-1] == "hydra.run.dir=/scalelab-outputs/run-1"
+                # each pod its own folder (node K = the pod's RANK): two nodes never write one run.json
+                assert c["command"][-2:] == ["hydra.run.dir=/scalelab-outputs/run-1/node${oc.env:RANK,0}",
+                                             "hydra.sweep.dir=/scalelab-outputs/run-1/node${oc.env:RANK,0}"]
 
 
 @pytest.mark.parametrize("args,words", [

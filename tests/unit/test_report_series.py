@@ -75,6 +75,9 @@ def test_sweep_labels_and_recommends_names(tmp_path):
     x, y = tmp_path / "runs1" / "verify", tmp_path / "runs2" / "verify"
     assert charts.sweep_labels([str(x), str(y)]) == {str(x): "runs1/verify", str(y): "runs2/verify"}
     assert charts.sweep_labels([str(x), str(x)]) == {}
+    # series are keyed by label: two dirs whose last two parts match still get two labels
+    assert charts.sweep_labels(["/a/exp/sweep", "/b/exp/sweep"]) == {"/a/exp/sweep": "a/exp/sweep",
+                                                                     "/b/exp/sweep": "b/exp/sweep"}
     assert charts.sweep_labels([str(x), None], {x: "verification"}) == {str(x): "verification", None: "no sweep"}
 
 

@@ -41,8 +41,8 @@ def _norm(path) -> str | None:
 
 
 def sweep_labels(dirs, names: dict | None = None) -> dict:
-    """Short series labels of the sweeps runs came from, keyed by _norm(dir): the dir's name (two
-    path parts where names clash), or NAMES[dir]. Empty for fewer than two sweeps: series of one
+    """Short series labels of the sweeps runs came from, keyed by _norm(dir): the dir's name (more
+    path parts while names clash: series are keyed by label), or NAMES[dir]. Empty for fewer than two sweeps: series of one
     sweep need no label, and runs of two sweeps must never share a series (a before/after
     comparison would be averaged away). Callers label from one source each (records or summaries):
     a copied sweep's run.json still names the dir it ran in."""
@@ -50,9 +50,11 @@ def sweep_labels(dirs, names: dict | None = None) -> dict:
     if len(dirs) < 2:
         return {}
     names = {_norm(k): v for k, v in (names or {}).items()}
-    base = {d: Path(d).name if d else "no sweep" for d in dirs}
-    clash = {b for b in base.values() if list(base.values()).count(b) > 1}
-    return {d: names.get(d) or ("/".join(Path(d).parts[-2:]) if d and base[d] in clash else base[d]) for d in dirs}
+    for parts in range(1, max(len(Path(d).parts) for d in dirs if d) + 1 if any(dirs) else 2):
+        label = {d: names.get(d) or ("/".join(Path(d).parts[-parts:]) if d else "no sweep") for d in dirs}
+        if len(set(label.values())) == len(dirs):   # as many path parts as it takes to tell them apart
+            return label
+    return {d: names.get(d) or d or "no sweep" for d in dirs}
 
 
 def _suffix(rec: dict, group_by: str | None, sweep_shown: bool = False) -> str:

@@ -1,0 +1,60 @@
+"""launcher=torchrun: what every node must share (scalelab.same_job), checked through a real
+TCPStore as torchrun's rendezvous hosts it (two ranks as threads, one per "node")."""
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from scalelab import same_job
+from scalelab.launch import free_port
+
+
+def test_a_nodes_own_keys_may_differ_and_prefixes_do_not_count():
+    got = same_job.shared_overrides(["+seed=7", "++optim.lr=0.1", "verbose=true", "launcher.node_rank=1",
+                                     "launcher.rdzv_endpoint=n0:29500", "logger=none", "cache_dir=/scratch/x",
+                                     "trainer.timeout_s=60", "trainer.max_steps=5", "~model.arch.dropout"])
+    assert got == {"seed": "7", "optim.lr": "0.1", "trainer.max_steps": "5", "~model.arch.dropout": ""}
+
+
+def test_the_rendezvous_id_is_node_0s_port_and_the_job_number():
+    a = same_job.rdzv_id("localhost:29500", 0)
+    assert a == same_job.rdzv_id("10.0.0.1:29500", 0) == same_job.rdzv_id("node0.example.com:29500", 0)
+    assert len({a, same_job.rdzv_id("localhost:29500", 1), same_job.rdzv_id("localhost:29501", 0)}) == 3
+
+
+def _two_ranks(overrides: list[list[str]]) -> list[BaseException | None]:
+    port = free_port()
+    master = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    errors: list[BaseException | None] = [None, None]
+
+    def rank(r: int) -> None:
+        env = {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        try:
+            same_job.check(overrides[r], node_rank=r, timeout_s=30, environ=env)
+        except BaseException as e:  # noqa: BLE001
+            errors[r] = e
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (1, 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    del master
+    return errors
+
+
+def test_the_same_command_passes_and_another_stops_every_rank_naming_the_keys():
+    assert _two_ranks([["strategy=ddp", "launcher.node_rank=0"], ["strategy=ddp", "launcher.node_rank=1",
+                                                                  "verbose=true"]]) == [None, None]
+    errors = _two_ranks([["strategy=ddp"], ["strategy=fsdp", "+seed=7"]])
+    for e in errors:
+        assert isinstance(e, RuntimeError)
+        assert str(e).startswith("node 1 runs another command than node 0 (node 0 vs node 1: seed: - vs 7; "
+                                 "strategy: ddp vs fsdp)")
+
+
+def test_difference_reads_both_sides():
+    assert same_job.difference({"k": "a,b"}, {"k": "a,b"}) == []
+    assert same_job.difference({"k": "a,b", "j": "1"}, {"j": "2"}) == ["j: 1 vs 2", "k: a,b vs -"]
