@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -34,15 +35,33 @@ SMOKE = dict(layers=2, width=64, heads=4, seq_len=64, vocab=256, batch=8, precis
 GIB = 2 ** 30
 
 
+DEADLINE: float | None = None   # time.time() by which main() must end (--deadline)
+
+
 def _run(cmd: list[str], log: Path, timeout: float, cache: str | None = None) -> subprocess.CompletedProcess:
+    """Run CMD in its own session; past TIMEOUT the whole session (a sweep's ranks, its fork server)
+    is killed and the result has exit code 124, what it printed so far kept."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
     if cache:
         env["SCALELAB_CACHE"] = cache
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    log.write_text(f"$ {' '.join(cmd)}\n# {time.time() - t0:.1f} s, exit {proc.returncode}\n"
-                   f"{proc.stdout}\n--- stderr\n{proc.stderr}")
-    return proc
+    p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=max(1.0, timeout))
+        code = p.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        code, err = 124, err + f"\n[gpu_check] cut at its deadline ({timeout:.0f} s)\n"
+    log.write_text(f"$ {' '.join(cmd)}\n# {time.time() - t0:.1f} s, exit {code}\n{out}\n--- stderr\n{err}")
+    return subprocess.CompletedProcess(cmd, code, out, err)
+
+
+def left(default: float) -> float:
+    """Seconds CMD may take: DEFAULT, or less where --deadline leaves less (30 s kept for the plans
+    and the report, so a stage cut short still reports the runs it finished)."""
+    return default if DEADLINE is None else min(default, DEADLINE - time.time() - 30)
 
 
 def hand_loop(s: dict, out: Path) -> dict:
@@ -50,7 +69,7 @@ def hand_loop(s: dict, out: Path) -> dict:
            "--width", str(s["width"]), "--heads", str(s["heads"]), "--seq-len", str(s["seq_len"]),
            "--vocab", str(s["vocab"]), "--batch", str(s["batch"]), "--precision", s["precision"],
            "--steps", str(s["steps"]), "--warmup", str(s["warmup"])]
-    proc = _run(cmd, out / "handwritten.log", 300)
+    proc = _run(cmd, out / "handwritten.log", left(300))
     if proc.returncode:
         raise SystemExit(f"error: the hand-written loop failed (exit {proc.returncode}); see {out / 'handwritten.log'}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -70,7 +89,7 @@ def sweep(s: dict, strategies: list[str], out: Path, extra: list[str] = ()) -> l
     sweep_dir = out / "sweep"
     cmd = [sys.executable, "-m", "scalelab.train", "-m", f"strategy={','.join(strategies)}", *job_overrides(s, extra),
            f"hydra.sweep.dir={sweep_dir}"]
-    proc = _run(cmd, out / "sweep.log", 900)
+    proc = _run(cmd, out / "sweep.log", left(900))
     recs = {}
     for p in sorted(sweep_dir.rglob("run.json")):
         r = json.loads(p.read_text())
@@ -185,8 +204,12 @@ def main() -> int:
     ap.add_argument("--steps", type=int, help="optimizer steps per run (default: the shape's)")
     ap.add_argument("--vocab", type=int, help="vocabulary size (default: the shape's byte vocabulary, 256); "
                     "a large one checks the planner's loss-backward term at the head (the data stay bytes)")
+    ap.add_argument("--deadline", type=float, help="seconds this script may take: the sweep is cut 30 s before, "
+                    "and the report covers the runs finished by then")
     ap.add_argument("overrides", nargs="*", help="extra scalelab-train overrides for every run (KEY=VALUE)")
     a = ap.parse_args()
+    global DEADLINE
+    DEADLINE = time.time() + a.deadline if a.deadline else None
     s = dict(SMOKE if a.smoke else BIG if a.big else FULL)
     if a.steps:
         s["steps"] = a.steps

@@ -27,7 +27,7 @@ stage() {  # stage NAME BUDGET_END_S ARGS...: run gpu_check with a deadline at B
   local left=$(( end - $(el) ))
   if [ "$left" -lt 60 ]; then echo "[device_run] $name skipped at $(el) s"; return; fi
   echo "[device_run] $name: start at $(el) s, up to $left s"
-  timeout "$left" python3 benchmarks/gpu_check.py --out "$W/$name" "$@" > "$W/$name.txt" 2>&1
+  timeout "$left" python3 benchmarks/gpu_check.py --out "$W/$name" --deadline $((left - 5)) "$@" > "$W/$name.txt" 2>&1
   echo "[device_run] $name: exit $? at $(el) s"
   # a stage cut by its deadline leaves its sweep and ranks (own sessions) on the GPU: end them
   pkill -9 -f 'scalelab[.](train|worker|cli)|forkserver' 2>/dev/null; sleep 1
