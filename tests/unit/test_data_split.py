@@ -151,7 +151,7 @@ def test_mixed_folder_reads_text_recursively_and_skips_binary_empty_hidden(tmp_p
     out = prepare(files_cfg(notes, root), T, tmp_path / "cache", progress=False)
     meta = read_meta(out)
     assert meta["documents"] == meta["files"] == 5  # notes + 4 text files, nested ones included
-    assert meta["skipped_files"] == {"empty": 1, "binary": 1}
+    assert meta["skipped_files"] == {"empty": 1, "binary": 1, "hidden": 1}   # .git/config
     total = 7_000 + sum(sizes.values())
     assert meta["bytes"] == total
     assert meta["blocks"] == (total + 4) // 65  # + the 0-byte separators between the 5 documents

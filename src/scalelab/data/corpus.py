@@ -40,15 +40,17 @@ def stdlib_documents() -> list[tuple[str, bytes]]:
     return [(str(p.relative_to(root)), p.read_bytes()) for p in files]
 
 
-def _folder_files(folder: Path) -> list[Path]:
-    """Files under a folder, recursively, in a stable order, without hidden entries."""
-    return sorted(f for f in folder.rglob("*")
-                  if f.is_file() and not any(part.startswith(".") for part in f.relative_to(folder).parts))
+def _folder_files(folder: Path) -> tuple[list[Path], int]:
+    """Files under a folder, recursively, in a stable order, without hidden entries (names starting
+    with "."); and how many files those hidden entries held."""
+    files = [f for f in folder.rglob("*") if f.is_file()]
+    shown = [f for f in files if not any(part.startswith(".") for part in f.relative_to(folder).parts)]
+    return sorted(shown), len(files) - len(shown)
 
 
 def file_documents(paths: list[str], info: dict | None = None) -> list[tuple[str, bytes]]:
     """(name, bytes) of every text file given or found under a given folder. `info` (optional)
-    receives the counts of files read and skipped."""
+    receives the counts of files read and skipped (empty, binary and, where there were any, hidden)."""
     docs, skipped = [], {"empty": 0, "binary": 0}
     for raw in paths:
         p = Path(str(raw)).expanduser()
@@ -57,7 +59,10 @@ def file_documents(paths: list[str], info: dict | None = None) -> list[tuple[str
         if not p.is_dir():
             docs.append((str(p), p.read_bytes()))
             continue
-        for f in _folder_files(p):
+        found, hidden = _folder_files(p)
+        if hidden:
+            skipped["hidden"] = skipped.get("hidden", 0) + hidden
+        for f in found:
             data = f.read_bytes()
             if not data:
                 skipped["empty"] += 1
@@ -203,7 +208,7 @@ def split_blocks(n_blocks: int, val_fraction: float, seed: int, block_bytes: int
 def _tree_stamp(p: Path) -> list:
     """What changes when the data under p changes: (name, size, mtime) of the file or of every
     file under the folder."""
-    files = _folder_files(p) if p.is_dir() else [p]
+    files = _folder_files(p)[0] if p.is_dir() else [p]
     out = []
     for f in files:
         st = f.stat()
