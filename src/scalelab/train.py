@@ -44,6 +44,8 @@ def run_job(cfg: DictConfig) -> dict:
     hc = HydraConfig.get()
     job_dir = Path(hc.runtime.output_dir).resolve()
     multirun = hc.mode == RunMode.MULTIRUN
+    _MARKS["job_dir"] = job_dir   # the job a Ctrl-C interrupts (main: _interrupted)
+    _MARKS["sweep_dir"] = Path(hc.sweep.dir).resolve() if multirun else None
     # Hydra saved the composed config and the overrides (.hydra/, the sweep's multirun.yaml) as
     # given: redact secrets there before anything else (results.record.scrub_file).
     for saved in [*job_dir.glob(".hydra/*.yaml"), *([Path(hc.sweep.dir) / "multirun.yaml"] if multirun else [])]:
@@ -307,12 +309,29 @@ def main() -> None:
 
         spawn.stop_server()
         sys.exit(2)
-    _hydra_main()
+    try:
+        _hydra_main()
+    except KeyboardInterrupt:   # the ranks were ended with it (spawn / launch kill their groups)
+        print(_interrupted(_MARKS.get("job_dir"), _MARKS.get("sweep_dir")), file=sys.stderr)
+        _fast_exit(130)
     code = 0
     if _FAILED:  # the sweep went on past them; the command still says so
         print(f"error: {len(_FAILED)} job(s) failed:\n  " + "\n  ".join(_FAILED), file=sys.stderr)
         code = 1
     _fast_exit(code)
+
+
+def _interrupted(job_dir: Path | None, sweep_dir: Path | None = None) -> str:
+    """One line for Ctrl-C: which job it stopped and how to go on (checkpoint.resume=auto resumes
+    from the job's newest checkpoint when the same command runs again into the same folder)."""
+    if job_dir is None:
+        return "[scalelab] interrupted (Ctrl-C) before any job started"
+    saved = sorted((job_dir / "checkpoints").glob("step-*.ckpt")) if (job_dir / "checkpoints").is_dir() else []
+    again = (f"hydra.sweep.dir={sweep_dir} (its jobs run again; this one from that checkpoint)" if sweep_dir
+             else f"hydra.run.dir={job_dir}")
+    how = (f"its newest checkpoint is {saved[-1].name}: the same command with {again} goes on from it" if saved
+           else "it saved no checkpoint (checkpoint.every_n_steps=N saves one every N steps)")
+    return f"[scalelab] interrupted (Ctrl-C) in {job_dir}: {how}"
 
 
 def _fast_exit(code: int) -> None:
