@@ -69,6 +69,22 @@ def find_resume(job_dir: Path, below: int | None = None, slurm_job: str | None =
     return None, 0, problems
 
 
+def checkpoint_step(ckpt: Path) -> int | None:
+    """The optimizer step a checkpoint was saved at: its manifest's, else its name's
+    (step-00000060.ckpt); None when neither says."""
+    step = _manifest(Path(ckpt)).get("step")
+    if isinstance(step, int):
+        return step
+    m = re.fullmatch(r"step-(\d+)\.ckpt", Path(ckpt).name)
+    return int(m.group(1)) if m else None
+
+
+def write_step(ckpt: Path, step: int) -> None:
+    """A manifest with only the step, for a checkpoint saved outside the periodic callback
+    (checkpoint.save's last.ckpt): checkpoint.resume_from can then be checked before any rank."""
+    ckpt.with_name(ckpt.name + MANIFEST).write_text(json.dumps({"step": int(step)}))
+
+
 def _manifest(ckpt: Path) -> dict:
     try:
         return json.loads(ckpt.with_name(ckpt.name + MANIFEST).read_text())

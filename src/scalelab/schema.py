@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scalelab.checkpointing import checkpoint_step
 from scalelab.errors import ConfigError
 
 
@@ -393,6 +394,11 @@ def check(c: dict) -> None:
     if resume and not Path(str(resume)).expanduser().exists():
         raise ConfigError(f"checkpoint.resume_from={resume!r} does not exist: give a checkpoint (file or folder) "
                           "saved by a run of the same strategy and world size, or null")
+    max_steps = (c.get("trainer") or {}).get("max_steps")
+    at = checkpoint_step(Path(str(resume)).expanduser()) if resume else None
+    if at is not None and isinstance(max_steps, int) and at >= max_steps:   # the ranks crashed on it
+        raise ConfigError(f"checkpoint.resume_from={resume!r} is at step {at}: trainer.max_steps={max_steps} "
+                          f"must be larger (it counts every step, the resumed ones included)")
     warm = (c.get("lr_scaling") or {}).get("warmup_steps")
     if isinstance(warm, float) and warm >= 1 and not warm.is_integer():
         raise ConfigError(f"lr_scaling.warmup_steps={warm!r} {GROUPS['lr_scaling']['warmup_steps'].what()}: "

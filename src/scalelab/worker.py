@@ -25,7 +25,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from scalelab import timing  # noqa: E402
-from scalelab.checkpointing import RESUMED, find_resume, periodic_checkpoint, read_curve
+from scalelab.checkpointing import RESUMED, find_resume, periodic_checkpoint, read_curve, write_step
 from scalelab.config import validate
 from scalelab.console import StepProgressBar, quiet_rank
 from scalelab.data.datamodule import ByteCorpusDataModule, ValidationCurve, validation_trainer_args
@@ -251,6 +251,8 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         return 0
     if cfg.checkpoint.save:
         trainer.save_checkpoint(str(job_dir / "checkpoints" / "last.ckpt"), weights_only=False)
+        if rank == 0:
+            write_step(job_dir / "checkpoints" / "last.ckpt", trainer.global_step)
     if cfg.checkpoint.export_consolidated:
         state = plan.consolidated_state_dict(trainer, module)  # collective: all ranks call it
         if rank == 0:
