@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import select
 import signal
 import sys
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 from scalelab import launch
-from scalelab.checkpointing import PROGRESS, RESUMED
+from scalelab.checkpointing import PROGRESS, RESUMED, valid_checkpoints
 
 PRELOAD = ["scalelab.worker"]
 # The server forks with one thread (a fork copies only the calling thread; a library pool caught
@@ -110,10 +111,25 @@ def run_job(job_dir: Path, n: int, env: dict[str, str], log_path: Path, timeout_
             return code, {"restarts": restarts, "steps_redone": redone}
         failed_at = _read_int(job_dir / PROGRESS, 0)
         restarts += 1
+        saved = valid_checkpoints(job_dir / "checkpoints")[0]
+        # (checkpoint.resume=auto: the newest valid checkpoint of the job's own folder, as the ranks find it)
+        start = f"resume from step {saved[0][0]}" if saved else \
+            "start over from step 0 (no checkpoint yet: checkpoint.every_n_steps=N saves one every N steps)"
+        line = f"[scalelab] restart {restarts} of {max_restarts} after step {failed_at}: every rank starts again " \
+               f"and will {start}"
         with open(log_path, "ab") as log:
-            log.write(f"[scalelab] restart {restarts} of {max_restarts} after step {failed_at}: every rank "
-                      "starts again and resumes from the newest valid checkpoint\n".encode())
-        print(f"[scalelab] restart {restarts} of {max_restarts} after step {failed_at}", flush=True)
+            log.write(f"{line}\n".encode())
+        print(f"{line}{_why(log_path)}", flush=True)
+
+
+def _why(log_path: Path) -> str:
+    """'; rank R failed first (...)': the failure that caused a restart, from ranks.log (the console
+    showed the restart, not its cause)."""
+    try:
+        found = re.findall(r"\[scalelab\] (rank \d+ failed first \([^)]*\))", log_path.read_text(errors="replace"))
+    except OSError:
+        return ""
+    return f"; {found[-1]}" if found else ""
 
 
 def _read_int(path: Path, default: int) -> int:

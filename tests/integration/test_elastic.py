@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -54,7 +55,7 @@ def test_killed_rank_restarts_and_ends_on_the_uninterrupted_loss(tmp_path, strat
     watcher = threading.Thread(target=_kill_rank1_at, args=(job, 12, killed, stop), daemon=True)
     watcher.start()
     try:
-        train([*FAST, f"strategy={strategy}", *ELASTIC, f"hydra.run.dir={job}"], tmp_path, timeout=900)
+        proc = train([*FAST, f"strategy={strategy}", *ELASTIC, f"hydra.run.dir={job}"], tmp_path, timeout=900)
     finally:
         stop.set()
     rec = json.loads((job / "run.json").read_text())
@@ -70,6 +71,9 @@ def test_killed_rank_restarts_and_ends_on_the_uninterrupted_loss(tmp_path, strat
     assert rec["loss"]["final"] == pytest.approx(want["final"], rel=1e-6), (rec["loss"]["final"], want["final"])
     assert [v for _, v in rec["loss"]["curve"]] == pytest.approx([v for _, v in want["curve"]], rel=1e-6)
     assert "restart 1 of 1" in (job / "ranks.log").read_text()
+    # the console says where the restart goes on from and why it happened (ranks.log had the cause only)
+    assert re.search(r"restart 1 of 1 after step 1\d: every rank starts again and will resume from step 10; "
+                     r"rank 1 failed first \(killed by signal 9\)", proc.stdout), proc.stdout[-2000:]
 
 
 def test_truncated_newest_checkpoint_is_passed_over(tmp_path):
