@@ -75,8 +75,16 @@ def checkpoint_step(ckpt: Path) -> int | None:
     step = _manifest(Path(ckpt)).get("step")
     if isinstance(step, int):
         return step
-    m = re.fullmatch(r"step-(\d+)\.ckpt", Path(ckpt).name)
+    m = _NAME.match(Path(ckpt).name)
     return int(m.group(1)) if m else None
+
+
+def read_mark(path: Path, default: int | None = None) -> int | None:
+    """The step a mark file holds (PROGRESS, RESUMED), or `default` where there is none."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return default
 
 
 def write_step(ckpt: Path, step: int) -> None:

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.port <= 65535:
         print(f"error: --port {args.port} must be in 1-65535", file=sys.stderr)
         return 2
-    for flag, value in (("--name", args.name), ("--namespace", args.namespace)):
+    for flag, value in (("--name", args.name), ("--namespace", args.namespace), ("--pvc", args.pvc)):
         if value is not None and not _NAME.fullmatch(value):
             print(f"error: {flag} {value!r} is not a Kubernetes name: lowercase letters, digits and '-', starting "
                   "and ending with a letter or digit, at most 63 characters", file=sys.stderr)
@@ -112,9 +112,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.image.strip() or any(c.isspace() for c in args.image):
         print(f"error: --image {args.image!r} must be an image reference (e.g. registry/scalelab:tag), without "
               "spaces", file=sys.stderr)
-        return 2
-    if args.pvc is not None and not _NAME.fullmatch(args.pvc):
-        print(f"error: --pvc {args.pvc!r} is not a Kubernetes name (the claim's metadata.name)", file=sys.stderr)
         return 2
     clash = [o for o in args.overrides if o.startswith(_LAYOUT_KEYS)]
     if clash:

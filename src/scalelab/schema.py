@@ -391,11 +391,12 @@ def check(c: dict) -> None:
     # which hardware profile, and that a resume path exists (the rank would only fail on it)
     _hardware_profile(c.get("hardware_profile", "auto"))
     resume = (c.get("checkpoint") or {}).get("resume_from")
-    if resume and not Path(str(resume)).expanduser().exists():
+    path = Path(str(resume)).expanduser() if resume else None
+    if path is not None and not path.exists():
         raise ConfigError(f"checkpoint.resume_from={resume!r} does not exist: give a checkpoint (file or folder) "
                           "saved by a run of the same strategy and world size, or null")
     max_steps = (c.get("trainer") or {}).get("max_steps")
-    at = checkpoint_step(Path(str(resume)).expanduser()) if resume else None
+    at = checkpoint_step(path) if path is not None else None
     if at is not None and isinstance(max_steps, int) and at >= max_steps:   # the ranks crashed on it
         raise ConfigError(f"checkpoint.resume_from={resume!r} is at step {at}: trainer.max_steps={max_steps} "
                           f"must be larger (it counts every step, the resumed ones included)")

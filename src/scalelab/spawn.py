@@ -27,9 +27,12 @@ import time
 from pathlib import Path
 
 from scalelab import launch
-from scalelab.checkpointing import PROGRESS, RESUMED, valid_checkpoints
+from scalelab.checkpointing import PROGRESS, RESUMED, find_resume, read_mark
 
 PRELOAD = ["scalelab.worker"]
+# The line the watch loop writes to ranks.log when a rank dies first (its peers are ended after it):
+# (rank, how), read back for a restart's console line and for the job's error (scalelab.train).
+FAILED_FIRST = re.compile(r"\[scalelab\] rank (\d+) failed first \(([^)]*)\)")
 # The server forks with one thread (a fork copies only the calling thread; a library pool caught
 # mid-operation would be left half-held in the child). Importing the worker starts numpy's
 # OpenBLAS pool and pyarrow's jemalloc background thread unless told not to; every rank sets its
@@ -106,14 +109,13 @@ def run_job(job_dir: Path, n: int, env: dict[str, str], log_path: Path, timeout_
         (job_dir / RESUMED).unlink(missing_ok=True)
         code = run_ranks(job_dir, n, env, log_path, max(1.0, deadline - time.monotonic()))
         if restarts:                       # steps this attempt did again: from its resume point
-            redone += max(0, failed_at - _read_int(job_dir / RESUMED, 0))
+            redone += max(0, failed_at - read_mark(job_dir / RESUMED, 0))
         if code in (0, 124) or restarts >= max_restarts:
             return code, {"restarts": restarts, "steps_redone": redone}
-        failed_at = _read_int(job_dir / PROGRESS, 0)
+        failed_at = read_mark(job_dir / PROGRESS, 0)
         restarts += 1
-        saved = valid_checkpoints(job_dir / "checkpoints")[0]
-        # (checkpoint.resume=auto: the newest valid checkpoint of the job's own folder, as the ranks find it)
-        start = f"resume from step {saved[0][0]}" if saved else \
+        saved, step, _ = find_resume(job_dir)   # what the ranks resume from (checkpoint.resume=auto)
+        start = f"resume from step {step}" if saved else \
             "start over from step 0 (no checkpoint yet: checkpoint.every_n_steps=N saves one every N steps)"
         line = f"[scalelab] restart {restarts} of {max_restarts} after step {failed_at}: every rank starts again " \
                f"and will {start}"
@@ -126,17 +128,10 @@ def _why(log_path: Path) -> str:
     """'; rank R failed first (...)': the failure that caused a restart, from ranks.log (the console
     showed the restart, not its cause)."""
     try:
-        found = re.findall(r"\[scalelab\] (rank \d+ failed first \([^)]*\))", log_path.read_text(errors="replace"))
+        found = FAILED_FIRST.findall(log_path.read_text(errors="replace"))
     except OSError:
         return ""
-    return f"; {found[-1]}" if found else ""
-
-
-def _read_int(path: Path, default: int) -> int:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return default
+    return f"; rank {found[-1][0]} failed first ({found[-1][1]})" if found else ""
 
 
 def run_ranks(job_dir: Path, n: int, env: dict[str, str], log_path: Path, timeout_s: float) -> int:

@@ -14,8 +14,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from scalelab import launch, requeue, same_job, timing
-from scalelab.checkpointing import PROGRESS
+from scalelab import launch, requeue, same_job, spawn, timing
+from scalelab.checkpointing import PROGRESS, find_resume, read_mark
 from scalelab.errors import ConfigError
 from scalelab.paths import conf_dir
 from scalelab.results.record import (RUN_FILE, BadRecord, base_record, install_log_redaction, load_record,
@@ -105,8 +105,6 @@ def run_job(cfg: DictConfig) -> dict:
         _mark_attempt(job_dir)
     spawned = timing.now()
     if cfg.launcher.name == "local":   # forks of a pre-imported server (scalelab.spawn)
-        from scalelab import spawn
-
         rc, elastic = spawn.run_job(job_dir, spec.run.devices_per_node, env, job_dir / "ranks.log",
                                     float(cfg.trainer.timeout_s), int(cfg.trainer.get("max_restarts", 0)))
     elif signals is not None:
@@ -119,13 +117,15 @@ def run_job(cfg: DictConfig) -> dict:
             return {"status": "requeued", "job": resolved["job"]}
     else:  # torchrun (one node of several, or torchrun_local): its tracebacks stay in ranks.log
         console = launch.TracebackFilter() if not cfg.get("verbose", False) else None
-        # a rendezvous that never completes (torchrun's store client can wait forever on an endpoint
-        # where another program listens; with no node 0 it retries past its timeout) ends here
-        # (the margin covers torchrun's own start, which a loaded host or a cold file system slows)
-        margin = max(30.0, 0.1 * float(layout["timeout_s"])) if layout is not None else 0.0
-        start_by = (float(layout["timeout_s"]) + margin, f"no rank started within launcher.rdzv_timeout_s="
-                    f"{layout['timeout_s']:g} + {margin:g} s: is {layout['endpoint']} node 0's scalelab-train (or "
-                    "another program's port)?") if layout is not None else None
+        start_by = None
+        if layout is not None:
+            # a rendezvous that never completes (torchrun's store client can wait forever on an endpoint
+            # where another program listens; with no node 0 it retries past its timeout) ends here
+            # (the margin covers torchrun's own start, which a loaded host or a cold file system slows)
+            margin = max(30.0, 0.1 * float(layout["timeout_s"]))
+            start_by = (float(layout["timeout_s"]) + margin, f"no rank started within launcher.rdzv_timeout_s="
+                        f"{layout['timeout_s']:g} + {margin:g} s: is {layout['endpoint']} node 0's scalelab-train "
+                        "(or another program's port)?")
         rc, elastic = launch.run_ranks(cmd, env, job_dir / "ranks.log", float(cfg.trainer.timeout_s),
                                        console=console, start_by=start_by), {}
     exited = timing.now()
@@ -232,10 +232,9 @@ def _collect(job_dir: Path, rc: int, resolved: dict, spec, threads: int) -> dict
                          spec.plan.parallel_degrees(spec.run.world_size), spec.run.model_arch, None,
                          spec.run.accelerator, threads)
     record.update(status="failed", returncode=rc, error=_error_message(job_dir, rc))
-    try:  # the steps rank 0 finished (its progress mark, at most ~1 s old): the record says how far it got
-        record["steps"] = int((job_dir / PROGRESS).read_text())
-    except (OSError, ValueError):
-        pass
+    reached = read_mark(job_dir / PROGRESS)   # rank 0's progress mark (at most ~1 s old): how far it got
+    if reached is not None:
+        record["steps"] = reached
     return record
 
 
@@ -245,7 +244,7 @@ def _error_message(job_dir: Path, rc: int) -> str:
     rank's error file, else the exit code and the log's last line."""
     log = job_dir / "ranks.log"
     text = (log.read_text(errors="replace") if log.exists() else "").rsplit(ATTEMPT_MARK, 1)[-1]
-    first = re.findall(r"\[scalelab\] rank (\d+) failed first \(([^)]*)\)", text)
+    first = spawn.FAILED_FIRST.findall(text)
     # srun names the first task that exited badly first (its peers are ended after it)
     first = first or re.findall(r"srun: error: [^:\s]+: tasks? (\d+)[\d,-]*: (Exited with exit code \d+|[A-Z]\w+)", text)[:1]
     if first:
@@ -284,8 +283,6 @@ def main() -> None:
     install_log_redaction()
     on_slurm = any(a.startswith("hydra/launcher=") and a != "hydra/launcher=basic" for a in sys.argv)
     if not on_slurm and ("launcher=local" in sys.argv or not any(a.startswith("launcher=") for a in sys.argv)):
-        from scalelab import spawn
-
         # The ranks' fork server imports the worker (~4 s) while preflight runs: no rank starts
         # until every job is valid, and the server dies with this process if one is not.
         spawn.start_server()
@@ -305,8 +302,6 @@ def main() -> None:
         _MARKS["preflight_done"] = timing.now()
     except ConfigError as e:
         print(f"error: {redact_text(str(e))}", file=sys.stderr)
-        from scalelab import spawn
-
         spawn.stop_server()
         sys.exit(2)
     try:
@@ -326,10 +321,10 @@ def _interrupted(job_dir: Path | None, sweep_dir: Path | None = None) -> str:
     from the job's newest checkpoint when the same command runs again into the same folder)."""
     if job_dir is None:
         return "[scalelab] interrupted (Ctrl-C) before any job started"
-    saved = sorted((job_dir / "checkpoints").glob("step-*.ckpt")) if (job_dir / "checkpoints").is_dir() else []
+    saved = find_resume(job_dir)[0]   # what checkpoint.resume=auto resumes from
     again = (f"hydra.sweep.dir={sweep_dir} (its jobs run again; this one from that checkpoint)" if sweep_dir
              else f"hydra.run.dir={job_dir}")
-    how = (f"its newest checkpoint is {saved[-1].name}: the same command with {again} goes on from it" if saved
+    how = (f"its newest checkpoint is {saved.name}: the same command with {again} goes on from it" if saved
            else "it saved no checkpoint (checkpoint.every_n_steps=N saves one every N steps)")
     return f"[scalelab] interrupted (Ctrl-C) in {job_dir}: {how}"
 
@@ -337,8 +332,6 @@ def _interrupted(job_dir: Path | None, sweep_dir: Path | None = None) -> str:
 def _fast_exit(code: int) -> None:
     """Exit without the interpreter's teardown of torch and Lightning (~1 s measured): every job's
     files are written and closed, its ranks are gone, W&B runs are finished."""
-    from scalelab import spawn
-
     spawn.stop_server()  # idle now; left alone it would hold our stdout open through its own teardown (~1 s)
     sys.stdout.flush()
     sys.stderr.flush()
