@@ -79,6 +79,52 @@ def checkpoint_step(ckpt: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def saved_by(ckpt: Path) -> dict | None:
+    """The resolved config of the run that saved `ckpt` (JOB_DIR/config_resolved.yaml beside its
+    checkpoints/ folder), or None: a checkpoint copied elsewhere, or one saved outside scalelab."""
+    import yaml
+
+    ckpt = Path(ckpt)
+    if ckpt.parent.name != "checkpoints":
+        return None
+    try:
+        cfg = yaml.safe_load((ckpt.parent.parent / "config_resolved.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
+# Strategy classes whose checkpoints another class loads as its own (else each class has its own
+# format): single and ddp both save Lightning's full checkpoint (checked: single's resumed by ddp
+# at world 2 and ddp's by single).
+_FORMAT: dict[str, str] = {"scalelab.strategies.single.Single": "scalelab.strategies.ddp.DDP"}
+
+
+def resume_mismatch(ckpt: Path, cfg: dict) -> str | None:
+    """What makes checkpoint `ckpt` unloadable by the run of `cfg` (a composed config), as
+    "KEY: saved vs now; ...", from the config of the run that saved it (None when unknown or the
+    same): its kind of strategy (each strategy class has its own format: a full file, a DCP
+    folder, DeepSpeed's folder; world size and pipeline stages may differ) and its model's shape
+    (the integer keys of model.arch: layers, width, heads, context, vocab; dropout or
+    recomputation may differ)."""
+    saved = saved_by(ckpt)
+    if saved is None:
+        return None
+
+    def shape(c: dict) -> dict:
+        strategy, arch = c.get("strategy") or {}, (c.get("model") or {}).get("arch") or {}
+        out = {"strategy": _FORMAT.get(strategy.get("_target_"), strategy.get("_target_"))}
+        out.update({f"model.arch.{k}": v for k, v in arch.items()
+                    if k == "_target_" or (isinstance(v, int) and not isinstance(v, bool))})
+        return out
+
+    was, now = shape(saved), shape(cfg)
+    name = lambda c, k: (c.get("strategy") or {}).get("name") if k == "strategy" else None  # noqa: E731
+    diff = [f"{k}: {name(saved, k) or was.get(k, '-')} vs {name(cfg, k) or now.get(k, '-')}"
+            for k in dict.fromkeys([*was, *now]) if was.get(k) != now.get(k)]
+    return "; ".join(diff) or None
+
+
 def read_mark(path: Path, default: int | None = None) -> int | None:
     """The step a mark file holds (PROGRESS, RESUMED), or `default` where there is none."""
     try:

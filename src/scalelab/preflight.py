@@ -4,24 +4,27 @@ For `-m`, the sweep is expanded the way Hydra's BasicSweeper does it (command-li
 plus `hydra.sweeper.params` from experiments), each job's config is composed and validated.
 A bad value anywhere stops the whole command with one line, and no job (so no rank) starts.
 Each job's data is prepared here too (data/prepare.py, cached; the jobs then find it), so a
-corpus too small for the run is such a line as well. Pass-through flags (--cfg, --help, ...)
-validate and prepare nothing.
+corpus too small for the run is such a line as well. So is a job whose folder (a hydra.run.dir
+or hydra.sweep.dir given) holds another job's run (scalelab.job_dir). Pass-through flags (--cfg,
+--help, ...) validate and prepare nothing.
 """
 from __future__ import annotations
 
 import re
 from contextlib import contextmanager
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from scalelab.config import validate
 from scalelab.data.prepare import prepare_for_run
 from scalelab.errors import ConfigError
+from scalelab.job_dir import refusal
 from scalelab.paths import conf_dir
 from scalelab.schema import CLOSED, not_a_key
 from scalelab.strategies.registry import choices
@@ -126,6 +129,24 @@ def _naming_job(job: list[str], jobs: list[list[str]], args: list[str]):
         raise ConfigError(f"{e}" + (f" [job: {swept}]" if swept else "")) from e
 
 
+def _job_dir(cfg, num: int, multirun: bool) -> Path | None:
+    """The folder Hydra will run job `num` in, where it may already hold a run; None for a
+    folder named by the time (${now:...}: new by construction) or one not known before Hydra
+    runs the job (train.run_job checks those)."""
+    if multirun and "BasicSweeper" not in str(cfg.hydra.sweeper.get("_target_", "")):
+        return None   # other sweepers (Optuna) choose each job's values at run time
+    node = cfg.hydra.sweep if multirun else cfg.hydra.run
+    raw = OmegaConf.to_container(node, resolve=False)
+    if any("${now:" in str(v) for v in raw.values()):
+        return None
+    try:
+        with open_dict(cfg):
+            cfg.hydra.job.num = num
+        return Path(node.dir, node.subdir if multirun else "").resolve()
+    except Exception:  # noqa: BLE001 - an interpolation of what only Hydra's run sets
+        return None
+
+
 def preflight(args: list[str], data: bool = True) -> int:
     """Validate all jobs; returns how many. Raises ConfigError on the first bad one.
     data: also prepare each job's data (cached) and check it is enough for the run."""
@@ -141,10 +162,17 @@ def preflight(args: list[str], data: bool = True) -> int:
         checked = []
         # Every job's config first (schema, then the cross-key checks: config.validate), so a bad
         # value in any job stops the command before anything is prepared or written; then the data.
-        for job in jobs:
+        multirun = "-m" in args or "--multirun" in args
+        for num, job in enumerate(jobs):
             with _naming_job(job, jobs, args):
-                cfg = _compose(job)
+                cfg = _compose(job, hydra_cfg=True)   # one compose: the job's folder and its config
+                where = _job_dir(cfg, num, multirun)
+                with open_dict(cfg):
+                    cfg.pop("hydra")
                 checked.append((job, cfg, validate(cfg)))
+                refused = where is not None and refusal(where, job)
+                if refused:
+                    raise ConfigError(refused)
         for job, cfg, spec in checked if data else ():
             # Prepared once and cached, so the jobs find it (and a corpus too small for the run is
             # a one-line error here, not a crash in the ranks).

@@ -14,6 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from scalelab import job_dir as job_dir_check
 from scalelab import launch, requeue, same_job, spawn, timing
 from scalelab.checkpointing import PROGRESS, find_resume, read_mark
 from scalelab.errors import ConfigError
@@ -75,6 +76,11 @@ def run_job(cfg: DictConfig) -> dict:
         layout["rdzv_id"] = layout["rdzv_id"] or same_job.rdzv_id(layout["endpoint"], resolved["job"]["num"])
         resolved["launcher"].update(rdzv_endpoint=layout["endpoint"], node_rank=layout["node_rank"],
                                     rdzv_id=layout["rdzv_id"])
+    refused = job_dir_check.refusal(job_dir, resolved["job"]["overrides"])  # preflight checks the dirs it can name
+    if refused:                              # another job's run: nothing is written here
+        _FAILED.append(f"{resolved['job']['name']}: {refused}")
+        log.error(f"[scalelab] job {resolved['job']['name']} FAILED: {refused}")
+        return {"status": "failed", "error": refused, "job": resolved["job"]}
     try:
         done = load_record(job_dir / RUN_FILE)
     except BadRecord:                        # none yet (or unusable): nothing to keep
@@ -83,6 +89,13 @@ def run_job(cfg: DictConfig) -> dict:
         _mark_attempt(job_dir, f": the run completed in requeue {done['slurm'].get('requeues', 0)}; its record is kept")
         log.info(f"[scalelab] {resolved['job']['name']}: completed in an earlier attempt of SLURM job "
                  f"{done['slurm']['job_id']} (requeue {done['slurm'].get('requeues', 0)}); record kept, nothing to run")
+        return done
+    if (cfg.checkpoint.get("resume", "auto") == "auto" and not cfg.checkpoint.resume_from
+            and job_dir_check.completed_here(done, resolved["job"]["overrides"], cfg.trainer.max_steps)):
+        # the same command run again into this folder (a sweep rerun after a crash or Ctrl-C)
+        log.info(f"[scalelab] {resolved['job']['name']}: completed earlier in {job_dir}; record kept, nothing to "
+                 "run (checkpoint.resume=never runs it again)")
+        log.info(_one_line(done) if multirun else render([done]))
         return done
     OmegaConf.save(OmegaConf.create(scrub(resolved)), job_dir / "config_resolved.yaml")
     (job_dir / RUN_FILE).unlink(missing_ok=True)
@@ -322,7 +335,7 @@ def _interrupted(job_dir: Path | None, sweep_dir: Path | None = None) -> str:
     if job_dir is None:
         return "[scalelab] interrupted (Ctrl-C) before any job started"
     saved = find_resume(job_dir)[0]   # what checkpoint.resume=auto resumes from
-    again = (f"hydra.sweep.dir={sweep_dir} (its jobs run again; this one from that checkpoint)" if sweep_dir
+    again = (f"hydra.sweep.dir={sweep_dir} (its completed jobs are kept; this one resumes)" if sweep_dir
              else f"hydra.run.dir={job_dir}")
     how = (f"its newest checkpoint is {saved.name}: the same command with {again} goes on from it" if saved
            else "it saved no checkpoint (checkpoint.every_n_steps=N saves one every N steps)")

@@ -18,4 +18,4 @@ def test_the_line_says_how_to_go_on(tmp_path):
             json.dumps({"step": step, "files": {"": 1}}))
     assert _interrupted(job) == (f"[scalelab] interrupted (Ctrl-C) in {job}: its newest checkpoint is "
                                  f"step-00000040.ckpt: the same command with hydra.run.dir={job} goes on from it")
-    assert f"hydra.sweep.dir={tmp_path / 'runs'} (its jobs run again" in _interrupted(job, tmp_path / "runs")
+    assert f"hydra.sweep.dir={tmp_path / 'runs'} (its completed jobs are kept" in _interrupted(job, tmp_path / "runs")

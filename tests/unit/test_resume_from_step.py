@@ -34,3 +34,39 @@ def test_resume_from_needs_max_steps_past_its_step(tmp_path, max_steps, ok):
         preflight(args, data=False)
     assert str(e.value) == (f"checkpoint.resume_from='{ckpt}' is at step 60: trainer.max_steps={max_steps} must be "
                             "larger (it counts every step, the resumed ones included)")
+
+
+def _saved(tmp_path, strategy, target, d_model=64, dropout=0.0):
+    """A checkpoint as a run of `strategy` leaves it: JOB/checkpoints/last.ckpt beside JOB/config_resolved.yaml."""
+    import yaml
+
+    job = tmp_path / strategy
+    (job / "checkpoints").mkdir(parents=True)
+    (job / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    arch = {"_target_": "scalelab.models.gpt.GPTConfig", "n_layers": 2, "n_heads": 4, "d_model": d_model,
+            "seq_len": 64, "vocab_size": 256, "mlp_ratio": 4, "dropout": dropout, "activation_checkpointing": "none"}
+    (job / "config_resolved.yaml").write_text(yaml.safe_dump(
+        {"strategy": {"name": strategy, "_target_": target}, "model": {"name": "gpt_nano", "arch": arch}}))
+    return job / "checkpoints" / "last.ckpt"
+
+
+def test_resume_from_another_kind_of_strategy_or_model_shape_is_one_line(tmp_path):
+    """Before, the ranks ended in a load traceback (ddp given an fsdp folder; another width)."""
+    fsdp = _saved(tmp_path, "fsdp", "scalelab.strategies.fsdp.FSDP")
+    with pytest.raises(ConfigError, match=r"^checkpoint.resume_from='.*' was saved by another kind of run "
+                                          r"\(strategy: fsdp vs ddp\): resume it with the same kind of strategy"):
+        preflight(["model=gpt_nano", "strategy=ddp", f"checkpoint.resume_from={fsdp}"], data=False)
+    assert preflight(["model=gpt_nano", "strategy=fsdp_grad_op", f"checkpoint.resume_from={fsdp}"], data=False) == 1
+    single = _saved(tmp_path, "single", "scalelab.strategies.single.Single", d_model=128, dropout=0.1)
+    with pytest.raises(ConfigError, match=r"\(model.arch.d_model: 128 vs 64\)"):
+        preflight(["model=gpt_nano", "strategy=single", f"checkpoint.resume_from={single}"], data=False)
+    # single and ddp read each other's files; dropout and recomputation do not change a shape
+    args = ["model=gpt_nano", "model.arch.d_model=128", f"checkpoint.resume_from={single}"]
+    assert preflight([*args, "strategy=ddp", "trainer.devices=2", "model.arch.activation_checkpointing=full"],
+                     data=False) == 1
+    with pytest.raises(ConfigError, match=r"\(strategy: single vs zero2\)"):
+        preflight([*args, "strategy=zero2"], data=False)
+    # a checkpoint copied away from its run: nothing to compare with, the rank finds out
+    (tmp_path / "copy.ckpt").write_bytes(b"x")
+    assert preflight(["model=gpt_nano", "strategy=zero2", f"checkpoint.resume_from={tmp_path / 'copy.ckpt'}"],
+                     data=False) == 1

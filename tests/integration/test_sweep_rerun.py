@@ -1,0 +1,49 @@
+"""The same sweep command run again into its folder (after a Ctrl-C or a crash) keeps the jobs that
+had completed (no rank starts for them; their records stay byte for byte), resumes the one that
+was cut off from its checkpoint, and aggregates all; another sweep into that folder is refused
+with one line before any job, leaving every record as it was (scalelab.job_dir)."""
+import json
+import subprocess
+
+import pytest
+
+from ..conftest import FAST, TRAIN, env
+
+pytestmark = pytest.mark.integration
+
+
+def _run(args, cwd):
+    return subprocess.run(TRAIN + args, cwd=cwd, env=env(), capture_output=True, text=True, timeout=600)
+
+
+def test_a_rerun_sweep_keeps_completed_jobs_resumes_the_cut_one_and_refuses_another_sweep(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "strategy=single", "trainer.max_steps=6,12", "checkpoint.every_n_steps=4", "logger=none",
+            f"hydra.sweep.dir={sweep}", *FAST]
+    first = _run(args, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    # job 1 as a Ctrl-C between steps 8 and 12 leaves it: no record, newest checkpoint at step 8
+    (sweep / "1" / "run.json").unlink()
+    for p in (sweep / "1" / "checkpoints").glob("step-00000012.ckpt*"):
+        p.unlink()
+    kept = (sweep / "0" / "run.json").read_bytes()
+    ranks_log = (sweep / "0" / "ranks.log").read_bytes()
+
+    again = _run(args, tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    out = again.stdout + again.stderr
+    assert f"[scalelab] {sweep.name}/0: completed earlier in {sweep / '0'}; record kept, nothing to run" in out
+    assert (sweep / "0" / "run.json").read_bytes() == kept
+    assert (sweep / "0" / "ranks.log").read_bytes() == ranks_log          # no rank started for job 0
+    resumed = json.loads((sweep / "1" / "run.json").read_text())
+    assert resumed["status"] == "completed" and resumed["resumed_at_step"] == 8 and resumed["steps"] == 12
+    summary = json.loads((sweep / "sweep.json").read_text())
+    assert summary["num_completed"] == 2 and summary["num_failed"] == 0
+
+    records = {p: p.read_bytes() for p in sweep.rglob("run.json")}
+    other = _run([args[0], "strategy=ddp", *args[2:]], tmp_path)               # another sweep, this folder
+    assert other.returncode == 2
+    assert other.stderr.strip().startswith(f"error: {sweep / '0'} holds another job's run "
+                                           "(run.json and checkpoints; there vs now: strategy: single vs ddp)")
+    assert len(other.stderr.strip().splitlines()) == 1 and "Traceback" not in other.stderr
+    assert {p: p.read_bytes() for p in sweep.rglob("run.json")} == records
