@@ -32,7 +32,7 @@ from scalelab.data.datamodule import ByteCorpusDataModule, ValidationCurve, vali
 from scalelab.models.gpt import num_params
 from scalelab.models.lit import LitModule
 from scalelab.strategies.base import without_teardown_copies
-from scalelab.results.record import RUN_FILE, base_record, scrub, write_json
+from scalelab.results.record import RUN_FILE, base_record, lr_rule_label, scrub, write_json
 from scalelab.scaling.breakdown import ProfileWindow, combine
 from scalelab.scaling.mfu import compute_mfu, load_profile
 from scalelab.scaling.metrics import MIN_MEASURED_STEPS, StepMetrics, gather_all, summarize
@@ -125,7 +125,7 @@ def logged_config(cfg) -> dict:
     c = OmegaConf.to_container(cfg, resolve=True)
     job = c.pop("job", None) or {}
     trainer, data, optim = c.get("trainer") or {}, c.get("data") or {}, c.get("optim") or {}
-    flat = {"global_batch_size": data.get("global_batch_size"), "lr_rule": (c.get("lr_scaling") or {}).get("rule"),
+    flat = {"global_batch_size": data.get("global_batch_size"), "lr_rule": lr_rule_label(c.get("lr_scaling") or {}),
             "base_lr": optim.get("lr"), "optimizer": optim.get("name"), "model_name": (c.get("model") or {}).get("name"),
             "precision": str(trainer.get("precision")), "sweep": job.get("group"),
             "num_nodes": trainer.get("num_nodes"), "devices_per_node": trainer.get("devices")}

@@ -79,6 +79,18 @@ def write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)  # readers never see half a file
 
 
+# The decay each LR scaling rule's config has by default (conf/lr_scaling/{none,linear,sqrt}.yaml).
+_DEFAULT_DECAY = {"none": "constant", "linear": "cosine", "sqrt": "cosine"}
+
+
+def lr_rule_label(lr_scaling: dict) -> str:
+    """The LR rule a record, the W&B tags and the charts group by: the scaling rule, and its decay
+    where it is not the rule's usual one (lr_scaling=linear_constant -> "linear_constant"; before,
+    both linear configs were recorded as "linear" and one chart series mixed them)."""
+    rule, decay = lr_scaling.get("rule"), lr_scaling.get("decay")
+    return str(rule) if decay is None or _DEFAULT_DECAY.get(rule) == decay else f"{rule}_{decay}"
+
+
 def base_record(cfg: dict, batch, lr: float, world_size: int, plan_degrees: dict, arch: Any,
                 n_params: int | None, accelerator: str, threads: int) -> dict:
     """Everything known before training: identical for completed and failed runs."""
@@ -95,7 +107,8 @@ def base_record(cfg: dict, batch, lr: float, world_size: int, plan_degrees: dict
         "global_batch_size": batch.global_batch_size,
         "per_device_batch_size": batch.per_device_batch_size,
         "accumulate_grad_batches": batch.accumulate_grad_batches,
-        "lr_rule": cfg["lr_scaling"]["rule"],
+        "lr_rule": lr_rule_label(cfg["lr_scaling"]),
+        "lr_decay": cfg["lr_scaling"].get("decay"),
         "base_lr": cfg["optim"]["lr"],
         "base_batch_size": cfg["lr_scaling"]["base_batch_size"],
         "lr": lr,
