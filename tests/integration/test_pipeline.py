@@ -82,6 +82,7 @@ def test_two_stages_match_single_device(pipe, core_sweep):
     assert_nano_flops(rec)  # the whole model's FLOPs, not one stage's
 
 
+@pytest.mark.slow  # ~30 s; the default suite keeps the DDP mutation (test_core_sweep: summed gradients)
 def test_unscaled_microbatch_gradients_fail_the_equivalence(pipe, core_sweep, tmp_path):
     """A pipeline whose schedule does not divide the summed micro-batch gradients by m = 4 steps with
     four times the gradient: the check above must reject it (it accepts the real pipeline)."""

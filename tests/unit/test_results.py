@@ -93,6 +93,9 @@ def test_hardware_group_is_a_real_choice(tmp_path, args, code, needle):
     proc = subprocess.run([sys.executable, "-m", "scalelab.train", *args, f"hydra.run.dir={tmp_path / 'j'}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == code and needle in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_hardware_group_selects_the_profile(tmp_path):
     help_ = subprocess.run([sys.executable, "-m", "scalelab.train", "hardware=this_cpu", "--cfg", "job",
                             "--resolve"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert "hardware_profile: this_cpu" in help_.stdout
