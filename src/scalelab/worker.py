@@ -290,8 +290,10 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
                                     load_profile(cfg.get("hardware_profile", "auto"), spec.run.accelerator,
                                                  cfg.get("cache_dir")))
         record["resumed_from"] = str(resume) if resume else None
+        if resume and resumed_at is None:   # checkpoint.resume_from: where the loaded checkpoint left off
+            resumed_at = int(trainer.global_step) - int(record["steps"])
         record["resumed_at_step"] = resumed_at
-        if resumed_at:  # `steps` counts the whole run; the figures above are this attempt's
+        if resumed_at:  # `steps` counts the whole run (as trainer.max_steps does); the figures above are this attempt's
             record["steps_this_attempt"] = record["steps"]
             record["steps"] = resumed_at + record["steps"]
         record["slurm"] = requeue.slurm_info()

@@ -202,7 +202,8 @@ def test_deepspeed_checkpoint_resumes_on_the_same_curve(strategy, request, ref):
     assert sorted(p.name for p in (ckpt / "checkpoint").glob("zero_pp_rank_*_optim_states.pt")) == [
         "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
     rec = _rec(r["resumed"])
-    assert rec["resumed_from"] == str(ckpt) and rec["steps"] == 10
+    assert rec["resumed_from"] == str(ckpt) and rec["resumed_at_step"] == 10 and rec["steps"] == 20
+    assert rec["steps_this_attempt"] == 10
     _assert_same_curve(rec, ref["single"], range(11, 21))
     if strategy == "zero3":  # saved fetching whole Blocks, resumed fetching per submodule (fixtures)
         assert _rec(r["saved"])["zero3_fetch"]["leaf_modules"] == 2

@@ -140,7 +140,8 @@ def test_sharded_checkpoint_resumes_on_the_same_curve(strategy, request, ref):
     assert ckpt.is_dir()  # torch.distributed.checkpoint: one shard file per rank + metadata
     assert len(list(ckpt.glob("*.distcp"))) == 2 and (ckpt / ".metadata").exists()
     rec = _rec(r["resumed"])
-    assert rec["resumed_from"] == str(ckpt) and rec["steps"] == 10
+    assert rec["resumed_from"] == str(ckpt) and rec["resumed_at_step"] == 10 and rec["steps"] == 20
+    assert rec["steps_this_attempt"] == 10
     _assert_same_curve(rec, ref["single"], range(11, 21))
     assert rec["loss"]["final"] == pytest.approx(ref["single"]["loss"]["final"], rel=REL)
 

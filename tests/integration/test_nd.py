@@ -100,7 +100,8 @@ def test_pp2_tp2_resumes_on_the_same_curve(pp_tp, ref):
     # every rank wrote its shards (torch.distributed.checkpoint), rank 0 the trainer state
     assert ckpt.is_dir() and (ckpt / "meta.pt").is_file() and len(list(ckpt.glob("*.distcp"))) == 4
     rec = _rec(pp_tp["resumed"])
-    assert rec["resumed_from"] == str(ckpt) and rec["steps"] == 10
+    assert rec["resumed_from"] == str(ckpt) and rec["resumed_at_step"] == 10 and rec["steps"] == 20
+    assert rec["steps_this_attempt"] == 10
     assert_same_curve(rec, ref["single"], range(11, 21), REL)
     assert rec["loss"]["final"] == pytest.approx(ref["single"]["loss"]["final"], rel=REL)
 
