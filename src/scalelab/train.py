@@ -33,6 +33,7 @@ _MARKS: dict = {}  # this command's own marks (launcher_start, preflight_done)
 # Set by scalelab.slurm for a job of a sweep or array that runs as its own SLURM job (Hydra run mode)
 SWEEP_ENV, NUM_ENV = "SCALELAB_SWEEP_DIR", "SCALELAB_JOB_NUM"
 ATTEMPT_MARK = "[scalelab] SLURM attempt: job"
+RERUN_MARK = "[scalelab] run again in this folder at"   # ranks.log: a rerun outside SLURM (unix time)
 
 
 def run_job(cfg: DictConfig) -> dict:
@@ -100,6 +101,12 @@ def run_job(cfg: DictConfig) -> dict:
     OmegaConf.save(OmegaConf.create(scrub(resolved)), job_dir / "config_resolved.yaml")
     (job_dir / RUN_FILE).unlink(missing_ok=True)
     (job_dir / PROGRESS).unlink(missing_ok=True)   # a failed record's steps come from this run's mark only
+    for stale in job_dir.glob("error-rank*.txt"):  # an earlier run's here: not this run's error
+        stale.unlink(missing_ok=True)
+    slurm_batch = cfg.launcher.name == "srun" and requeue.in_slurm_job()   # ranks.log marks its attempts
+    if (job_dir / "ranks.log").exists() and not slurm_batch:                # ranks.log keeps every run
+        with open(job_dir / "ranks.log", "a") as f:
+            f.write(f"{RERUN_MARK} {timing.now():.0f}\n")
     log.info(f"[scalelab] {resolved['job']['name']}: strategy={cfg.strategy.name} world={spec.run.world_size} "
              f"batch={spec.batch.global_batch_size} (micro {spec.batch.per_device_batch_size} x acc "
              f"{spec.batch.accumulate_grad_batches}) -> {job_dir}")
@@ -108,13 +115,12 @@ def run_job(cfg: DictConfig) -> dict:
                               int(cfg.trainer.get("max_restarts", 0)), layout)  # torchrun / srun
     env = launch.rank_env(cache, threads, job_dir, bool(cfg.get("verbose", False)))
     signals = None
-    if cfg.launcher.name == "srun" and requeue.in_slurm_job():  # a batch job: rank layout and requeue
+    if slurm_batch:  # a batch job: rank layout and requeue
         env.update(requeue.master_env())
         if os.environ.get("SLURM_CPUS_PER_TASK"):  # srun (22.05+) no longer takes it from the job
             cmd.insert(1, f"--cpus-per-task={os.environ['SLURM_CPUS_PER_TASK']}")
         signals = requeue.BatchSignals()
-        for stale in [job_dir / requeue.PREEMPTED, *job_dir.glob("error-rank*.txt")]:  # an earlier attempt's
-            stale.unlink(missing_ok=True)
+        (job_dir / requeue.PREEMPTED).unlink(missing_ok=True)  # an earlier attempt's
         _mark_attempt(job_dir)
     spawned = timing.now()
     if cfg.launcher.name == "local":   # forks of a pre-imported server (scalelab.spawn)
@@ -256,7 +262,8 @@ def _error_message(job_dir: Path, rc: int) -> str:
     ranks.log; its peers were ended after it and their errors are consequences), else any
     rank's error file, else the exit code and the log's last line."""
     log = job_dir / "ranks.log"
-    text = (log.read_text(errors="replace") if log.exists() else "").rsplit(ATTEMPT_MARK, 1)[-1]
+    text = re.split(f"{re.escape(ATTEMPT_MARK)}|{re.escape(RERUN_MARK)}",   # this attempt's part
+                    log.read_text(errors="replace") if log.exists() else "")[-1]
     first = spawn.FAILED_FIRST.findall(text)
     # srun names the first task that exited badly first (its peers are ended after it)
     first = first or re.findall(r"srun: error: [^:\s]+: tasks? (\d+)[\d,-]*: (Exited with exit code \d+|[A-Z]\w+)", text)[:1]
