@@ -44,6 +44,8 @@ def test_one_small_file_trains_on_two_ddp_ranks_and_validates(tmp_path):
     assert (meta["blocks"], meta["train_blocks"], meta["val_blocks"]) == (923, 905, 18)
     val = rec["val"]
     assert val["every_n_steps"] == 5 and [s for s, _ in val["curve"]] == [5, 10]
+    # the batches used, not only the cap (val_batches 8): 18 val blocks / 2 ranks = 9 per rank, micro-batch 8
+    assert val["batches"] == 8 and val["micro_batches_per_rank"] == 2
     assert val["final"] == val["curve"][-1][1] and all(math.isfinite(v) for _, v in val["curve"])
     # the model learns the text: val loss falls, and sits near the training loss of the same step
     assert val["curve"][1][1] < val["curve"][0][1]

@@ -123,6 +123,14 @@ class ValidationCurve(L.Callback):
     def __init__(self, every_n_steps: int, batches: int):
         self.every_n_steps, self.batches = every_n_steps, batches
         self.curve: list[list] = []
+        self.micro_batches = 0   # this rank's micro-batches in the last validation (a small val split has fewer)
+        self._counting = 0
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._counting = 0
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._counting += 1
 
     @classmethod
     def for_config(cls, trainer_cfg: Any) -> ValidationCurve | None:
@@ -135,10 +143,12 @@ class ValidationCurve(L.Callback):
         loss = trainer.callback_metrics.get("val/loss")
         if loss is not None:
             self.curve.append([int(trainer.global_step), float(loss)])
+            self.micro_batches = self._counting
 
     def record(self) -> dict:
         """run.json's `val`."""
-        return {"every_n_steps": self.every_n_steps, "batches": self.batches, "curve": self.curve,
+        return {"every_n_steps": self.every_n_steps, "batches": self.batches,   # the cap: trainer.val_batches
+                "micro_batches_per_rank": self.micro_batches, "curve": self.curve,
                 "final": self.curve[-1][1] if self.curve else None,
                 "final_step": self.curve[-1][0] if self.curve else None}
 
