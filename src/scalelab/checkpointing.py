@@ -98,31 +98,49 @@ def saved_by(ckpt: Path) -> dict | None:
 # format): single and ddp both save Lightning's full checkpoint (checked: single's resumed by ddp
 # at world 2 and ddp's by single).
 _FORMAT: dict[str, str] = {"scalelab.strategies.single.Single": "scalelab.strategies.ddp.DDP"}
+# DeepSpeed's checkpoints are per ZeRO stage and data-parallel size (its engine refuses another:
+# "Automatic adjustment of ZeRO's optimizer state partitioning with a new world size is not
+# currently supported"); the others reshard (DCP) or hold the whole model.
+_ZERO = "scalelab.strategies.deepspeed.ZeRO"
 
 
 def resume_mismatch(ckpt: Path, cfg: dict) -> str | None:
     """What makes checkpoint `ckpt` unloadable by the run of `cfg` (a composed config), as
     "KEY: saved vs now; ...", from the config of the run that saved it (None when unknown or the
     same): its kind of strategy (each strategy class has its own format: a full file, a DCP
-    folder, DeepSpeed's folder; world size and pipeline stages may differ) and its model's shape
-    (the integer keys of model.arch: layers, width, heads, context, vocab; dropout or
-    recomputation may differ)."""
+    folder, DeepSpeed's folder; ZeRO also its stage and world size), and its model's shape (the
+    integer keys of model.arch: layers, width, heads, context, vocab, an MLP's widths; dropout
+    or recomputation may differ)."""
     saved = saved_by(ckpt)
     if saved is None:
         return None
 
     def shape(c: dict) -> dict:
         strategy, arch = c.get("strategy") or {}, (c.get("model") or {}).get("arch") or {}
-        out = {"strategy": _FORMAT.get(strategy.get("_target_"), strategy.get("_target_"))}
-        out.update({f"model.arch.{k}": v for k, v in arch.items()
-                    if k == "_target_" or (isinstance(v, int) and not isinstance(v, bool))})
+        target = strategy.get("_target_")
+        out = {"strategy": _FORMAT.get(target, target)}
+        if target == _ZERO:
+            trainer = c.get("trainer") or {}
+            out.update({"strategy.stage": strategy.get("stage"),
+                        "world size": f"{trainer.get('devices')} x {trainer.get('num_nodes')} node(s)"})
+        out.update({f"model.arch.{k}": v for k, v in arch.items() if k == "_target_" or _ints(v)})
         return out
 
     was, now = shape(saved), shape(cfg)
+    if was["strategy"] != now["strategy"]:   # ZeRO's stage and world size matter only between ZeRO runs
+        for d in (was, now):
+            d.pop("strategy.stage", None), d.pop("world size", None)
     name = lambda c, k: (c.get("strategy") or {}).get("name") if k == "strategy" else None  # noqa: E731
     diff = [f"{k}: {name(saved, k) or was.get(k, '-')} vs {name(cfg, k) or now.get(k, '-')}"
             for k in dict.fromkeys([*was, *now]) if was.get(k) != now.get(k)]
     return "; ".join(diff) or None
+
+
+def _ints(v: Any) -> bool:
+    """An integer or a list of integers (a shape), not a flag."""
+    if isinstance(v, (list, tuple)):
+        return bool(v) and all(_ints(x) for x in v)
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def read_mark(path: Path, default: int | None = None) -> int | None:

@@ -170,7 +170,7 @@ def preflight(args: list[str], data: bool = True) -> int:
                 with open_dict(cfg):
                     cfg.pop("hydra")
                 checked.append((job, cfg, validate(cfg)))
-                refused = where is not None and refusal(where, job)
+                refused = where is not None and refusal(where, OmegaConf.to_container(cfg, resolve=True))
                 if refused:
                     raise ConfigError(refused)
         for job, cfg, spec in checked if data else ():

@@ -145,8 +145,8 @@ GROUPS: dict[str, dict[str, Field]] = {
     },
     "checkpoint": {
         "save": Bool("save a checkpoint at the end"),
-        "resume_from": Str("an existing checkpoint file or folder saved by a run of the same kind of strategy and "
-                           "model shape", null=True),
+        "resume_from": Str("an existing checkpoint file or folder saved by a run of the same kind of strategy (ZeRO: "
+                           "stage and world size) and model shape", null=True),
         "export_consolidated": Bool("also write model_consolidated.pt"),
         "every_n_steps": Int("optimizer steps between periodic checkpoints; null: off", lo=1, null=True),
         "keep_last": Int("periodic checkpoints kept", lo=1),
@@ -394,11 +394,12 @@ def check(c: dict) -> None:
     path = Path(str(resume)).expanduser() if resume else None
     if path is not None and not path.exists():
         raise ConfigError(f"checkpoint.resume_from={resume!r} does not exist: give a checkpoint (file or folder) "
-                          "saved by a run of the same kind of strategy and model shape, or null")
+                          "saved by a run of the same kind of strategy (ZeRO: stage and world size) and model shape, or null")
     differs = resume_mismatch(path, c) if path is not None else None
     if differs:   # the ranks would end in a load traceback (or load another model's weights)
         raise ConfigError(f"checkpoint.resume_from={resume!r} was saved by another kind of run ({differs}): resume "
-                          "it with the same kind of strategy and model shape, or start without it")
+                          "it with the same kind of strategy (ZeRO: stage and world size) and model shape, or start "
+                          "without it")
     max_steps = (c.get("trainer") or {}).get("max_steps")
     at = checkpoint_step(path) if path is not None else None
     if at is not None and isinstance(max_steps, int) and at >= max_steps:   # the ranks crashed on it

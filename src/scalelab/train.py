@@ -77,8 +77,9 @@ def run_job(cfg: DictConfig) -> dict:
         layout["rdzv_id"] = layout["rdzv_id"] or same_job.rdzv_id(layout["endpoint"], resolved["job"]["num"])
         resolved["launcher"].update(rdzv_endpoint=layout["endpoint"], node_rank=layout["node_rank"],
                                     rdzv_id=layout["rdzv_id"])
-    refused = job_dir_check.refusal(job_dir, resolved["job"]["overrides"])  # preflight checks the dirs it can name
-    if refused:                              # another job's run: nothing is written here
+    refused = job_dir_check.refusal(job_dir, resolved)  # preflight checks the folders it can name
+    if refused:   # another job's run: the job writes nothing there (Hydra has written .hydra/ and train.log)
+        job_dir_check.REFUSED.append(str(job_dir))
         _FAILED.append(f"{resolved['job']['name']}: {refused}")
         log.error(f"[scalelab] job {resolved['job']['name']} FAILED: {refused}")
         return {"status": "failed", "error": refused, "job": resolved["job"]}
@@ -92,7 +93,7 @@ def run_job(cfg: DictConfig) -> dict:
                  f"{done['slurm']['job_id']} (requeue {done['slurm'].get('requeues', 0)}); record kept, nothing to run")
         return done
     if (cfg.checkpoint.get("resume", "auto") == "auto" and not cfg.checkpoint.resume_from
-            and job_dir_check.completed_here(done, resolved["job"]["overrides"], cfg.trainer.max_steps)):
+            and job_dir_check.completed_here(done, resolved)):
         # the same command run again into this folder (a sweep rerun after a crash or Ctrl-C)
         log.info(f"[scalelab] {resolved['job']['name']}: completed earlier in {job_dir}; record kept, nothing to "
                  "run (checkpoint.resume=never runs it again)")

@@ -36,7 +36,7 @@ def test_resume_from_needs_max_steps_past_its_step(tmp_path, max_steps, ok):
                             "larger (it counts every step, the resumed ones included)")
 
 
-def _saved(tmp_path, strategy, target, d_model=64, dropout=0.0):
+def _saved(tmp_path, strategy, target, d_model=64, dropout=0.0, stage=None, devices=1):
     """A checkpoint as a run of `strategy` leaves it: JOB/checkpoints/last.ckpt beside JOB/config_resolved.yaml."""
     import yaml
 
@@ -46,7 +46,8 @@ def _saved(tmp_path, strategy, target, d_model=64, dropout=0.0):
     arch = {"_target_": "scalelab.models.gpt.GPTConfig", "n_layers": 2, "n_heads": 4, "d_model": d_model,
             "seq_len": 64, "vocab_size": 256, "mlp_ratio": 4, "dropout": dropout, "activation_checkpointing": "none"}
     (job / "config_resolved.yaml").write_text(yaml.safe_dump(
-        {"strategy": {"name": strategy, "_target_": target}, "model": {"name": "gpt_nano", "arch": arch}}))
+        {"strategy": {"name": strategy, "_target_": target, **({"stage": stage} if stage else {})},
+         "trainer": {"devices": devices, "num_nodes": 1}, "model": {"name": "gpt_nano", "arch": arch}}))
     return job / "checkpoints" / "last.ckpt"
 
 
@@ -66,7 +67,30 @@ def test_resume_from_another_kind_of_strategy_or_model_shape_is_one_line(tmp_pat
                      data=False) == 1
     with pytest.raises(ConfigError, match=r"\(strategy: single vs zero2\)"):
         preflight([*args, "strategy=zero2"], data=False)
+    # ZeRO: its stage and world size too (DeepSpeed refuses another world size)
+    zero = _saved(tmp_path, "zero2", "scalelab.strategies.deepspeed.ZeRO", stage=2, devices=2)
+    args = ["model=gpt_nano", f"checkpoint.resume_from={zero}"]
+    assert preflight([*args, "strategy=zero2", "trainer.devices=2"], data=False) == 1
+    with pytest.raises(ConfigError, match=r"\(strategy.stage: 2 vs 3; world size: 2 x 1 node\(s\) vs 1 x 1 "):
+        preflight([*args, "strategy=zero3", "trainer.devices=1"], data=False)
     # a checkpoint copied away from its run: nothing to compare with, the rank finds out
     (tmp_path / "copy.ckpt").write_bytes(b"x")
     assert preflight(["model=gpt_nano", "strategy=zero2", f"checkpoint.resume_from={tmp_path / 'copy.ckpt'}"],
                      data=False) == 1
+
+
+def test_an_mlp_s_widths_are_its_shape(tmp_path):
+    import yaml
+
+    from scalelab.checkpointing import resume_mismatch
+
+    job = tmp_path / "mlp"
+    (job / "checkpoints").mkdir(parents=True)
+    ckpt = job / "checkpoints" / "last.ckpt"
+    ckpt.write_bytes(b"x")
+    mlp = {"_target_": "scalelab.models.mlp.MLPConfig", "in_features": 64, "hidden": [256, 256], "num_classes": 10}
+    run = {"strategy": {"name": "ddp", "_target_": "scalelab.strategies.ddp.DDP"}, "model": {"arch": mlp}}
+    (job / "config_resolved.yaml").write_text(yaml.safe_dump(run))
+    assert resume_mismatch(ckpt, run) is None
+    wider = {**run, "model": {"arch": {**mlp, "hidden": [512, 256]}}}
+    assert resume_mismatch(ckpt, wider) == "model.arch.hidden: [256, 256] vs [512, 256]"

@@ -57,5 +57,11 @@ class SweepSummary(Callback):
             print(f"\n== sweep {sweep_dir}: node {OTHER_NODE[0]}'s ranks of {len(OTHER_NODE)} job(s) completed; "
                   "the records, sweep.json and report.html are written on node 0 ==")
             return
+        from scalelab.job_dir import REFUSED
+
+        if REFUSED:   # its folder holds another sweep's records: a summary would mix them in
+            print(f"\n== sweep {sweep_dir}: not summarized: {len(REFUSED)} job(s) refused, their folders hold "
+                  "another job's run ==")
+            return
         if sweep_dir.exists() and any(sweep_dir.rglob("run.json")):
             summarize_sweep(sweep_dir, config.get("logger"), config.get("cache_dir"))
