@@ -143,6 +143,19 @@ def _ints(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def folder_problem(path: Path) -> str | None:
+    """Why folder `path` is not a checkpoint (None when it is one, or is a file): a sharded
+    checkpoint is a torch.distributed.checkpoint folder (`.metadata`) or DeepSpeed's (`latest`);
+    a job's checkpoints/ folder, or the job folder itself, names the ones inside it."""
+    path = Path(path)
+    if not path.is_dir() or (path / ".metadata").exists() or (path / "latest").exists():
+        return None
+    inner = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    found = sorted(p.name for p in inner.iterdir() if p.name == "last.ckpt" or _NAME.match(p.name))
+    hint = f": the checkpoints in it are {inner}/{{{', '.join(found[-3:])}}}" if found else ""
+    return f"is a folder but not a checkpoint (no .metadata or latest file in it){hint}"
+
+
 def read_mark(path: Path, default: int | None = None) -> int | None:
     """The step a mark file holds (PROGRESS, RESUMED), or `default` where there is none."""
     try:

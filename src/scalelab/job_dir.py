@@ -86,11 +86,35 @@ def refusal(job_dir: Path, cfg: dict) -> str | None:
     left = [name for name in ("run.json", "checkpoints") if (job_dir / name).exists()]
     diff = differences(earlier, cfg) if left else []
     if not diff:
-        return None
+        return _shorter(job_dir, earlier, cfg)
     return (f"{job_dir} holds another job's run ({' and '.join(left)}; there vs now: {'; '.join(diff)[:300]}): this "
             "job would replace its record and resume its checkpoints; give this run a new folder (hydra.run.dir "
             "or hydra.sweep.dir; scalelab k8s: a new --name; checkpoint.resume_from=PATH continues a checkpoint "
             "of it there)")
+
+
+def _shorter(job_dir: Path, earlier: dict, cfg: dict) -> str | None:
+    """One line when this job, run again with a smaller trainer.max_steps, would replace a longer
+    completed run's record or lose its checkpoints past the new last step (they would also be
+    the newest, so keep_last would prune the new run's own)."""
+    import json
+
+    from scalelab.checkpointing import valid_checkpoints
+
+    was, now = ((c.get("trainer") or {}).get("max_steps") for c in (earlier, cfg))
+    if not (isinstance(was, int) and isinstance(now, int) and now < was):
+        return None
+    try:
+        done = json.loads((job_dir / "run.json").read_text()).get("status") == "completed"
+    except (OSError, ValueError, AttributeError):
+        done = False
+    beyond = [step for step, _ in valid_checkpoints(job_dir / "checkpoints")[0] if step > now]
+    if not done and not beyond:
+        return None
+    what = " and ".join((["its completed record"] if done else [])
+                        + ([f"checkpoints to step {max(beyond)}"] if beyond else []))
+    return (f"{job_dir} holds a longer run of this job (trainer.max_steps={was}: {what}): trainer.max_steps={now} "
+            "would replace it; a shorter run needs a folder of its own (hydra.run.dir or hydra.sweep.dir)")
 
 
 def completed_here(record: dict | None, cfg: dict) -> bool:

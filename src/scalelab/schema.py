@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalelab.checkpointing import checkpoint_step, resume_mismatch
+from scalelab.checkpointing import checkpoint_step, folder_problem, resume_mismatch
 from scalelab.errors import ConfigError
 
 
@@ -395,6 +395,9 @@ def check(c: dict) -> None:
     if path is not None and not path.exists():
         raise ConfigError(f"checkpoint.resume_from={resume!r} does not exist: give a checkpoint (file or folder) "
                           "saved by a run of the same kind of strategy (ZeRO: stage and world size) and model shape, or null")
+    not_one = folder_problem(path) if path is not None else None
+    if not_one:   # the ranks ended in IsADirectoryError tracebacks
+        raise ConfigError(f"checkpoint.resume_from={resume!r} {not_one}")
     differs = resume_mismatch(path, c) if path is not None else None
     if differs:   # the ranks would end in a load traceback (or load another model's weights)
         raise ConfigError(f"checkpoint.resume_from={resume!r} was saved by another kind of run ({differs}): resume "

@@ -328,7 +328,9 @@ def main() -> None:
     try:
         _hydra_main()
     except KeyboardInterrupt:   # the ranks were ended with it (spawn / launch kill their groups)
-        print(_interrupted(_MARKS.get("job_dir"), _MARKS.get("sweep_dir")), file=sys.stderr)
+        # on a terminal, the progress bar's line is still open (it rewrites itself with \r)
+        print(("\n" if sys.stderr.isatty() else "") + _interrupted(_MARKS.get("job_dir"), _MARKS.get("sweep_dir")),
+              file=sys.stderr)
         _fast_exit(130)
     code = 0
     if _FAILED:  # the sweep went on past them; the command still says so

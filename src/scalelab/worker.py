@@ -280,18 +280,20 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         record["placement"] = [r.get("placement") for r in per_rank]
         if any(r.get("device_syncs") for r in per_rank):
             record["device_syncs"] = [r.get("device_syncs") for r in per_rank]
+        if resume and resumed_at is None:   # checkpoint.resume_from: where the loaded checkpoint left off
+            resumed_at = int(trainer.global_step) - int(record["steps"])
         if record["short_run"]:
-            st = record["step_time_s"]
-            print(f"[scalelab] warning: only {st['measured_steps']} measured step(s) (max_steps "
-                  f"{cfg.trainer.max_steps} - warm-up {st['warmup_steps_excluded']} - profiled "
-                  f"{st['profiled_steps_excluded']}): step time and throughput are not steady-state; use "
-                  f"trainer.max_steps >= {cfg.trainer.warmup_steps + profiled + MIN_MEASURED_STEPS}", flush=True)
+            st, since = record["step_time_s"], resumed_at or 0
+            ran = f"steps {since + 1}-{cfg.trainer.max_steps} after the resume" if since else \
+                f"max_steps {cfg.trainer.max_steps}"
+            print(f"[scalelab] warning: only {st['measured_steps']} measured step(s) ({ran} - warm-up "
+                  f"{st['warmup_steps_excluded']} - profiled {st['profiled_steps_excluded']}): step time and "
+                  f"throughput are not steady-state; use trainer.max_steps >= "
+                  f"{since + cfg.trainer.warmup_steps + profiled + MIN_MEASURED_STEPS}", flush=True)
         record["mfu"] = compute_mfu(record, spec.run.model_arch,
                                     load_profile(cfg.get("hardware_profile", "auto"), spec.run.accelerator,
                                                  cfg.get("cache_dir")))
         record["resumed_from"] = str(resume) if resume else None
-        if resume and resumed_at is None:   # checkpoint.resume_from: where the loaded checkpoint left off
-            resumed_at = int(trainer.global_step) - int(record["steps"])
         record["resumed_at_step"] = resumed_at
         if resumed_at:  # `steps` counts the whole run (as trainer.max_steps does); the figures above are this attempt's
             record["steps_this_attempt"] = record["steps"]
@@ -312,34 +314,35 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
 
 
 def _resume_point(cfg, job_dir: Path, rank: int) -> tuple[str | None, int | None]:
-    """(checkpoint to resume, its step): checkpoint.resume_from when given; else, with
-    checkpoint.resume=auto, the newest valid periodic checkpoint in this job dir (a restarted or
-    re-run job continues), saying which and why any newer one was passed over."""
-    if cfg.checkpoint.resume_from:
-        return str(cfg.checkpoint.resume_from), None
+    """(checkpoint to resume, its step; None for checkpoint.resume_from's: another run's). With
+    checkpoint.resume=auto, this job's own newest valid periodic checkpoint (a restarted, requeued
+    or re-run job goes on), saying which and why any newer one was passed over; before
+    checkpoint.resume_from, where the job started (its own checkpoints are later: the Ctrl-C and
+    restart lines promise them)."""
+    start = str(cfg.checkpoint.resume_from) if cfg.checkpoint.resume_from else None
     if cfg.checkpoint.get("resume", "auto") != "auto":
-        return None, None
+        return start, None
+    max_steps = cfg.trainer.max_steps
     path, step, problems = find_resume(job_dir)
-    if path is not None and step >= cfg.trainer.max_steps and requeue.requeue_count() > 0:
-        # SLURM requeued the job after its last step but before its record was complete: redo the
-        # steps since this job's checkpoint before, so that this attempt has steps to measure
-        path, step, problems = find_resume(job_dir, below=cfg.trainer.max_steps,
-                                           slurm_job=os.environ.get("SLURM_JOB_ID"))
+    if path is not None and step >= max_steps:
+        # the last step is saved but the record is not complete (the job was cut between the two,
+        # or SLURM requeued it after its last step; train.run_job keeps a completed record before
+        # any rank starts): redo the steps since the checkpoint before, so that this attempt has
+        # steps to measure, rather than the whole run. Under a requeue, only this SLURM job's.
+        slurm_job = os.environ.get("SLURM_JOB_ID") if requeue.requeue_count() > 0 else None
+        path, step, problems = find_resume(job_dir, below=max_steps, slurm_job=slurm_job)
         if path is None and rank == 0:
-            print(f"[scalelab] requeued after its last step, and no earlier checkpoint of SLURM job "
-                  f"{os.environ.get('SLURM_JOB_ID')} (checkpoint.every_n_steps): starting over", flush=True)
-    if path is not None and step >= cfg.trainer.max_steps:   # a finished job run again: start over
-        if rank == 0:
-            print(f"[scalelab] newest checkpoint {path} is at trainer.max_steps={cfg.trainer.max_steps}: "
-                  "starting over", flush=True)
-        return None, None
+            print(f"[scalelab] the newest checkpoint is at trainer.max_steps={max_steps} and none before it"
+                  + (f" of SLURM job {slurm_job}" if slurm_job else "") + " (checkpoint.every_n_steps): "
+                  + ("starting from checkpoint.resume_from" if start else "starting over"), flush=True)
     if rank == 0:
         for p in problems:
             print(f"[scalelab] checkpoint {p}: not used", flush=True)
         if path is not None:
-            print(f"[scalelab] resuming from {path} (step {step})", flush=True)
+            print(f"[scalelab] resuming from {path} (step {step}" + ("; this job's own, after "
+                  "checkpoint.resume_from" if start else "") + ")", flush=True)
             (job_dir / RESUMED).write_text(str(step))
-    return (str(path), step) if path is not None else (None, None)
+    return (str(path), step) if path is not None else (start, None)
 
 
 def _profile_window(cfg, spec, resumed: bool = False) -> ProfileWindow | None:

@@ -121,3 +121,26 @@ def test_preflight_refuses_a_sweep_into_a_folder_of_another_sweep_before_any_job
         preflight(["strategy=single", f"hydra.run.dir={run}"], data=False)
     # the default folders are named by the time: new, not looked at
     assert preflight(["strategy=single"], data=False) == 1
+
+
+def test_a_shorter_rerun_over_a_longer_run_is_refused(tmp_path):
+    """Before, max_steps 40 -> 30 in the same folder replaced the completed record and keep_last
+    pruned the new run's checkpoints (the old, later ones were the newest)."""
+    import json
+
+    _occupy(tmp_path, _cfg(trainer__max_steps=40), record=False)
+    assert job_dir.refusal(tmp_path, CFG) is None                               # nothing there to lose
+    (tmp_path / "run.json").write_text(json.dumps({"status": "failed"}))
+    assert job_dir.refusal(tmp_path, CFG) is None                               # a failed run, no checkpoint
+    ckpt = tmp_path / "checkpoints" / "step-00000030.ckpt"
+    ckpt.parent.mkdir()
+    ckpt.write_bytes(b"x")
+    ckpt.with_name(ckpt.name + ".manifest.json").write_text(json.dumps({"step": 30, "files": {"": 1}}))
+    assert job_dir.refusal(tmp_path, CFG) == (
+        f"{tmp_path} holds a longer run of this job (trainer.max_steps=40: checkpoints to step 30): "
+        "trainer.max_steps=20 would replace it; a shorter run needs a folder of its own (hydra.run.dir or "
+        "hydra.sweep.dir)")
+    (tmp_path / "run.json").write_text(json.dumps({"status": "completed"}))
+    assert "(trainer.max_steps=40: its completed record and checkpoints to step 30)" in job_dir.refusal(tmp_path, CFG)
+    assert job_dir.refusal(tmp_path, _cfg(trainer__max_steps=40)) is None        # the same length
+    assert job_dir.refusal(tmp_path, _cfg(trainer__max_steps=60)) is None        # train it longer

@@ -19,3 +19,17 @@ def test_a_decay_other_than_the_rule_s_usual_one_is_named():
     assert lr_rule_label({"rule": "sqrt", "decay": "constant"}) == "sqrt_constant"
     assert lr_rule_label({"rule": "none", "decay": "cosine"}) == "none_cosine"
     assert lr_rule_label({"rule": "linear"}) == "linear"          # an older record's config: no decay key
+
+
+def test_the_table_shows_the_rule_where_runs_differ_in_it():
+    from scalelab.results.table import render
+
+    def rec(job, rule):
+        return {"status": "completed", "strategy": "ddp", "world_size": 2, "global_batch_size": 32,
+                "per_device_batch_size": 16, "accumulate_grad_batches": 1, "lr_rule": rule, "lr": 0.006,
+                "job": {"name": job}, "throughput": {"samples_per_s": 100.0}}
+
+    two = render([rec("s/0", "linear"), rec("s/1", "linear_constant")])
+    assert "lr rule" in two.splitlines()[0]
+    assert any("linear_constant" in line for line in two.splitlines()[2:])
+    assert "lr rule" not in render([rec("s/0", "linear"), rec("s/1", "linear")]).splitlines()[0]

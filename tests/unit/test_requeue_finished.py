@@ -56,8 +56,23 @@ def test_a_requeue_after_the_last_step_redoes_the_last_interval_not_the_run(tmp_
         _checkpoint(tmp_path, step)
     path, step = worker._resume_point(CFG, tmp_path, rank=1)
     assert step == 90 and path.endswith("step-00000090.ckpt")
-    slurm_env.delenv("SLURM_JOB_ID")                      # the same dir run again by hand: start over
-    assert worker._resume_point(CFG, tmp_path, rank=1) == (None, None)
+    slurm_env.delenv("SLURM_JOB_ID")   # the same dir run again by hand (its record incomplete): the same
+    path, step = worker._resume_point(CFG, tmp_path, rank=1)
+    assert step == 90 and path.endswith("step-00000090.ckpt")
+
+
+def test_the_job_s_own_checkpoints_come_before_resume_from(tmp_path, slurm_env):
+    """checkpoint.resume_from is where the job started; its own later checkpoints are where it got
+    to (the Ctrl-C and restart lines name them): before, resume_from won and the steps since were
+    trained again."""
+    slurm_env.delenv("SLURM_JOB_ID")
+    cfg = OmegaConf.merge(CFG, {"checkpoint": {"resume_from": "/runs/a/checkpoints/last.ckpt"}})
+    assert worker._resume_point(cfg, tmp_path, rank=1) == ("/runs/a/checkpoints/last.ckpt", None)  # none yet
+    _checkpoint(tmp_path, 20)
+    path, step = worker._resume_point(cfg, tmp_path, rank=1)
+    assert step == 20 and path.endswith("step-00000020.ckpt")
+    never = OmegaConf.merge(cfg, {"checkpoint": {"resume": "never"}})
+    assert worker._resume_point(never, tmp_path, rank=1) == ("/runs/a/checkpoints/last.ckpt", None)
 
 
 def test_another_job_s_checkpoints_are_not_resumed(tmp_path, slurm_env):

@@ -94,3 +94,25 @@ def test_an_mlp_s_widths_are_its_shape(tmp_path):
     assert resume_mismatch(ckpt, run) is None
     wider = {**run, "model": {"arch": {**mlp, "hidden": [512, 256]}}}
     assert resume_mismatch(ckpt, wider) == "model.arch.hidden: [256, 256] vs [512, 256]"
+
+
+def test_a_folder_that_is_not_a_checkpoint_is_one_line_naming_the_ones_in_it(tmp_path):
+    """Before, the ranks ended in IsADirectoryError tracebacks (a job's checkpoints/ folder given)."""
+    ckpts = tmp_path / "job" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    for name in ("step-00000010.ckpt", "step-00000020.ckpt", "last.ckpt"):
+        (ckpts / name).write_bytes(b"x")
+    for given in (ckpts, ckpts.parent):
+        with pytest.raises(ConfigError) as e:
+            preflight(["model=gpt_nano", f"checkpoint.resume_from={given}"], data=False)
+        assert str(e.value) == (f"checkpoint.resume_from='{given}' is a folder but not a checkpoint (no .metadata "
+                                f"or latest file in it): the checkpoints in it are {ckpts}/{{last.ckpt, "
+                                "step-00000010.ckpt, step-00000020.ckpt}")
+    dcp = ckpts / "step-00000030.ckpt"          # a sharded checkpoint is a folder too
+    dcp.mkdir()
+    (dcp / ".metadata").write_bytes(b"x")
+    assert preflight(["model=gpt_nano", "trainer.max_steps=40", f"checkpoint.resume_from={dcp}"], data=False) == 1
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match=r"is a folder but not a checkpoint \(no .metadata or latest file in it\)$"):
+        preflight(["model=gpt_nano", f"checkpoint.resume_from={empty}"], data=False)

@@ -15,6 +15,7 @@ COLUMNS = [  # (header, getter, format)
     ("world", lambda r: r.get("world_size"), "{}"),
     ("batch", lambda r: r.get("global_batch_size"), "{}"),
     ("micro x acc", lambda r: f"{r.get('per_device_batch_size')}x{r.get('accumulate_grad_batches')}", "{}"),
+    ("lr rule", lambda r: r.get("lr_rule"), "{}"),                          # (VARYING_ONLY)
     ("lr", lambda r: r.get("lr"), "{:.3g}"),
     ("samples/s", lambda r: r.get("throughput", {}).get("samples_per_s"), "{:.1f}"),
     ("tokens/s", lambda r: r.get("throughput", {}).get("tokens_per_s"), "{:.0f}"),
@@ -61,7 +62,7 @@ def _cells(rec: dict, columns) -> list[str]:
 # Shown only where the runs differ in them: a sweep over one model at one precision reads as
 # before, while runs of two models side by side are told apart (their rows were identical but
 # for a 20x throughput gap).
-VARYING_ONLY = ("model", "precision")
+VARYING_ONLY = ("model", "precision", "lr rule")
 IDENTITY = ("job", *VARYING_ONLY, "strategy")   # what a row is: left-aligned, never wrapped
 # one spelling per precision (the trainer takes Lightning's aliases)
 _PRECISION = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed", "64": "64-true"}
@@ -145,7 +146,7 @@ def _csv(records: list[dict]) -> str:
 
 # Columns the terminal table hides first when the terminal is too narrow for all of them.
 NARROW_DROP = ("step ms (p90)", "state KiB/rank", "loss first", "micro x acc", "samples/s", "comm %", "MFU %", "lr",
-               "peak RSS MiB", "batch", "precision")
+               "lr rule", "peak RSS MiB", "batch", "precision")
 
 
 def rich_table(records: list[dict], group_by: str | None = None, sort: str | None = None, width: int = 120):
