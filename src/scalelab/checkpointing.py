@@ -143,6 +143,32 @@ def _ints(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def check_resume_from(c: dict) -> None:
+    """checkpoint.resume_from of a resolved config, before any rank: it exists, is a checkpoint,
+    was saved by a run the ranks can load it in, and is before trainer.max_steps. Each problem is
+    one ConfigError line (the ranks crashed on each, in tracebacks)."""
+    from scalelab.errors import ConfigError
+
+    resume = (c.get("checkpoint") or {}).get("resume_from")
+    if not resume:
+        return
+    path, what = Path(str(resume)).expanduser(), f"checkpoint.resume_from={resume!r}"
+    if not path.exists():
+        raise ConfigError(f"{what} does not exist: give a checkpoint (file or folder) saved by a run of the same "
+                          "kind of strategy (ZeRO: stage and world size) and model shape, or null")
+    not_one = folder_problem(path)
+    if not_one:
+        raise ConfigError(f"{what} {not_one}")
+    differs = resume_mismatch(path, c)
+    if differs:   # a load traceback in the ranks (or another model's weights loaded)
+        raise ConfigError(f"{what} was saved by another kind of run ({differs}): resume it with the same kind of "
+                          "strategy (ZeRO: stage and world size) and model shape, or start without it")
+    max_steps, at = (c.get("trainer") or {}).get("max_steps"), checkpoint_step(path)
+    if at is not None and isinstance(max_steps, int) and at >= max_steps:   # no step left to measure
+        raise ConfigError(f"{what} is at step {at}: trainer.max_steps={max_steps} must be larger (it counts every "
+                          "step, the resumed ones included)")
+
+
 def folder_problem(path: Path) -> str | None:
     """Why folder `path` is not a checkpoint (None when it is one, or is a file): a sharded
     checkpoint is a torch.distributed.checkpoint folder (`.metadata`) or DeepSpeed's (`latest`);

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalelab.checkpointing import checkpoint_step, folder_problem, resume_mismatch
+from scalelab.checkpointing import check_resume_from
 from scalelab.errors import ConfigError
 
 
@@ -388,26 +388,9 @@ def check(c: dict) -> None:
         unknown = sorted(set(node) - set(table) - {"_target_"}) if group in CLOSED else []
         if unknown:
             raise ConfigError(not_a_key(group, unknown[0], table))
-    # which hardware profile, and that a resume path exists (the rank would only fail on it)
+    # which hardware profile, and a resume path the ranks can use (they would only fail on it)
     _hardware_profile(c.get("hardware_profile", "auto"))
-    resume = (c.get("checkpoint") or {}).get("resume_from")
-    path = Path(str(resume)).expanduser() if resume else None
-    if path is not None and not path.exists():
-        raise ConfigError(f"checkpoint.resume_from={resume!r} does not exist: give a checkpoint (file or folder) "
-                          "saved by a run of the same kind of strategy (ZeRO: stage and world size) and model shape, or null")
-    not_one = folder_problem(path) if path is not None else None
-    if not_one:   # the ranks ended in IsADirectoryError tracebacks
-        raise ConfigError(f"checkpoint.resume_from={resume!r} {not_one}")
-    differs = resume_mismatch(path, c) if path is not None else None
-    if differs:   # the ranks would end in a load traceback (or load another model's weights)
-        raise ConfigError(f"checkpoint.resume_from={resume!r} was saved by another kind of run ({differs}): resume "
-                          "it with the same kind of strategy (ZeRO: stage and world size) and model shape, or start "
-                          "without it")
-    max_steps = (c.get("trainer") or {}).get("max_steps")
-    at = checkpoint_step(path) if path is not None else None
-    if at is not None and isinstance(max_steps, int) and at >= max_steps:   # the ranks crashed on it
-        raise ConfigError(f"checkpoint.resume_from={resume!r} is at step {at}: trainer.max_steps={max_steps} "
-                          f"must be larger (it counts every step, the resumed ones included)")
+    check_resume_from(c)   # a checkpoint the ranks could not load, or one at or past max_steps
     warm = (c.get("lr_scaling") or {}).get("warmup_steps")
     if isinstance(warm, float) and warm >= 1 and not warm.is_integer():
         raise ConfigError(f"lr_scaling.warmup_steps={warm!r} {GROUPS['lr_scaling']['warmup_steps'].what()}: "
