@@ -70,8 +70,7 @@ def model_arch(cfg: DictConfig) -> Any:
     try:
         return hydra.utils.instantiate(cfg.model.arch)
     except Exception as e:  # noqa: BLE001 - report which model config failed, in one line
-        cause = e.__cause__ or e
-        raise ConfigError(f"model={cfg.model.get('name')}: {str(cause).splitlines()[0]}") from e
+        raise ConfigError(f"model={cfg.model.get('name')}: {_one_line(e)}") from e
 
 
 def build_plan(cfg: DictConfig) -> StrategyPlan:
@@ -81,7 +80,14 @@ def build_plan(cfg: DictConfig) -> StrategyPlan:
         cause = e.__cause__ or e
         if isinstance(cause, ConfigError):
             raise cause from e
-        raise ConfigError(f"strategy={cfg.strategy.get('name')}: {str(cause).splitlines()[0]}") from e
+        raise ConfigError(f"strategy={cfg.strategy.get('name')}: {_one_line(e)}") from e
+
+
+def _one_line(e: Exception) -> str:
+    """Hydra's instantiate error (or its cause) as one line: an unloadable _target_'s message
+    spans lines ("Error loading 'x.Y':" / ModuleNotFoundError(...) / "Are you sure ...")."""
+    cause = e.__cause__ or e
+    return " ".join(ln.strip() for ln in str(cause).splitlines() if ln.strip())[:400]
 
 
 def _validation(cfg: DictConfig) -> int | None:

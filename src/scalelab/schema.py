@@ -358,11 +358,12 @@ def check_fields(values: dict, table: dict[str, Field], prefix: str) -> None:
 
 def _class_tables(target: Any, tables: dict[str, dict[str, Field]]) -> dict[str, Field]:
     """The merged tables of target's class and its bases (by class name)."""
-    import hydra.utils
+    import importlib
 
     merged: dict[str, Field] = {}
-    try:
-        cls = hydra.utils.get_class(str(target))
+    module, _, name = str(target).rpartition(".")
+    try:   # not hydra.utils.get_class: it logs an error of its own (3 more lines before the one line)
+        cls = getattr(importlib.import_module(module), name)
     except Exception:  # noqa: BLE001 - an unknown _target_ is reported where it is built
         return merged
     for klass in reversed(cls.__mro__):

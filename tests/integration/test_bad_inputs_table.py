@@ -262,7 +262,10 @@ SUBPROCESS_ROWS = [
     (TRAIN, ["trainer.timeout_s=0"], "trainer.timeout_s=0 must be a number > 0"),
     (TRAIN, ["-m", "strategy=single,ddp", "trainer.devices=1,2", "model.arch.n_heads=3"],
      "model.arch.n_heads=3 does not divide"),
-    (TRAIN, ["checkpoint.resume_from=/no/such/ckpt"], "does not exist"),
+    # Hydra's get_class logged 3 lines of its own first, and the message was cut at its first line
+    # (the resume_from row that was here runs in-process above)
+    (TRAIN, ["strategy._target_=nosuch.mod.DDP"], "strategy=ddp: Error loading 'nosuch.mod.DDP': "
+                                                  "ModuleNotFoundError(\"No module named 'nosuch'\")"),
     ([sys.executable, "-m", "scalelab.cli", "plan"], ["optim.optimizer.eps=-1"], "optim.optimizer.eps=-1"),
 ]
 
