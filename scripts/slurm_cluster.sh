@@ -97,6 +97,11 @@ SlurmdParameters=config_overrides
 MailProg=/bin/true
 # submitted jobs' steps get SIGTERM, then SIGKILL after KillWait: 5 s is enough to save a small checkpoint
 KillWait=5
+# A process of a step still there this long after SIGKILL drains the node ("Kill task failed"), and
+# every later job then pends (ReqNodeNotAvail) until the tests time out: seen once in CI, where a
+# batch step outlived its SIGKILL by more than the default 60 s on a loaded VM (its other steps
+# ended within 5 s; cause not found). Production clusters on slow storage raise it the same way.
+UnkillableStepTimeout=180
 # sched_interval: a requeued job whose BeginTime passed starts within seconds, not at the next 60 s pass
 SchedulerParameters=batch_sched_delay=0,sched_interval=2
 # A requeued job waits cred_expire+1 s before it may start again (default 120 s): the tests requeue
