@@ -168,7 +168,11 @@ up() {
   # 4. controller and node daemon
   start_bg slurmctld "$DIR/slurmctld.pid" /usr/sbin/slurmctld -D -i
   start_bg slurmd "$DIR/slurmd.pid" /usr/sbin/slurmd -D
-  wait_for 60 "the node (sinfo idle)" sh -c 'sinfo -h -o %T | grep -q "^idle"' || return 1
+  # The node's state outlives a restart (slurmctld's saved state): a node an earlier run left drained
+  # ("Kill task failed") would never be idle again. A test cluster starts with its node in service.
+  wait_for 60 "the node (sinfo idle)" sh -c 'st=$(sinfo -h -o %T | head -1)
+    case "$st" in drain*) scontrol update NodeName="$1" State=RESUME >/dev/null 2>&1 ;; esac
+    echo "$st" | grep -q "^idle"' _ "$NODE" || return 1
   wait_for 30 "accounting (sacct)" sacct -n -X -S now-1minutes || return 1
   status
 }
