@@ -69,6 +69,33 @@ def find_resume(job_dir: Path, below: int | None = None, slurm_job: str | None =
     return None, 0, problems
 
 
+def resume_point(job_dir: Path, max_steps: int, slurm_job: str | None = None
+                 ) -> tuple[Path | None, int, list[str], bool]:
+    """checkpoint.resume=auto's choice in a job folder: (path, step, problems, passed_last). The
+    newest valid checkpoint; where that one is at max_steps (the last step is saved but the
+    record is not: the job was cut between the two, or SLURM requeued it after its last step;
+    train.run_job keeps a completed record before any rank starts), the one before it, of SLURM
+    job `slurm_job` if given, so that the attempt redoes one interval and has steps to measure
+    (passed_last: True); (None, 0, ...) where there is none."""
+    path, step, problems = find_resume(job_dir)
+    if path is None or step < max_steps:
+        return path, step, problems, False
+    path, step, problems = find_resume(job_dir, below=max_steps, slurm_job=slurm_job)
+    return path, step, problems, True
+
+
+def goes_on_from(job_dir: Path, max_steps: int, auto: bool = True, start: str | None = None) -> str:
+    """Where ranks started again in job_dir go on from (the worker's choice: resume_point, else
+    checkpoint.resume_from), as the restart line says it."""
+    path, step, _, _ = resume_point(job_dir, max_steps) if auto else (None, 0, [], False)
+    if path is not None:
+        return f"resume from step {step}"
+    if start:
+        return f"start from checkpoint.resume_from {start}"
+    return "start over from step 0" + (" (no checkpoint yet: checkpoint.every_n_steps=N saves one every N steps)"
+                                       if auto else " (checkpoint.resume=never)")
+
+
 def checkpoint_step(ckpt: Path) -> int | None:
     """The optimizer step a checkpoint was saved at: its manifest's, else its name's
     (step-00000060.ckpt); None when neither says."""
@@ -82,16 +109,10 @@ def checkpoint_step(ckpt: Path) -> int | None:
 def saved_by(ckpt: Path) -> dict | None:
     """The resolved config of the run that saved `ckpt` (JOB_DIR/config_resolved.yaml beside its
     checkpoints/ folder), or None: a checkpoint copied elsewhere, or one saved outside scalelab."""
-    import yaml
+    from scalelab.job_dir import earlier_config
 
     ckpt = Path(ckpt)
-    if ckpt.parent.name != "checkpoints":
-        return None
-    try:
-        cfg = yaml.safe_load((ckpt.parent.parent / "config_resolved.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    return cfg if isinstance(cfg, dict) else None
+    return earlier_config(ckpt.parent.parent) if ckpt.parent.name == "checkpoints" else None
 
 
 # Strategy classes whose checkpoints another class loads as its own (else each class has its own

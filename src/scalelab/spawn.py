@@ -25,9 +25,10 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from scalelab import launch
-from scalelab.checkpointing import PROGRESS, RESUMED, find_resume, read_mark
+from scalelab.checkpointing import PROGRESS, RESUMED, read_mark
 
 PRELOAD = ["scalelab.worker"]
 # The line the watch loop writes to ranks.log when a rank dies first (its peers are ended after it):
@@ -98,10 +99,11 @@ def _rank_main(job_dir: str, env: dict[str, str], out_path: str) -> None:
 
 
 def run_job(job_dir: Path, n: int, env: dict[str, str], log_path: Path, timeout_s: float,
-            max_restarts: int = 0) -> tuple[int, dict]:
+            max_restarts: int, goes_on: Callable[[], str]) -> tuple[int, dict]:
     """Run the job's n ranks; when one fails and restarts remain, end them all and start them
-    again (elastic restart: they resume from the newest valid checkpoint by themselves,
-    checkpoint.resume=auto). Returns (exit code, {"restarts", "steps_redone"})."""
+    again (elastic restart: they resume by themselves, checkpoint.resume=auto). goes_on(): where
+    they go on from, for the restart line (checkpointing.goes_on_from). Returns (exit code,
+    {"restarts", "steps_redone"})."""
     deadline = time.monotonic() + timeout_s
     restarts = redone = failed_at = 0
     while True:
@@ -114,11 +116,8 @@ def run_job(job_dir: Path, n: int, env: dict[str, str], log_path: Path, timeout_
             return code, {"restarts": restarts, "steps_redone": redone}
         failed_at = read_mark(job_dir / PROGRESS, 0)
         restarts += 1
-        saved, step, _ = find_resume(job_dir)   # what the ranks resume from (checkpoint.resume=auto)
-        start = f"resume from step {step}" if saved else \
-            "start over from step 0 (no checkpoint yet: checkpoint.every_n_steps=N saves one every N steps)"
         line = f"[scalelab] restart {restarts} of {max_restarts} after step {failed_at}: every rank starts again " \
-               f"and will {start}"
+               f"and will {goes_on()}"
         with open(log_path, "ab") as log:
             log.write(f"{line}\n".encode())
         print(f"{line}{_why(log_path)}", flush=True)

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from scalelab import job_dir as job_dir_check
 from scalelab import launch, requeue, same_job, spawn, timing
-from scalelab.checkpointing import PROGRESS, find_resume, read_mark
+from scalelab.checkpointing import PROGRESS, find_resume, goes_on_from, read_mark
 from scalelab.errors import ConfigError
 from scalelab.paths import conf_dir
 from scalelab.results.record import (RUN_FILE, BadRecord, base_record, install_log_redaction, load_record,
@@ -99,7 +99,7 @@ def run_job(cfg: DictConfig) -> dict:
                  "run (checkpoint.resume=never runs it again)")
         log.info(_one_line(done) if multirun else render([done]))
         return done
-    OmegaConf.save(OmegaConf.create(scrub(resolved)), job_dir / "config_resolved.yaml")
+    OmegaConf.save(OmegaConf.create(scrub(resolved)), job_dir / job_dir_check.CONFIG_FILE)
     (job_dir / RUN_FILE).unlink(missing_ok=True)
     (job_dir / PROGRESS).unlink(missing_ok=True)   # a failed record's steps come from this run's mark only
     for stale in job_dir.glob("error-rank*.txt"):  # an earlier run's here: not this run's error
@@ -125,8 +125,10 @@ def run_job(cfg: DictConfig) -> dict:
         _mark_attempt(job_dir)
     spawned = timing.now()
     if cfg.launcher.name == "local":   # forks of a pre-imported server (scalelab.spawn)
+        auto, start = cfg.checkpoint.get("resume", "auto") == "auto", cfg.checkpoint.resume_from
         rc, elastic = spawn.run_job(job_dir, spec.run.devices_per_node, env, job_dir / "ranks.log",
-                                    float(cfg.trainer.timeout_s), int(cfg.trainer.get("max_restarts", 0)))
+                                    float(cfg.trainer.timeout_s), int(cfg.trainer.get("max_restarts", 0)),
+                                    lambda: goes_on_from(job_dir, cfg.trainer.max_steps, auto, start))
     elif signals is not None:
         with signals:
             rc, elastic = launch.run_ranks(cmd, env, job_dir / "ranks.log", float(cfg.trainer.timeout_s),

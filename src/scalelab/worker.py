@@ -25,7 +25,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from scalelab import timing  # noqa: E402
-from scalelab.checkpointing import RESUMED, find_resume, periodic_checkpoint, read_curve, write_step
+from scalelab.checkpointing import RESUMED, periodic_checkpoint, read_curve, resume_point, write_step
 from scalelab.config import validate
 from scalelab.console import StepProgressBar, quiet_rank
 from scalelab.data.datamodule import ByteCorpusDataModule, ValidationCurve, validation_trainer_args
@@ -323,18 +323,12 @@ def _resume_point(cfg, job_dir: Path, rank: int) -> tuple[str | None, int | None
     if cfg.checkpoint.get("resume", "auto") != "auto":
         return start, None
     max_steps = cfg.trainer.max_steps
-    path, step, problems = find_resume(job_dir)
-    if path is not None and step >= max_steps:
-        # the last step is saved but the record is not complete (the job was cut between the two,
-        # or SLURM requeued it after its last step; train.run_job keeps a completed record before
-        # any rank starts): redo the steps since the checkpoint before, so that this attempt has
-        # steps to measure, rather than the whole run. Under a requeue, only this SLURM job's.
-        slurm_job = os.environ.get("SLURM_JOB_ID") if requeue.requeue_count() > 0 else None
-        path, step, problems = find_resume(job_dir, below=max_steps, slurm_job=slurm_job)
-        if path is None and rank == 0:
-            print(f"[scalelab] the newest checkpoint is at trainer.max_steps={max_steps} and none before it"
-                  + (f" of SLURM job {slurm_job}" if slurm_job else "") + " (checkpoint.every_n_steps): "
-                  + ("starting from checkpoint.resume_from" if start else "starting over"), flush=True)
+    slurm_job = os.environ.get("SLURM_JOB_ID") if requeue.requeue_count() > 0 else None  # a requeue: its own
+    path, step, problems, passed_last = resume_point(job_dir, max_steps, slurm_job)
+    if passed_last and path is None and rank == 0:
+        print(f"[scalelab] the newest checkpoint is at trainer.max_steps={max_steps} and none before it"
+              + (f" of SLURM job {slurm_job}" if slurm_job else "") + " (checkpoint.every_n_steps): "
+              + ("starting from checkpoint.resume_from" if start else "starting over"), flush=True)
     if rank == 0:
         for p in problems:
             print(f"[scalelab] checkpoint {p}: not used", flush=True)

@@ -80,3 +80,19 @@ def test_another_job_s_checkpoints_are_not_resumed(tmp_path, slurm_env):
     for step in (80, 90, 100):
         _checkpoint(tmp_path, step, slurm_job="12")
     assert worker._resume_point(CFG, tmp_path, rank=1) == (None, None)
+
+
+def test_the_restart_line_names_where_the_ranks_go_on_from(tmp_path, slurm_env):
+    """spawn's restart line asks checkpointing.goes_on_from, the choice the ranks make
+    (worker._resume_point): it said 'start over from step 0' where they went on from
+    checkpoint.resume_from, and 'resume from step N' under checkpoint.resume=never."""
+    from scalelab.checkpointing import goes_on_from
+
+    assert goes_on_from(tmp_path, 100) == ("start over from step 0 (no checkpoint yet: checkpoint.every_n_steps=N "
+                                           "saves one every N steps)")
+    assert goes_on_from(tmp_path, 100, start="/runs/a/last.ckpt") == "start from checkpoint.resume_from /runs/a/last.ckpt"
+    for step in (80, 90, 100):
+        _checkpoint(tmp_path, step)
+    assert goes_on_from(tmp_path, 100) == "resume from step 90"          # the one before the last step
+    assert goes_on_from(tmp_path, 200, start="/runs/a/last.ckpt") == "resume from step 100"   # its own first
+    assert goes_on_from(tmp_path, 200, auto=False) == "start over from step 0 (checkpoint.resume=never)"
