@@ -30,20 +30,12 @@ CONFIG_FILE = "config_resolved.yaml"  # JOB_DIR/config_resolved.yaml: the resolv
 FREE = (*NODE_OWN, "job", "checkpoint.", "trainer.max_restarts", "trainer.max_steps")
 
 
-def _flat(cfg: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(cfg, dict) and cfg:
-        out = {}
-        for k, v in cfg.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: cfg}
-
-
 def _job_values(cfg: dict, keep_free: tuple[str, ...] = ()) -> dict[str, Any]:
     """The config's values that make the job (dotted keys), secrets redacted as saved."""
     from scalelab.results.record import scrub
+    from scalelab.results.table import flatten
 
-    return {k: v for k, v in _flat(scrub(cfg)).items() if not k.startswith(FREE) or k in keep_free}
+    return {k: v for k, v in flatten(scrub(cfg)).items() if not k.startswith(FREE) or k in keep_free}
 
 
 def earlier_config(job_dir: Path) -> dict | None:
@@ -121,7 +113,8 @@ def completed_here(record: dict | None, cfg: dict) -> bool:
     """Whether `record` (the job dir's run.json) is a completed run of this same job (resolved
     config `cfg`) to the same trainer.max_steps: the launcher's final record (its `ranks_exited`
     mark), not rank 0's part of a job killed after."""
-    if not record or record.get("status") != "completed" or not isinstance(record.get("config"), dict):
+    from scalelab.results.record import completed_final
+
+    if not completed_final(record) or not isinstance(record.get("config"), dict):
         return False
-    final = bool(((record.get("timing") or {}).get("marks") or {}).get("ranks_exited"))
-    return final and not differences(record["config"], cfg, keep_free=("trainer.max_steps",))
+    return not differences(record["config"], cfg, keep_free=("trainer.max_steps",))

@@ -98,10 +98,11 @@ def completed_earlier(record: dict | None, overrides: list[str], environ=None) -
     before the batch step adds its part, may be all that is left of an attempt killed meanwhile."""
     env = os.environ if environ is None else environ
     info = slurm_info(env)
-    if not record or info is None or requeue_count(env) == 0 or record.get("status") != "completed":
+    from scalelab.results.record import completed_final
+
+    if info is None or requeue_count(env) == 0 or not completed_final(record):
         return False
-    final = bool(((record.get("timing") or {}).get("marks") or {}).get("ranks_exited"))
-    return (final and (record.get("slurm") or {}).get("job_id") == info["job_id"]
+    return ((record.get("slurm") or {}).get("job_id") == info["job_id"]
             and (record.get("job") or {}).get("overrides") == list(overrides))
 
 

@@ -186,6 +186,15 @@ def record_problem(rec: Any) -> str | None:
     return None
 
 
+def completed_final(record: dict | None) -> bool:
+    """Whether `record` is a completed run's final record: the launcher's, which adds its
+    `ranks_exited` mark to rank 0's (rank 0's part alone may be all that is left of a job killed
+    after it; SLURM requeues and reruns keep only final ones)."""
+    if not record or record.get("status") != "completed":
+        return False
+    return bool(((record.get("timing") or {}).get("marks") or {}).get("ranks_exited"))
+
+
 def load_record(path: Path | str) -> dict:
     """One run.json, checked (record_problem); BadRecord says why it cannot be used."""
     path = Path(path)
