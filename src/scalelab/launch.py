@@ -156,6 +156,40 @@ def rank_command(launcher: str, nodes: int, devices: int, job_dir: Path, extra: 
             f"--max-restarts={max_restarts}", "-m", "scalelab.worker", str(job_dir)]
 
 
+# A rank's error when a peer went away first (gloo, NCCL): a consequence of another rank's failure
+# (under launcher=torchrun that peer may be on another node, where this node cannot see why).
+PEER_GONE = re.compile(r"Connection (reset|closed) by peer|connection reset|Broken pipe|NCCL (remote|communicator) "
+                       r"(error|was aborted)|ProcessGroup\w* .*(aborted|closed)", re.I)
+
+
+def last_error_line(job_dir: Path, rank: int) -> str | None:
+    """The exception line of error-rank<R>.txt (what the worker wrote as its exception left the rank)."""
+    try:
+        lines = [ln for ln in (job_dir / f"error-rank{rank}.txt").read_text(errors="replace").splitlines()
+                 if ln.strip()]
+    except OSError:
+        return None
+    return lines[-1] if lines else None
+
+
+def cause_rank(job_dir: Path, ranks, since: float = 0.0) -> int | None:
+    """Of these failed ranks, the one whose failure caused the others': a rank whose error is not a
+    peer's connection ending, else any; the oldest error file first (a rank writes it as its
+    exception leaves it, before its exit closes the connections its peers then fail on: ~30 ms
+    earlier measured, for a rank that raised at step 3 of a 2-rank gloo job). Error files older
+    than `since` (an earlier attempt's) do not count. None where none of them wrote one."""
+    found = []
+    for r in ranks:
+        try:
+            written = (job_dir / f"error-rank{r}.txt").stat().st_mtime_ns
+        except OSError:
+            continue
+        line = last_error_line(job_dir, r)
+        if written >= since * 1e9 and line is not None:
+            found.append((bool(PEER_GONE.search(line)), written, int(r)))
+    return min(found)[2] if found else None
+
+
 class TracebackFilter:
     """The console's view of torchrun's output, without the Python tracebacks (torchrun's own on a
     failed rendezvous or a failed child; each failed rank's, prefixed `[rankN]:`) and C++ frame
@@ -172,12 +206,20 @@ class TracebackFilter:
     def __init__(self) -> None:
         self.pending, self.skipping, self.dropped = b"", False, 0
         self.box_rules = -1   # inside the box: the '=' rules seen so far
+        # where the console's line is a progress bar's (its line ends only with the run): the
+        # dropped count then, to tell a traceback's exception that follows it (another rank's)
+        self.bar_open: int | None = None
 
     def feed(self, chunk: bytes) -> bytes:
         *lines, self.pending = (self.pending + chunk).split(b"\n")
-        out = b"".join(self._line(ln + b"\n") for ln in lines)
+        out = b""
+        for ln in lines:
+            shown = self._line(ln + b"\n")
+            if shown:   # a traceback's exception after the bar: on a line of its own, not appended to it
+                cut = self.bar_open is not None and self.dropped > self.bar_open and not shown.startswith(b"\r")
+                out, self.bar_open = out + (b"\n" if cut else b"") + shown, None
         if b"\r" in self.pending:  # a progress bar's update (never a traceback's): now, not at its newline
-            out, self.pending, self.skipping = out + self.pending, b"", False
+            out, self.pending, self.skipping, self.bar_open = out + self.pending, b"", False, self.dropped
         return out
 
     def flush(self) -> bytes:
@@ -214,11 +256,16 @@ def run_ranks(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: fl
         return _run_ranks(cmd, env, log_path, timeout_s, on_start, console, start_by)
     finally:
         if console is not None:
-            sys.stdout.buffer.write(console.flush())
-            if console.dropped:
-                sys.stdout.write(f"[scalelab] {console.dropped} traceback line(s) not shown here: {log_path} has "
-                                 "them (verbose=true shows them)\n")
-            sys.stdout.flush()
+            console_end(console, log_path)
+
+
+def console_end(console: TracebackFilter, log_path: Path) -> None:
+    """The filtered console's last line, and one line counting what it left out."""
+    sys.stdout.buffer.write(console.flush())
+    if console.dropped:
+        sys.stdout.write(f"[scalelab] {console.dropped} traceback line(s) not shown here: {log_path} has "
+                         "them (verbose=true shows them)\n")
+    sys.stdout.flush()
 
 
 def _started_a_rank(pid: int) -> bool:

@@ -99,17 +99,18 @@ def _rank_main(job_dir: str, env: dict[str, str], out_path: str) -> None:
 
 
 def run_job(job_dir: Path, n: int, env: dict[str, str], log_path: Path, timeout_s: float,
-            max_restarts: int, goes_on: Callable[[], str]) -> tuple[int, dict]:
+            max_restarts: int, goes_on: Callable[[], str], tracebacks: bool = False) -> tuple[int, dict]:
     """Run the job's n ranks; when one fails and restarts remain, end them all and start them
     again (elastic restart: they resume by themselves, checkpoint.resume=auto). goes_on(): where
-    they go on from, for the restart line (checkpointing.goes_on_from). Returns (exit code,
+    they go on from, for the restart line (checkpointing.goes_on_from). tracebacks: the console
+    shows the ranks' tracebacks too (verbose=true; ranks.log always has them). Returns (exit code,
     {"restarts", "steps_redone"})."""
     deadline = time.monotonic() + timeout_s
     restarts = redone = failed_at = 0
     while True:
         (job_dir / PROGRESS).unlink(missing_ok=True)
         (job_dir / RESUMED).unlink(missing_ok=True)
-        code = run_ranks(job_dir, n, env, log_path, max(1.0, deadline - time.monotonic()))
+        code = run_ranks(job_dir, n, env, log_path, max(1.0, deadline - time.monotonic()), tracebacks)
         if restarts:                       # steps this attempt did again: from its resume point
             redone += max(0, failed_at - read_mark(job_dir / RESUMED, 0))
         if code in (0, 124) or restarts >= max_restarts:
@@ -133,10 +134,11 @@ def _why(log_path: Path) -> str:
     return f"; rank {found[-1][0]} failed first ({found[-1][1]})" if found else ""
 
 
-def run_ranks(job_dir: Path, n: int, env: dict[str, str], log_path: Path, timeout_s: float) -> int:
-    """Run n ranks of the job in job_dir; tee their output to log_path and stdout. The exit code:
-    0 when every rank exits 0, else the first failure's (negative: killed by that signal; 124:
-    timed out)."""
+def run_ranks(job_dir: Path, n: int, env: dict[str, str], log_path: Path, timeout_s: float,
+              tracebacks: bool = False) -> int:
+    """Run n ranks of the job in job_dir; tee their output to log_path and stdout (without
+    tracebacks unless `tracebacks`: launch.TracebackFilter). The exit code: 0 when every rank
+    exits 0, else the first failure's (negative: killed by that signal; 124: timed out)."""
     start_server(env)
     fifo = job_dir / ".ranks.pipe"
     fifo.unlink(missing_ok=True)
@@ -144,6 +146,8 @@ def run_ranks(job_dir: Path, n: int, env: dict[str, str], log_path: Path, timeou
     read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     keep_open = os.open(fifo, os.O_WRONLY)  # EOF only once the launcher says so (after the ranks)
     port = str(launch.free_port())
+    started = time.time()   # error files older than this are an earlier attempt's
+    console = None if tracebacks else launch.TracebackFilter()
     procs = []
     try:
         for r in range(n):
@@ -153,15 +157,18 @@ def run_ranks(job_dir: Path, n: int, env: dict[str, str], log_path: Path, timeou
             p = _CTX.Process(target=_rank_main, args=(str(job_dir), renv, str(fifo)), name=f"rank{r}")
             p.start()
             procs.append(p)
-        return _watch(procs, read_fd, keep_open, log_path, time.monotonic() + timeout_s)
+        return _watch(procs, read_fd, keep_open, log_path, time.monotonic() + timeout_s, console,
+                      lambda failed: launch.cause_rank(job_dir, failed, since=started))
     finally:
         for p in procs:
             _kill(p)
         os.close(read_fd)
         fifo.unlink(missing_ok=True)
+        if console is not None:
+            launch.console_end(console, log_path)
 
 
-def _watch(procs, read_fd: int, keep_open: int, log_path: Path, deadline: float) -> int:
+def _watch(procs, read_fd: int, keep_open: int, log_path: Path, deadline: float, console, cause) -> int:
     code = 0
     with open(log_path, "ab", buffering=0) as log:
         def pump(wait: float) -> bool:
@@ -169,7 +176,7 @@ def _watch(procs, read_fd: int, keep_open: int, log_path: Path, deadline: float)
             chunk = os.read(read_fd, 65536) if ready else b""
             if chunk:
                 log.write(chunk)
-                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.write(console.feed(chunk) if console is not None else chunk)
                 sys.stdout.flush()
             return bool(chunk)
 
@@ -177,7 +184,7 @@ def _watch(procs, read_fd: int, keep_open: int, log_path: Path, deadline: float)
             pump(0.2)
             failed = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
             if failed and not code:
-                rank, code = _first_failure(procs, failed, pump)   # a dead rank ends its peers (as torchrun does)
+                rank, code = _first_failure(procs, failed, pump, cause)   # a dead rank ends its peers (as torchrun does)
                 how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
                 log.write(f"\n[scalelab] rank {rank} failed first ({how}); ending the other ranks\n".encode())
                 for p in procs:
@@ -193,16 +200,22 @@ def _watch(procs, read_fd: int, keep_open: int, log_path: Path, deadline: float)
     return code or next((p.exitcode for p in procs if p.exitcode), 0)
 
 
-def _first_failure(procs, failed: list[tuple[int, int]], pump, grace_s: float = 1.0) -> tuple[int, int]:
+def _first_failure(procs, failed: list[tuple[int, int]], pump, cause, grace_s: float = 1.0) -> tuple[int, int]:
     """The rank whose failure came first. A rank killed by a signal (the OOM killer, a SIGKILL)
     makes its peers fail next with "connection reset" errors, and the fork server may report the
     peers' exits before its own: so a rank that exited with an error code waits up to `grace_s`
-    for a signal death among the others, which is then named as the cause."""
+    for a signal death among the others, which is then named as the cause. Among ranks that
+    exited with an error, cause(ranks) names the one whose error came first (launch.cause_rank:
+    a rank that raised, not a peer that lost its connection to it next; the fork server reports
+    both exits at once, lowest rank first)."""
     end = time.monotonic() + grace_s
     while True:
         killed = [(i, c) for i, c in failed if c < 0]
-        if killed or time.monotonic() > end or all(p.exitcode is not None for p in procs):
-            return (killed or failed)[0]
+        if killed:
+            return killed[0]
+        if time.monotonic() > end or all(p.exitcode is not None for p in procs):
+            first = cause([i for i, _ in failed])
+            return next((f for f in failed if f[0] == first), failed[0])
         pump(0.05)
         failed = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
 

@@ -128,7 +128,8 @@ def run_job(cfg: DictConfig) -> dict:
         auto, start = cfg.checkpoint.get("resume", "auto") == "auto", cfg.checkpoint.resume_from
         rc, elastic = spawn.run_job(job_dir, spec.run.devices_per_node, env, job_dir / "ranks.log",
                                     float(cfg.trainer.timeout_s), int(cfg.trainer.get("max_restarts", 0)),
-                                    lambda: goes_on_from(job_dir, cfg.trainer.max_steps, auto, start))
+                                    lambda: goes_on_from(job_dir, cfg.trainer.max_steps, auto, start),
+                                    tracebacks=bool(cfg.get("verbose", False)))
     elif signals is not None:
         with signals:
             rc, elastic = launch.run_ranks(cmd, env, job_dir / "ranks.log", float(cfg.trainer.timeout_s),
@@ -160,7 +161,7 @@ def run_job(cfg: DictConfig) -> dict:
         record = _collect(job_dir, rc, resolved, spec, threads)
         if layout is not None and rc != 0 and not any(job_dir.glob("error-rank*.txt")):
             record["error"] = _rendezvous_error(job_dir, layout) or record.get("error")
-        elif layout is not None and rc != 0 and _PEER_GONE.search(str(record.get("error"))):
+        elif layout is not None and rc != 0 and launch.PEER_GONE.search(str(record.get("error"))):
             record["error"] += (" (a peer's connection ended: the rank that failed first may be on another node, "
                                 "whose ranks.log says why)")
     record.update(elastic)                   # restarts and steps redone (launcher=local)
@@ -225,12 +226,6 @@ def _rendezvous_error(job_dir: Path, layout: dict) -> str | None:
     return f"rendezvous at {layout['endpoint']} failed on node {layout['node_rank']}: {causes[-1][:300]} ({hint})"
 
 
-# A rank's error when a peer went away first (gloo, NCCL): under launcher=torchrun that peer may be
-# on another node, where this node cannot see why.
-_PEER_GONE = re.compile(r"Connection (reset|closed) by peer|connection reset|Broken pipe|NCCL (remote|communicator) "
-                        r"(error|was aborted)|ProcessGroup\w* .*(aborted|closed)", re.I)
-
-
 def _one_line(record: dict) -> str:
     if record["status"] != "completed":
         return f"[scalelab] {record['job']['name']}: {record['status']}"
@@ -262,23 +257,28 @@ def _collect(job_dir: Path, rc: int, resolved: dict, spec, threads: int) -> dict
 
 def _error_message(job_dir: Path, rc: int) -> str:
     """The first failure: the rank the launcher saw fail first (scalelab.spawn notes it in
-    ranks.log; its peers were ended after it and their errors are consequences), else any
-    rank's error file, else the exit code and the log's last line."""
+    ranks.log; its peers were ended after it and their errors are consequences), else the rank
+    whose error file says why (launch.cause_rank: not a peer's connection ending, the oldest),
+    else the exit code and the log's last line."""
     log = job_dir / "ranks.log"
     text = re.split(f"{re.escape(ATTEMPT_MARK)}|{re.escape(RERUN_MARK)}",   # this attempt's part
                     log.read_text(errors="replace") if log.exists() else "")[-1]
     first = spawn.FAILED_FIRST.findall(text)
     # srun names the first task that exited badly first (its peers are ended after it)
     first = first or re.findall(r"srun: error: [^:\s]+: tasks? (\d+)[\d,-]*: (Exited with exit code \d+|[A-Z]\w+)", text)[:1]
+    written = sorted(int(m.group(1)) for f in job_dir.glob("error-rank*.txt")
+                     if (m := re.fullmatch(r"error-rank(\d+)\.txt", f.name)))
+    cause = launch.cause_rank(job_dir, written)
     if first:
         rank, how = first[-1]
-        err = job_dir / f"error-rank{rank}.txt"
-        lines = [ln for ln in err.read_text().splitlines() if ln.strip()] if err.exists() else []
-        return f"rank {rank} failed first ({how})" + (f": {lines[-1]}" if lines else "; its peers were ended")
-    for f in sorted(job_dir.glob("error-rank*.txt")):
-        lines = [ln for ln in f.read_text().splitlines() if ln.strip()]
-        if lines:
-            return f"{f.stem}: {lines[-1]}"
+        line = launch.last_error_line(job_dir, int(rank))
+        if (cause is not None and cause != int(rank) and line is not None and launch.PEER_GONE.search(line)
+                and not launch.PEER_GONE.search(launch.last_error_line(job_dir, cause) or "")):
+            # srun saw this rank exit first, but it only lost its connection to the one that raised
+            return f"rank {cause} failed: {launch.last_error_line(job_dir, cause)} (rank {rank} exited first: {how})"
+        return f"rank {rank} failed first ({how})" + (f": {line}" if line else "; its peers were ended")
+    if cause is not None:
+        return f"error-rank{cause}: {launch.last_error_line(job_dir, cause)}"
     if rc == 124:
         return "timed out (trainer.timeout_s)"
     tail = [ln for ln in text.splitlines() if ln.strip()][-1:]

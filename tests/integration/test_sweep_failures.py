@@ -9,6 +9,7 @@ peer was named. Now it stops after its batch and ends by the signal (requeue.ran
 end_by_sigterm)."""
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import FAST, TRAIN, env, records, worker_pids
+from ..conftest import FAST, TRAIN, env, records, train, worker_pids
 
 pytestmark = pytest.mark.integration
 
@@ -66,3 +67,25 @@ def test_killed_rank_fails_its_job_not_the_sweep(tmp_path, sig):
     assert proc.returncode == 1 and "1 job(s) failed" in proc.stderr
     assert "FAILED" in proc.stdout
     assert worker_pids(sweep) == []
+
+
+@pytest.mark.parametrize("launcher", ["local", "torchrun_local"])
+def test_the_rank_that_raised_is_named_not_the_peer_that_lost_it(tmp_path, launcher):
+    """Rank 1 raises at step 3 (tests/slurm/crash.py CrashingDDP); rank 0 then fails on gloo's
+    'Connection reset/closed by peer'. Both exit 1 at once, and the job's error named rank 0 (the
+    fork server reports the lowest rank first; torchrun's error files were read in name order):
+    the user read a transport error and not the cause. The console shows each exception line,
+    not the ~180 traceback lines (ranks.log keeps them)."""
+    job = tmp_path / "job"
+    proc = train([*FAST, "strategy=ddp", "strategy._target_=tests.slurm.crash.CrashingDDP", "trainer.devices=2",
+                  "trainer.max_steps=8", "logger=none", f"launcher={launcher}", f"hydra.run.dir={job}"], tmp_path,
+                 check=False)
+    rec = json.loads((job / "run.json").read_text())
+    assert proc.returncode == 1 and rec["status"] == "failed"
+    assert "injected rank crash at step 3" in rec["error"] and "rank1" in rec["error"].replace(" ", ""), rec["error"]
+    assert "by peer" in (job / "error-rank0.txt").read_text()   # the consequence the error used to name
+    assert "Traceback" not in proc.stdout + proc.stderr and "traceback line(s) not shown here" in proc.stdout
+    assert "Traceback" in (job / "ranks.log").read_text()
+    # the exception is on a line of its own, not after rank 0's progress bar
+    assert any(re.match(r"(\[rank1\]: )?RuntimeError: injected rank crash at step 3", line)
+               for line in proc.stdout.splitlines()), proc.stdout[-3000:]

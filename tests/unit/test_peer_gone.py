@@ -1,9 +1,9 @@
 """launcher=torchrun: a rank whose peer on another node died first fails with the transport's
 error (gloo: 'Connection reset by peer'), naming nothing on the node that failed; the job's error
-then says the first failure may be on another node (scalelab.train._PEER_GONE)."""
+then says the first failure may be on another node (scalelab.launch.PEER_GONE)."""
 import pytest
 
-from scalelab.train import _PEER_GONE
+from scalelab.launch import PEER_GONE
 
 
 @pytest.mark.parametrize("error,gone", [
@@ -17,4 +17,4 @@ from scalelab.train import _PEER_GONE
     ("error-rank3: ValueError: loss is nan", False),
 ])
 def test_a_peer_gone_is_told_apart(error, gone):
-    assert bool(_PEER_GONE.search(error)) is gone
+    assert bool(PEER_GONE.search(error)) is gone

@@ -43,3 +43,12 @@ def test_a_progress_bar_update_shows_before_its_newline():
     f = TracebackFilter()
     assert f.feed(b"\rstep 3/6 | 130 tokens/s") == b"\rstep 3/6 | 130 tokens/s"
     assert f.feed(b"\rstep 4/6") == b"\rstep 4/6"
+
+
+def test_an_exception_after_the_progress_bar_starts_its_own_line():
+    """launcher=local: rank 1's traceback arrives while rank 0's bar holds the console's line."""
+    f = TracebackFilter()
+    out = f.feed(b"\rstep 1/10 | 15,303 tokens/s") + f.feed(b"Traceback (most recent call last):\n  File \"w.py\"\n")
+    out += f.feed(b"RuntimeError: injected rank crash at step 3\n") + f.flush()
+    assert out == b"\rstep 1/10 | 15,303 tokens/s\nRuntimeError: injected rank crash at step 3\n"
+    assert f.dropped == 2
