@@ -246,6 +246,10 @@ class PeriodicCheckpoint:
     def __init__(self, job_dir: Path, every: int | None, keep: int, note_progress: bool = True):
         self.job_dir, self.every, self.keep = Path(job_dir), every, max(1, keep)
         self.curve_of = None   # () -> {"global_steps", "losses"} of this rank so far (StepMetrics.curve_so_far)
+        # (trainer) -> None, after each periodic save: the step clock starts again there, or the
+        # step after a save is timed with it (StepMetrics.restart_clock)
+        self.after_save = None
+        self.save_s: list[float] = []   # each periodic save's seconds on this rank (run.json timing)
         # JOB_DIR/.progress: exact per step where an elastic restart counts the steps it redoes
         # (spawn.run_job, trainer.max_restarts > 0); otherwise a live progress mark (monitoring,
         # the SLURM tests) written at most once a second: a file write per step is 0.04 ms on
@@ -279,7 +283,11 @@ class PeriodicCheckpoint:
         if not self.every or step == 0 or step % self.every or self._last == step:
             return
         self._last = step            # with accumulation, several micro-batches end one step
+        t0 = time.perf_counter()
         self.save(trainer, step)
+        self.save_s.append(round(time.perf_counter() - t0, 4))
+        if self.after_save is not None:
+            self.after_save(trainer)
 
     def save(self, trainer: Any, step: int) -> Path:
         final = self.dir / f"step-{step:08d}.ckpt"

@@ -189,6 +189,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     # LiveThroughput (Lightning's ThroughputMonitor without its per-step CUDA sync) logs a rolling
     # per-step view (rank 0) to the logger; the run record's steady-state figures come from StepMetrics.
     live = LiveThroughput(batch_size_fn=lambda b: b.shape[0], window_size=min(10, cfg.trainer.max_steps),
+                          replicas=world // spec.batch.dp_size,   # tp x pp ranks share each sample
                           **({"length_fn": lambda b: b.shape[0] * seq} if seq else {}))
     # HostLRMonitor: Lightning's LearningRateMonitor without its per-step torch.tensor(lr, device=cuda)
     callbacks = [metrics, live] + ([HostLRMonitor("step")] if cfg.logger.name != "none" else [])
@@ -201,6 +202,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     periodic = periodic_checkpoint(job_dir, cfg.checkpoint.get("every_n_steps"), int(cfg.checkpoint.get("keep_last", 2)),
                                    note_progress=int(cfg.trainer.get("max_restarts", 0)) > 0)
     periodic.curve_of = metrics.curve_so_far                  # each checkpoint keeps the loss curve so far
+    periodic.after_save = metrics.checkpoint_saved          # a save is in no step's time
     if resumed_at is not None:      # this job's own checkpoint (not resume_from: another run's curve)
         metrics.prior = read_curve(resume, rank) or metrics.prior  # ... which its record starts with
     callbacks.append(periodic)
@@ -303,6 +305,8 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         marks.update(first_step=metrics.first_step_at, last_step=metrics.last_step_at,
                      record_written=timing.now())
         record["timing"] = {"fit_s": fit_s, "marks": marks}  # the launcher adds its own and the phases
+        if periodic.save_s:   # in no step's time: what checkpoint.every_n_steps cost on its own
+            record["timing"]["checkpoint_saves_s"] = periodic.save_s
         record["lr_final"] = trainer.optimizers[0].param_groups[0]["lr"]
         record["val"] = val_curve.record() if val_curve is not None else None
         write_json(job_dir / RUN_FILE, record)

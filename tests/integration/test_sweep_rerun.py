@@ -22,6 +22,9 @@ def test_a_rerun_sweep_keeps_completed_jobs_resumes_the_cut_one_and_refuses_anot
             f"hydra.sweep.dir={sweep}", *FAST]
     first = _run(args, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
+    # each periodic save's seconds, apart from the step times (job 0: step 4 of 6; job 1: steps 4, 8, 12)
+    assert [len(json.loads((sweep / j / "run.json").read_text())["timing"]["checkpoint_saves_s"])
+            for j in "01"] == [1, 3]
     # job 1 as a Ctrl-C between steps 8 and 12 leaves it: no record, newest checkpoint at step 8
     (sweep / "1" / "run.json").unlink()
     for p in (sweep / "1" / "checkpoints").glob("step-00000012.ckpt*"):

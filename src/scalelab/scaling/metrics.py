@@ -159,9 +159,18 @@ class StepMetrics(L.Callback):
     def on_validation_end(self, trainer, pl_module) -> None:
         # Validation (trainer.val_every_n_steps) runs after one step's on_train_batch_end: the
         # next step's time starts when it ends, so validation is in no step's time.
-        _sync(pl_module.device)
+        self.restart_clock(pl_module.device)
+
+    def checkpoint_saved(self, trainer) -> None:
+        """PeriodicCheckpoint.after_save: the step after a save is timed from its end."""
+        self.restart_clock(trainer.strategy.root_device)
+
+    def restart_clock(self, device: torch.device) -> None:
+        """The next step's time starts now: what ran since the last step ended (validation, a
+        periodic checkpoint's save: PeriodicCheckpoint.after_save) is in no step's time."""
+        _sync(device)
         self._t_last = time.perf_counter()
-        self._last_event = record_event(pl_module.device)
+        self._last_event = record_event(device)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.phase_peaks is not None:
