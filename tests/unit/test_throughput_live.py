@@ -59,3 +59,25 @@ def test_live_monitor_counts_the_same_without_syncing(syncs):
     assert torch.cuda.synchronize is not None and len(syncs) == 0
     torch.cuda.synchronize()  # restored after each update: the patched recorder is back in place
     assert len(syncs) == 1
+
+
+def test_global_samples_count_each_sample_once_under_tensor_parallel():
+    """tp=4 at world 4 (one data-parallel replica): 16 samples/s on each device is 16 for the job,
+    not 4 x 16 (Lightning multiplies by the world size); dp=2 x tp=2: 2 x 16."""
+    from lightning.pytorch.plugins.precision import Precision
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    def logged(world, replicas):
+        m = LiveThroughput(batch_size_fn=lambda b: b.shape[0], window_size=2, replicas=replicas)
+        trainer = SimpleNamespace(state=SimpleNamespace(stage=RunningStage.TRAINING), world_size=world,
+                                  enable_validation=False, precision_plugin=Precision(),
+                                  strategy=SimpleNamespace(root_device=torch.device("cpu")))
+        m.setup(trainer, None, TrainerFn.FITTING)
+        t = m._throughputs[RunningStage.TRAINING]
+        for i in (1, 2):                          # 4 samples of 8 items per 0.25 s
+            t.update(time=0.25 * i, batches=i, samples=4 * i, lengths=32 * i)
+        return t.compute()
+
+    tp4 = logged(4, 4)
+    assert tp4["device/samples_per_sec"] == 16 and tp4["samples_per_sec"] == 16 and tp4["items_per_sec"] == 128
+    assert logged(4, 2)["samples_per_sec"] == 32 and logged(4, 1)["samples_per_sec"] == 64   # dp 2; plain ddp
