@@ -189,13 +189,13 @@ def test_rich_table_fits_and_marks_failed_runs_red(loaded):
     from scalelab.results.table import rich_table
 
     recs, _ = loaded
-    for width in (100, 260):
+    for width in (100, 300):
         console = Console(width=width, record=True, force_terminal=True, color_system="standard")
         for t in rich_table(recs, width=width):
             console.print(t)
         text = console.export_text(styles=False, clear=False)
         assert max(len(line) for line in text.splitlines()) <= width
-        assert ("hidden to fit the terminal: step ms (p90)" in text) == (width == 100)   # 260: every column
+        assert ("hidden to fit the terminal: step ms (p90)" in text) == (width == 100)   # 300: every column
         assert "fx/8" in text and "64000" in text and "0.75" in text          # job, tokens/s, efficiency kept
         styled = console.export_text(styles=True)
         red = [line for line in styled.splitlines() if "\x1b[31m" in line]

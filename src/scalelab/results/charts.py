@@ -12,7 +12,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from scalelab.results.table import _show, lookup
+from scalelab.results.table import _show, flatten, lookup
 
 MIB = 2**20
 
@@ -66,6 +66,34 @@ def _suffix(rec: dict, group_by: str | None, sweep_shown: bool = False) -> str:
     if isinstance(value, str) and value == sweep_of(rec):
         return "" if sweep_shown else f" [{group_by}={Path(value).name}]"
     return f" [{group_by}={_show(value)}]"
+
+
+# Config keys in which the runs one series pools may differ: what the series' own key and x axis
+# hold, and what does not change the figure (a repeat's seed, where its files and logs go).
+_POOLED = ("job.", "hydra.", "seed", "logger.", "cache_dir", "verbose", "launcher.", "checkpoint.", "trainer.devices",
+           "trainer.num_nodes", "trainer.timeout_s", "trainer.collective_timeout_s", "trainer.max_restarts",
+           "trainer.enable_progress_bar", "data.global_batch_size", "lr_scaling.base_batch_size")
+
+
+def _apart(runs: list[dict], key, pooled: tuple = ()) -> dict[int, str]:
+    """{id(run): " k=v ..."}: within each series (runs of one `key(run)`), the config keys in which
+    its runs differ besides those pooled (a throughput series pooled gpt_nano's 90k tokens/s with
+    gpt_small's 5k as if repeats); that part of the run's config splits the series and names it.
+    A group whose `.name` differs is named by it alone (model=gpt_small, not its every size)."""
+    out: dict[int, str] = {}
+    by_key: dict = defaultdict(list)
+    for r in runs:
+        by_key[key(r)].append(r)
+    for members in by_key.values():
+        flat = [{k: v for k, v in flatten(r.get("config") or {}).items() if not k.startswith(_POOLED + pooled)}
+                for r in members]
+        keys = sorted({k for f in flat for k in f})
+        vary = [k for k in keys if len({repr(f.get(k)) for f in flat}) > 1]
+        named = {k.split(".")[0] for k in vary if k.endswith(".name") and k.count(".") == 1}
+        shown = [k for k in vary if k.split(".")[0] not in named or k.count(".") == 1 and k.endswith(".name")]
+        for r, f in zip(members, flat):
+            out[id(r)] = "".join(f" {k[:-5] if k.endswith('.name') else k}={_show(f.get(k))}" for k in shown)
+    return out
 
 
 def _median(xs: list[float]) -> float:
@@ -137,14 +165,14 @@ def throughput(records: list[dict], group_by: str | None = None, names: dict | N
     """Tokens/s vs world size, one series per sweep (where there are several), strategy and
     global batch: the median over the repeats of one sweep, never over two sweeps."""
     series: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    sweeps = sweep_labels([sweep_of(r) for r in completed(records)], names)
-    for r in completed(records):
-        tok = (r.get("throughput") or {}).get("tokens_per_s")
-        if tok is None:
-            continue
-        key = (sweeps.get(_norm(sweep_of(r)), ""), str(r.get("strategy")), r.get("global_batch_size") or 0,
-               _suffix(r, group_by, bool(sweeps)))
-        series[key][r["world_size"]].append(float(tok))
+    runs = [r for r in completed(records) if (r.get("throughput") or {}).get("tokens_per_s") is not None]
+    sweeps = sweep_labels([sweep_of(r) for r in runs], names)
+    base = lambda r: (sweeps.get(_norm(sweep_of(r)), ""), str(r.get("strategy")), r.get("global_batch_size") or 0)  # noqa: E731
+    # the LR rule and run length change no speed: their runs are repeats here
+    apart = _apart(runs, base, pooled=("lr_scaling.", "trainer.max_steps"))
+    for r in runs:
+        key = (*base(r), _suffix(r, group_by, bool(sweeps)) + apart[id(r)])
+        series[key][r["world_size"]].append(float(r["throughput"]["tokens_per_s"]))
     traces = [{"name": f"{sw}: {st} b{b}{sx}" if sw else f"{st} b{b}{sx}", "x": sorted(v),
                "y": [_median(v[w]) for w in sorted(v)], "strategy": st}
               for (sw, st, b, sx), v in sorted(series.items())]
@@ -202,15 +230,17 @@ def lr_scaling(records: list[dict], names: dict | None = None) -> dict:
     """Final loss vs global batch size, one series per sweep (where there are several) and LR rule
     (median over the runs of each batch size); the text is the LR each rule used at that batch."""
     series: dict[tuple, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
-    sweeps = sweep_labels([sweep_of(r) for r in completed(records)], names)
-    for r in completed(records):
-        if (r.get("loss") or {}).get("final") is not None:
-            key = (sweeps.get(_norm(sweep_of(r)), ""), str(r.get("lr_rule")))
-            series[key][r.get("global_batch_size") or 0].append(r)
+    runs = [r for r in completed(records) if (r.get("loss") or {}).get("final") is not None]
+    sweeps = sweep_labels([sweep_of(r) for r in runs], names)
+    base = lambda r: (sweeps.get(_norm(sweep_of(r)), ""), str(r.get("lr_rule")))  # noqa: E731
+    # strategies and world sizes pooled: each computes the same loss at one global batch
+    apart = _apart(runs, base, pooled=("strategy.", "lr_scaling.rule", "lr_scaling.decay", "data.micro_batch_size"))
+    for r in runs:
+        series[(*base(r), apart[id(r)])][r.get("global_batch_size") or 0].append(r)
     traces = []
-    for (sweep, rule), by_batch in sorted(series.items()):
+    for (sweep, rule, sx), by_batch in sorted(series.items()):
         xs = sorted(by_batch)
-        traces.append({"name": f"{sweep}: lr_rule={rule}" if sweep else f"lr_rule={rule}", "x": xs,
+        traces.append({"name": (f"{sweep}: lr_rule={rule}" if sweep else f"lr_rule={rule}") + sx, "x": xs,
                        "y": [_median([m["loss"]["final"] for m in by_batch[b]]) for b in xs],
                        "text": [", ".join(f"lr {v:.3g}" for v in sorted({m.get("lr") for m in by_batch[b]
                                                                         if m.get("lr") is not None}))

@@ -14,9 +14,12 @@ from pathlib import Path
 from scalelab.results.record import read_records, write_json
 
 SWEEP_FILE = "sweep.json"
-# Keys that legitimately change with the world size inside one scaling group.
+# Keys that legitimately change with the world size inside one scaling group. Not
+# data.micro_batch_size: the user's setting (null: global / data-parallel ranks) is the same at
+# every world size of a scaling series; runs that set it differently are different series (a sweep
+# over micro-batch sizes put micro 16 and micro 4 in one group, against one arbitrary baseline).
 _WORLD_KEYS = {("trainer", "devices"), ("trainer", "num_nodes"), ("data", "global_batch_size"),
-               ("data", "micro_batch_size"), ("lr_scaling", "base_batch_size")}
+               ("lr_scaling", "base_batch_size")}
 
 
 def _identity(rec: dict) -> str:
@@ -94,11 +97,13 @@ def _kept(path: Path) -> dict:
 
 
 def attach_efficiency(records: list[dict], summary: dict) -> None:
-    """Put each run's efficiency (strong preferred) on its record, for tables."""
-    by_job: dict[str, float] = {}
+    """Put each run's efficiency (strong preferred) and its group's baseline world size on its
+    record, for tables (a group whose 1-device run failed or is missing is measured against its
+    smallest completed world, and the table says so)."""
+    by_job: dict[str, tuple[float, int]] = {}
     for g in sorted(summary["groups"], key=lambda g: g["kind"] != "weak"):  # strong written last wins
         for run in g["runs"]:
-            by_job[run["job"]] = run["scaling_efficiency"]
+            by_job[run["job"]] = (run["scaling_efficiency"], g["baseline_world_size"])
     for r in records:
         if r.get("job", {}).get("name") in by_job:
-            r["scaling_efficiency"] = by_job[r["job"]["name"]]
+            r["scaling_efficiency"], r["scaling_baseline_world"] = by_job[r["job"]["name"]]

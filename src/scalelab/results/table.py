@@ -21,13 +21,15 @@ COLUMNS = [  # (header, getter, format)
     ("tokens/s", lambda r: r.get("throughput", {}).get("tokens_per_s"), "{:.0f}"),
     ("step ms (med)", lambda r: _ms(r.get("step_time_s", {}).get("median")), "{:.1f}"),  # "*": short_run
     ("step ms (p90)", lambda r: _ms(r.get("step_time_s", {}).get("p90")), "{:.1f}"),
+    # the device's own peak (max allocated, max over ranks): absent on CPU, where the column is dropped
+    ("device MiB/rank", lambda r: _mib(max(r.get("memory", {}).get("peak_device_bytes_per_rank") or [0]) or None), "{:.0f}"),
     ("peak RSS MiB", lambda r: _mib(max(r.get("memory", {}).get("peak_rss_bytes_per_rank") or [0]) or None), "{:.0f}"),
     ("state KiB/rank", lambda r: _kib(max(r.get("memory", {}).get("model_state_bytes_per_rank") or [0]) or None), "{:.0f}"),
     ("loss first", lambda r: r.get("loss", {}).get("first"), "{:.4f}"),
     ("loss final", lambda r: r.get("loss", {}).get("final"), "{:.4f}"),
     ("MFU %", lambda r: 100 * r["mfu"]["value"] if r.get("mfu") else None, "{:.1f}"),
     ("comm %", lambda r: 100 * r["breakdown"]["comm_fraction"] if r.get("breakdown") else None, "{:.0f}"),
-    ("efficiency", lambda r: r.get("scaling_efficiency"), "{:.2f}"),
+    ("efficiency", lambda r: r.get("scaling_efficiency"), "{:.2f}"),     # " (vs N)": baseline world N > 1
     ("status", lambda r: r.get("status") if r.get("status") == "completed" else f"{r.get('status')}: {str(r.get('error', ''))[:60]}", "{}"),
 ]
 
@@ -55,6 +57,8 @@ def _cells(rec: dict, columns) -> list[str]:
         cell = "-" if v is None or v == "" else fmt.format(v)
         if head == "step ms (med)" and rec.get("short_run") and cell != "-":
             cell += SHORT_MARK
+        if head == "efficiency" and cell != "-" and (rec.get("scaling_baseline_world") or 1) > 1:
+            cell += f" (vs {rec['scaling_baseline_world']})"   # no 1-device run completed in its group
         out.append(cell)
     return out
 
@@ -146,7 +150,7 @@ def _csv(records: list[dict]) -> str:
 
 # Columns the terminal table hides first when the terminal is too narrow for all of them.
 NARROW_DROP = ("step ms (p90)", "state KiB/rank", "loss first", "micro x acc", "samples/s", "comm %", "MFU %", "lr",
-               "lr rule", "peak RSS MiB", "batch", "precision")
+               "lr rule", "peak RSS MiB", "device MiB/rank", "batch", "precision")
 
 
 def rich_table(records: list[dict], group_by: str | None = None, sort: str | None = None, width: int = 120):

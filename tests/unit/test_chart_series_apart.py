@@ -1,0 +1,35 @@
+"""A dashboard series pools repeats only: ddp at global batch 32 on 2 ranks with gpt_nano (90k
+tokens/s), gpt_mini (30k) and gpt_small (5k) was one throughput point, their median (30k), and the
+LR chart's lr_rule=none point was the median of three models' losses. Runs that differ in the
+model (or precision, ...) are series of their own, named by what tells them apart; repeats (seeds)
+and LR rules (which change no speed) still pool."""
+from scalelab.results import charts
+
+from .test_report import _rec
+
+
+def _model(rec, name, seed=0, precision="32-true"):
+    rec["config"]["model"] = {"name": name, "arch": {"n_layer": len(name)}}
+    rec["config"]["seed"], rec["config"]["trainer"]["precision"] = seed, precision
+    return rec
+
+
+def test_three_models_are_three_throughput_series_and_seeds_pool():
+    recs = [_model(_rec(0, "ddp", 2, 32, 90_000 / 64), "gpt_nano"), _model(_rec(1, "ddp", 2, 32, 30_000 / 64), "gpt_mini"),
+            _model(_rec(2, "ddp", 2, 32, 5_000 / 64), "gpt_small"),
+            _model(_rec(3, "ddp", 2, 32, 7_000 / 64), "gpt_small", seed=1),            # a repeat: median
+            _model(_rec(4, "ddp", 2, 32, 4_000 / 64, rule="linear"), "gpt_small")]    # LR rule: same speed
+    got = [(t["name"], t["y"]) for t in charts.throughput(recs)["traces"]]
+    assert got == [("ddp b32 model=gpt_mini", [30_000.0]), ("ddp b32 model=gpt_nano", [90_000.0]),
+                   ("ddp b32 model=gpt_small", [5_000.0])]                            # median(5k, 7k, 4k)
+
+
+def test_the_lr_chart_splits_models_and_precisions_and_pools_strategies():
+    recs = [_model(_rec(0, "ddp", 2, 32, 1.0, final=2.0), "gpt_nano"),
+            _model(_rec(1, "fsdp", 2, 32, 1.0, final=2.2), "gpt_nano"),                # strategies: pooled
+            _model(_rec(2, "ddp", 2, 32, 1.0, final=4.0), "gpt_small"),
+            _model(_rec(3, "ddp", 2, 32, 1.0, final=5.0), "gpt_small", precision="bf16-mixed")]
+    got = [(t["name"], t["y"]) for t in charts.lr_scaling(recs)["traces"]]
+    assert got == [("lr_rule=none model=gpt_nano trainer.precision=32-true", [2.1]),
+                   ("lr_rule=none model=gpt_small trainer.precision=32-true", [4.0]),
+                   ("lr_rule=none model=gpt_small trainer.precision=bf16-mixed", [5.0])]

@@ -1,0 +1,56 @@
+"""Scaling-efficiency groups (results.sweep): runs that set data.micro_batch_size differently are
+different series, each against its own 1-device run; a group whose 1-device run failed is measured
+against its smallest completed world and the table says so; the device's peak memory is a column
+wherever runs recorded it (CUDA). Expected efficiencies by hand: thr(N) / (N/N0 x thr(N0))."""
+import pytest
+
+from scalelab.results.record import write_json
+from scalelab.results.sweep import aggregate, attach_efficiency
+from scalelab.results.table import render
+
+from .test_results import _rec
+
+
+def _micro(job, world, micro, thr):
+    r = _rec(job, "ddp", world, 32, thr)
+    r["config"]["data"]["micro_batch_size"] = micro
+    r["per_device_batch_size"], r["accumulate_grad_batches"] = micro, 32 // world // micro
+    return r
+
+
+def _write(root, runs):
+    for i, r in enumerate(runs):
+        (root / str(i)).mkdir()
+        write_json(root / str(i) / "run.json", r)
+
+
+def test_a_micro_batch_sweep_is_one_series_per_micro_batch(tmp_path):
+    _write(tmp_path, [_micro("S/0", 1, 16, 100.0), _micro("S/1", 1, 4, 60.0), _micro("S/2", 2, 16, 180.0),
+                      _micro("S/3", 2, 4, 110.0)])
+    groups = [g for g in aggregate(tmp_path)["groups"] if g["kind"] == "strong"]
+    eff = {m["job"]: m["scaling_efficiency"] for g in groups for m in g["runs"]}
+    # was one group against S/0: S/1 0.60, S/3 110 / (2 x 100) = 0.55
+    assert eff == pytest.approx({"S/0": 1.0, "S/2": 180 / 200, "S/1": 1.0, "S/3": 110 / 120})
+    assert sorted(g["baseline_job"] for g in groups) == ["S/0", "S/1"]
+
+
+def test_a_group_without_its_1_device_run_says_its_baseline(tmp_path):
+    runs = [_rec("f/0", "fsdp", 1, 16, 0.0, status="failed"), _rec("f/1", "fsdp", 2, 16, 90.0),
+            _rec("f/2", "fsdp", 4, 16, 170.0), _rec("d/0", "ddp", 1, 16, 50.0), _rec("d/1", "ddp", 2, 16, 80.0)]
+    _write(tmp_path, runs)
+    summary = aggregate(tmp_path)
+    attach_efficiency(runs, summary)
+    table = render(runs)
+    row = {line.split()[0]: line for line in table.splitlines()[2:]}
+    assert "1.00 (vs 2)" in row["f/1"] and "0.94 (vs 2)" in row["f/2"]      # 170 / (2 x 90)
+    assert row["d/1"].split()[-2] == "0.80" and "(vs" not in row["d/1"]       # 80 / (2 x 50)
+
+
+def test_the_device_s_peak_is_a_column_where_runs_have_it():
+    cpu, gpu = _rec("c/0", "ddp", 2, 16, 1.0), _rec("g/0", "fsdp", 2, 16, 1.0)
+    gpu["memory"]["peak_device_bytes_per_rank"] = [3 * 2**30, 5 * 2**30]
+    assert "device MiB/rank" not in render([cpu])
+    head, _, *rows = [[c.strip() for c in line.strip("|").split("|")] for line in
+                      render([cpu, gpu], fmt="markdown").splitlines()]
+    col = head.index("device MiB/rank")
+    assert {r[0]: r[col] for r in rows} == {"c/0": "-", "g/0": "5120"}        # max over ranks, MiB
