@@ -118,3 +118,18 @@ def test_online_without_a_key_falls_back_to_offline_once(tmp_path, wandb_env, mo
     other = build_logger(_cfg(tmp_path, mode="online"), tmp_path / "job")
     assert other._experiment is None and other._wandb_init["mode"] == "online"
     assert "[scalelab] warning" not in capsys.readouterr().out
+
+
+def test_efficiency_keys_of_two_groups_at_one_strategy_and_batch_stay_apart():
+    """Two models (two scaling groups) of ddp at batch 16: one summary key each, not the last one's."""
+    from scalelab.results.wandb_summary import efficiency_keys
+
+    def group(base, eff2, strategy="ddp"):
+        return {"kind": "strong", "strategy": strategy, "baseline_job": base,
+                "runs": [{"world_size": 1, "global_batch_size": 16, "scaling_efficiency": 1.0},
+                         {"world_size": 2, "global_batch_size": 16, "scaling_efficiency": eff2}]}
+
+    keys = efficiency_keys([group("s/0", 0.9), group("s/2", 0.6), group("s/4", 0.8, strategy="fsdp")])
+    assert keys == {"efficiency/strong/ddp/x1/b16/base=s/0": 1.0, "efficiency/strong/ddp/x2/b16/base=s/0": 0.9,
+                    "efficiency/strong/ddp/x1/b16/base=s/2": 1.0, "efficiency/strong/ddp/x2/b16/base=s/2": 0.6,
+                    "efficiency/strong/fsdp/x1/b16": 1.0, "efficiency/strong/fsdp/x2/b16": 0.8}

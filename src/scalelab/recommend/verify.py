@@ -144,7 +144,9 @@ def measured_row(c: Candidate, recs: list[dict], objective: str, hw: Hardware, t
     ok = [r for r in recs if r.get("status") == "completed" and (r.get("throughput") or {}).get("tokens_per_s")
           and (r.get("step_time_s") or {}).get("median")]
     bad = [r for r in recs if r not in ok]
-    row.update(status="completed" if ok else (bad[0].get("status") or "failed"),
+    # "completed 2 of 3": the medians below are over the runs that completed, not every repeat
+    row.update(status=(f"completed {len(ok)} of {len(recs)}" if bad else "completed") if ok
+               else (bad[0].get("status") or "failed"),
                error=bad[0].get("error") if bad else None, run_dirs=[(r.get("job") or {}).get("dir") for r in recs])
     if not ok:
         return row

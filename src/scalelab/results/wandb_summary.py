@@ -79,10 +79,21 @@ def log_sweep(sweep_dir: Path, summary: dict, records: list[dict], project: str,
         run.log({"sweep/runs": runs, "sweep/scaling_efficiency": eff, **charts(records, summary, cache_dir)})
         run.summary.update({"sweep/num_runs": summary["num_runs"], "sweep/num_completed": summary["num_completed"],
                             "sweep/num_failed": summary["num_failed"]})
-        for g in summary["groups"]:
-            for m in g["runs"]:
-                run.summary[f"efficiency/{g['kind']}/{g['strategy']}/x{m['world_size']}/b{m['global_batch_size']}"] = \
-                    m["scaling_efficiency"]
+        run.summary.update(efficiency_keys(summary["groups"]))
         return run.id
     finally:
         run.finish()
+
+
+def efficiency_keys(groups: list[dict]) -> dict:
+    """{efficiency/KIND/STRATEGY/xWORLD/bBATCH: efficiency}; where two groups share a key (a sweep
+    over models, seeds or micro-batch sizes at one strategy and batch), each names its baseline
+    job too (/base=JOB): the last group's value overwrote the others'."""
+    keyed = [(f"efficiency/{g['kind']}/{g['strategy']}/x{m['world_size']}/b{m['global_batch_size']}", g, m)
+             for g in groups for m in g["runs"]]
+    groups_of: dict[str, set] = {}
+    for key, g, _ in keyed:
+        groups_of.setdefault(key, set()).add(id(g))
+    return {(f"{key}/base={g['baseline_job']}" if len(groups_of[key]) > 1 else key): m["scaling_efficiency"]
+            for key, g, m in keyed}
+
