@@ -69,7 +69,8 @@ def test_killed_rank_fails_its_job_not_the_sweep(tmp_path, sig):
     assert worker_pids(sweep) == []
 
 
-@pytest.mark.parametrize("launcher", ["local", "torchrun_local"])
+# torchrun_local (15 s) in the slow suite: its error-file choice is tests/unit/test_cause_rank.py's
+@pytest.mark.parametrize("launcher", ["local", pytest.param("torchrun_local", marks=pytest.mark.slow)])
 def test_the_rank_that_raised_is_named_not_the_peer_that_lost_it(tmp_path, launcher):
     """Rank 1 raises at step 3 (tests/slurm/crash.py CrashingDDP); rank 0 then fails on gloo's
     'Connection reset/closed by peer'. Both exit 1 at once, and the job's error named rank 0 (the
