@@ -228,13 +228,35 @@ def test_fsdp_gathers_the_blocks_again_in_the_backward_not_the_root():
     assert "param_all_gather_fwd" in names and "param_all_gather_bwd" not in names
 
 
-def test_tensor_parallel_all_reduces_activations_per_layer():
+def test_tensor_parallel_collectives_per_layer():
+    """scalelab's TP (counted on the real modules: test_plan_tp_comm_counts.py), L 4, b s h =
+    4 x 128 x 256, V 256, t 2, 2 micro-batches, bf16 autocast on a GPU (plain tp at dp 1):
+    row-parallel outputs and logits 16-bit, the embedding sum and the LayerNorm outputs fp32."""
     m = ModelSpec.from_shape(4, 256, 8, 256, 128)
     L = layout("tp", m, 2, micro_batch=4, global_batch=8)          # 2 micro-batches
-    (c,) = collectives(m, get_strategy("tp"), L, "bf16-mixed")
-    assert c.bytes_per_call == 4 * 128 * 256 * 2
-    assert c.calls == (4 * 4 + 2) * 2
-    assert not c.overlappable
+    bsh, bsv = 4 * 128 * 256, 4 * 128 * 256
+    # without sp: 2 all-reduces per Block forward, 4 backward (q, k, v, up: the old model's
+    # 4 L + 2 = 18 all-reduces of bsh x 2 had Megatron's fused qkv and one dtype), + embedding, +
+    # the head's input gradient; the logits all-gathered
+    c = {x.name: x for x in collectives(m, get_strategy("tp"), replace(L, sequence_parallel=False), "bf16-mixed")}
+    assert {k: (x.op, x.bytes_per_call, x.calls) for k, x in c.items()} == {
+        "tp_row_all_reduce": ("all_reduce", bsh * 2, 2 * 4 * 2),
+        "tp_embedding_all_reduce": ("all_reduce", bsh * 4, 1 * 2),
+        "tp_logits_all_gather": ("all_gather", bsv * 2, 1 * 2),
+        "tp_column_grad_all_reduce": ("all_reduce", bsh * 4, (4 * 4 + 1) * 2)}
+    assert not any(x.overlappable for x in c.values())
+    # sp (Layout's default): per Block 2 all-gathers + 2 reduce-scatters forward and backward, lm_head
+    # gathers its input (and reduce-scatters its gradient), the first Block all-gathers the
+    # embedding gradient; plain tp reduces no LayerNorm gradients
+    c = {x.name: x for x in collectives(m, get_strategy("tp"), L, "bf16-mixed")}
+    assert {k: (x.op, x.bytes_per_call, x.calls) for k, x in c.items()} == {
+        "tp_embedding_all_reduce": ("all_reduce", bsh * 4, 2),
+        "tp_norm_all_gather": ("all_gather", bsh * 4, (2 * 4 + 1) * 2),
+        "tp_row_reduce_scatter": ("reduce_scatter", bsh * 2, 2 * 4 * 2),
+        "tp_logits_all_gather": ("all_gather", bsv * 2, 2),
+        "tp_norm_grad_reduce_scatter": ("reduce_scatter", bsh * 4, (2 * 4 + 1) * 2),
+        "tp_row_grad_all_gather": ("all_gather", bsh * 2, 2 * 4 * 2),
+        "tp_embedding_grad_all_gather": ("all_gather", bsh * 4, 2)}
 
 
 def test_pipeline_sends_activations_both_ways_per_micro_batch():

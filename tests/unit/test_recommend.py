@@ -133,6 +133,27 @@ def test_scores_and_reason_by_hand():
     assert why["bound"] == "communication" and why["shares"]["communication"] == pytest.approx(0.6)
 
 
+def test_reason_prints_the_interleaved_bubble_the_planner_uses():
+    """nd at pp 2 with 2 virtual stages per rank and 4 micro-batches: the bubble is
+    (p-1)/(v m) = 1/8 = 0.125 (step_time.build_terms), not (p-1)/m = 0.25."""
+    from dataclasses import replace as _replace
+
+    from scalelab.plan.step_time import build_terms
+    from scalelab.plan.strategies import get_strategy
+    from scalelab.recommend.space import Candidate
+
+    st = get_strategy("nd", {"pp": 2, "tp": 1, "schedule": "interleaved_1f1b", "stages_per_rank": 2})
+    terms = build_terms(SMALL, st, devices=2, pp=2, micro_batch=1, global_batch=4)
+    assert (terms.layout.pp, terms.layout.stages_per_rank, terms.layout.micro_batches) == (2, 2, 4)
+    times = {"step_s": 0.5, "compute_s": 0.3, "comm_exposed_s": 0.05, "comm_total_s": 0.05, "bubble_s": 0.05,
+             "optimizer_s": 0.05, "overhead_s": 0.05}
+    c = Candidate("nd", 2, 1, 1, 2, 1, 1, 4, 4, "none", "32", terms, times)
+    assert "bubble (p-1)/(v m) = 0.12" in reason(c, gpu(80 * GiB))["text"]
+    plain = _replace(c, terms=build_terms(SMALL, get_strategy("nd", {"pp": 2, "tp": 1}), devices=2, pp=2,
+                                          micro_batch=1, global_batch=4))
+    assert "bubble (p-1)/m = 0.25" in reason(plain, gpu(80 * GiB))["text"]
+
+
 def test_rank_orders_by_objective_and_breaks_ties_to_fewer_micro_batches():
     req = small_request()
     cands, _ = enumerate_candidates(req)

@@ -54,7 +54,7 @@ def nearest_fitting(terms: Terms, hw: Hardware, limit: int = 5, only: tuple[str,
     base = dict(strategy=terms.strategy, devices=L.devices_per_node, nodes=L.nodes, tp=L.tp, pp=L.pp,
                 micro_batch=L.micro_batch, micro_batches=L.micro_batches, precision=terms.precision,
                 optimizer=terms.optimizer, activation_checkpointing=terms.checkpointing,
-                threads=terms.threads or None, sequence_parallel=L.sequence_parallel)
+                threads=terms.threads or None, sequence_parallel=L.sequence_parallel, device=hw.kind)
     singles = [c for c in _changes(terms) if only is None or set(c[1]) <= set(only)]
     found: list[dict] = []
     for n in (1, 2):

@@ -164,7 +164,9 @@ def _plan(a, job_terms=None) -> int:
     overrides (scalelab.plan_job: the training config code, which plan/ does not import)."""
     from .alternatives import SAME_STRATEGY_AND_DEVICES, nearest_fitting
     from .hardware import load_hardware
+    from .comm import collectives
     from .step_time import build_terms, plan_terms
+    from .strategies import as_applied
     names = _strategies(a.strategy)
     plans = []                                          # (terms, hardware, train command)
     if a.overrides:
@@ -177,7 +179,11 @@ def _plan(a, job_terms=None) -> int:
         for name in names:
             overrides = a.overrides + ([f"strategy={name}"] if name else [])
             terms, hardware = job_terms(overrides)
-            plans.append((terms, load_hardware(a.hardware or hardware),
+            hw = load_hardware(a.hardware or hardware)
+            if hw.kind != "gpu":   # the job's terms are a GPU's: autocast's LayerNorm dtype differs on CPU
+                terms = replace(terms, colls=collectives(terms.model, as_applied(terms.strategy, terms.layout.dp),
+                                                         terms.layout, terms.precision, hw.kind))
+            plans.append((terms, hw,
                           "scalelab-train " + " ".join(map(shlex.quote, overrides))))
     else:
         if names == [None]:
@@ -188,7 +194,7 @@ def _plan(a, job_terms=None) -> int:
             kw = dict(devices=a.devices, nodes=a.nodes, tp=a.tp, pp=a.pp, global_batch=a.global_batch,
                       precision=a.precision, optimizer=a.optimizer,
                       activation_checkpointing=a.activation_checkpointing,
-                      sequence_parallel=not a.no_sequence_parallel)
+                      sequence_parallel=not a.no_sequence_parallel, device=hw.kind)
             terms = build_terms(model, name, micro_batch=_micro_batch(a, model, name, kw), **kw)
             plans.append((terms, hw, train_command(a, terms, hw.name)))
     docs = []

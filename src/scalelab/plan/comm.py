@@ -29,12 +29,24 @@ parameter element):
   gathered again in the backward is less than Psi in practice: FSDP2 does not reshard its root
   (embeddings, final norm, head) after the forward, and DeepSpeed's ZeRO-3 keeps what it will
   reuse soon (model_states.zero3_kept_gathered: the whole model up to ~1e9 parameters).
-- Tensor parallel (Shoeybi et al. 2019, Megatron-LM Sec. 3): per layer and micro-batch 2 all-reduces
-  of b s h activations in forward and 2 in backward (+ 1 for the vocab-parallel embedding forward,
-  + 1 for the output layer's input gradient); with sequence parallelism (Korthikanti et al. 2022)
-  each becomes an all-gather + reduce-scatter of the same total volume. On the critical path.
+- Tensor parallel as scalelab's code runs it (strategies/tensor_parallel.py; Megatron-LM, Shoeybi
+  et al. 2019, Sec. 3, with q, k, v and the MLP up as four separate column-parallel Linears): per
+  Block and micro-batch 2 all-reduces of b s h forward (out_proj, down) and 4 backward (the input
+  gradients of q, k, v, up: not Megatron's 2, which fuses qkv); + 1 all-reduce of the vocabulary-
+  parallel embedding (first stage), + on the last stage 1 all-gather of the b s V logits (lm_head
+  ColwiseParallel(output_layouts=Replicate())) and 1 backward all-reduce of its input gradient.
+  With sequence parallelism (Korthikanti et al. 2022) every Block all-gathers its attention and
+  MLP inputs and reduce-scatters the row-parallel outputs, and backward the reverse (4 all-gathers
+  + 4 reduce-scatters of b s h), lm_head gathers its input too, the first Block's backward
+  all-gathers the embedding gradient, and FSDP2/replicate (fsdp_tp, nd at dp > 1, tp at dp > 1)
+  all-reduce the sequence-sharded LayerNorms' parameter gradients over tp. Bytes per element
+  follow what each tensor is under autocast (tp_element_bytes). On the critical path. Counted on
+  the real modules: tests/unit/test_plan_tp_comm_counts.py.
 - Pipeline (Narayanan et al. 2021): per micro-batch one b s h send forward and one backward per
-  stage boundary; the tied embedding's gradient is all-reduced between the first and last stage.
+  stage boundary, of the residual stream's dtype (fp32 under autocast; 16-bit where FSDP2's
+  MixedPrecisionPolicy casts each Block's input) and, with sequence parallelism, each TP rank's
+  sequence shard (s / t); the tied embedding's gradient is all-reduced between the first and last
+  stage.
 - ZeRO-Offload (Ren et al. 2021): fp32 gradient partition device->host every backward, updated
   16-bit partition host->device every step; ZeRO-3 param offload also fetches each partition from
   host for every gather.
@@ -157,7 +169,11 @@ def _fsdp_under_pipeline(model, strategy, layout, psi, g, p) -> list[Collective]
     return out
 
 
-def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision: str) -> list[Collective]:
+def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision: str,
+                device: str = "gpu") -> list[Collective]:
+    """What one device sends per optimizer step. `strategy` as applied (strategies.as_applied);
+    `device` ("gpu" or "cpu", a hardware profile's kind) only changes the LayerNorms' output dtype
+    under autocast with 16-bit parameters (tp_element_bytes)."""
     psi = local_params(model, layout)
     g, p = comm_element_bytes(strategy, precision)
     n, m = layout.dp, layout.micro_batches
@@ -228,16 +244,13 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
             fetches += m * (1 + ((gathered - kept) / gathered if gathered > 0 else 0.0))
         out.append(Collective("param_from_host", "host_copy", "host", 1, psi / n * p, fetches, False))
 
-    if layout.tp > 1:
-        e = 4 if precision == "32" else 2
-        act = layout.micro_batch * model.seq_len * model.hidden * e
-        per_micro = 4 * math.ceil(model.n_layers / layout.pp) + 2
-        out.append(Collective("tp_activation_all_reduce", "all_reduce", "tp", layout.tp, act,
-                              per_micro * m, False, layout.group_spans_nodes("tp")))
+    if layout.tp > 1 and model.kind == "gpt":
+        out += tp_collectives(model, strategy, layout, precision, device)
 
     if layout.pp > 1:
-        e = 4 if precision == "32" else 2
-        act = layout.micro_batch * model.seq_len * model.hidden * e
+        r = tp_element_bytes(strategy, layout, precision, device)["residual"]
+        shard = layout.tp if layout.sequence_parallel and layout.tp > 1 else 1
+        act = layout.micro_batch * model.seq_len * model.hidden * r / shard
         pp_x = layout.group_spans_nodes("pp")
         out.append(Collective("pp_activation_send", "p2p", "pp", layout.pp, act, 2 * m, False, pp_x))
         if model.kind == "gpt" and tied(model):
@@ -250,6 +263,72 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
         # coalesced gathers for stage 3): a profile may give them their own figures
         # ("reduce_scatter@deepspeed"); --calibrate fits one per op (separate ones fitted noise).
         out = [replace(c, impl="deepspeed") if c.group == "dp" else c for c in out]
+    return out
+
+
+def _wrapped_by_fsdp2(strategy: Strategy, layout: Layout) -> bool:
+    """FSDP2's fully_shard (fsdp_tp; nd at dp > 1, which as_applied keeps in the fsdp family) or
+    its replicate (tp at dp > 1: strategies/tensor_parallel.py) wraps the TP model."""
+    return strategy.family == "fsdp" or (strategy.tensor_parallel and not strategy.pipeline and layout.dp > 1)
+
+
+def tp_element_bytes(strategy: Strategy, layout: Layout, precision: str, device: str = "gpu") -> dict[str, int]:
+    """Bytes per element of the tensors TP and the pipeline send, as measured on the real modules
+    (tests/unit/test_plan_tp_comm_counts.py):
+    - compute: matmul outputs (row-parallel outputs, logits, their gradients): 16-bit under autocast;
+    - residual: the residual stream (embedding sum, Block outputs, pipeline sends): fp32 under plain
+      autocast (fp32 embeddings and adds: activations.RESIDUAL_BYTES), 16-bit where FSDP2's
+      MixedPrecisionPolicy (bf16-mixed: param_dtype bf16) casts the weights and each Block's input;
+    - norm: LayerNorm outputs (the column-parallel inputs, whose gradients are all-reduced backward):
+      the residual's dtype, except that CUDA autocast runs layer_norm in fp32 (its fp32 op list;
+      CPU autocast runs it in its input's dtype)."""
+    c = 4 if precision == "32" else 2
+    cast = precision == "bf16-mixed" and _wrapped_by_fsdp2(strategy, layout)
+    r = 2 if cast else 4
+    return {"compute": c, "residual": r, "norm": 2 if cast and device == "cpu" else 4}
+
+
+def tp_collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision: str,
+                   device: str = "gpu") -> list[Collective]:
+    """TP's collectives per step of the pipeline rank that sends the most (tp_rank_collectives)."""
+    ranks = [tp_rank_collectives(model, strategy, layout, precision, device, r) for r in range(layout.pp)]
+    return max(ranks, key=lambda cs: sum(c.bytes_per_step for c in cs))
+
+
+def tp_rank_collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision: str,
+                        device: str, rank: int) -> list[Collective]:
+    """TP's collectives per step of pipeline rank `rank` (module docstring): its Blocks (its
+    virtual stages' under interleaving), the embedding on rank 0, the head on the last rank. Per
+    micro-batch each, except the LayerNorm parameter gradients under sequence parallelism:
+    FSDP2's post-backward reduces them per backward, or once a step under a pipeline schedule (as
+    its reduce-scatter: _fsdp_under_pipeline); plain TP leaves them Partial (none sent)."""
+    t, m, pp, v = layout.tp, layout.micro_batches, layout.pp, layout.stages_per_rank
+    e = tp_element_bytes(strategy, layout, precision, device)
+    bsh = layout.micro_batch * model.seq_len * model.hidden
+    bsv = layout.micro_batch * model.seq_len * model.vocab
+    per_stage = stage_layers(model.n_layers, pp * v, layout.split, model)
+    nl = sum(per_stage[k] for k in range(rank, pp * v, pp))
+    first, last = int(rank == 0), int(rank == pp - 1)
+    # (name, op, S bytes, calls per micro-batch)
+    if not layout.sequence_parallel:
+        rows = [("tp_row_all_reduce", "all_reduce", bsh * e["compute"], 2 * nl),
+                ("tp_embedding_all_reduce", "all_reduce", bsh * e["residual"], first),
+                ("tp_logits_all_gather", "all_gather", bsv * e["compute"], last),
+                ("tp_column_grad_all_reduce", "all_reduce", bsh * e["norm"], 4 * nl + last)]
+    else:
+        rows = [("tp_embedding_all_reduce", "all_reduce", bsh * e["residual"], first),
+                ("tp_norm_all_gather", "all_gather", bsh * e["norm"], 2 * nl + last),
+                ("tp_row_reduce_scatter", "reduce_scatter", bsh * e["compute"], 2 * nl),
+                ("tp_logits_all_gather", "all_gather", bsv * e["compute"], last),
+                ("tp_norm_grad_reduce_scatter", "reduce_scatter", bsh * e["norm"], 2 * nl + last),
+                ("tp_row_grad_all_gather", "all_gather", bsh * e["compute"], 2 * nl),
+                ("tp_embedding_grad_all_gather", "all_gather", bsh * e["residual"], first)]
+    x = layout.group_spans_nodes("tp")
+    out = [Collective(n, op, "tp", t, size, k * m, False, x) for n, op, size, k in rows if k]
+    if layout.sequence_parallel and _wrapped_by_fsdp2(strategy, layout):
+        # weight and bias of each sequence-parallel LayerNorm (ln1, ln2, ln_f), parameter dtype
+        out.append(Collective("tp_layernorm_grad_all_reduce", "all_reduce", "tp", t, model.hidden * e["residual"],
+                              2 * (2 * nl + last) * (1 if strategy.pipeline else m), False, x))
     return out
 
 

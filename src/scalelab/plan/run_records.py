@@ -103,7 +103,8 @@ def terms_from_run(run: dict) -> Terms:
         # a CPU rank's threads are its device; a GPU rank's host threads are not (step_time.rank_threads)
         threads=int(hw.get("threads_per_rank") or 1) if hw.get("accelerator") == "cpu" else None,
         # scalelab's tp/fsdp_tp/nd shard the LayerNorm regions only with strategy.sequence_parallel
-        sequence_parallel=bool(par.get("sequence_parallel", options.get("sequence_parallel", False))))
+        sequence_parallel=bool(par.get("sequence_parallel", options.get("sequence_parallel", False))),
+        device="cpu" if hw.get("accelerator") == "cpu" else "gpu")
     mem = run.get("memory")
     if isinstance(mem, dict) and not mem.get("grads_freed_after_step") and strategy.family != "deepspeed" \
             and not strategy.pipeline:

@@ -83,7 +83,9 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
                 global_batch: int | None = None, micro_batches: int | None = None,
                 precision: str = "bf16-mixed", optimizer: str = "adam",
                 activation_checkpointing="none", threads: int | None = None,
-                sequence_parallel: bool = True) -> Terms:
+                sequence_parallel: bool = True, device: str = "gpu") -> Terms:
+    """`device`: the hardware profile's kind ("gpu" or "cpu"); autocast's LayerNorm dtype differs
+    (comm.tp_element_bytes)."""
     strat = strategy if isinstance(strategy, Strategy) else get_strategy(strategy)
     prec = normalize_precision(precision)
     opt = normalize_optimizer(optimizer)
@@ -95,7 +97,7 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
     per_rank = act_mod.activation_bytes_per_rank(model, layout, prec, ckpt, weights_16bit=ran.family == "deepspeed",
                                                  loss_transient=True)
     acts = max(per_rank)
-    colls = collectives(model, ran, layout, prec)
+    colls = collectives(model, ran, layout, prec, device)
     samples = layout.global_batch
     per_replica = flops_mod.hardware_flops(model, samples / layout.dp, ckpt)
     hw_flops = per_replica * _stage_share(model, layout) / layout.tp
@@ -261,7 +263,7 @@ def plan(model: ModelSpec, strategy: str | Strategy, hardware: Hardware | str, *
                         micro_batch=micro_batch, global_batch=global_batch,
                         micro_batches=micro_batches, precision=precision, optimizer=optimizer,
                         activation_checkpointing=activation_checkpointing, threads=threads,
-                        sequence_parallel=sequence_parallel)
+                        sequence_parallel=sequence_parallel, device=hw.kind)
     return plan_terms(terms, hw, tokens)
 
 
@@ -274,7 +276,7 @@ def baseline(terms: Terms, hw: Hardware) -> tuple[Terms, str] | tuple[None, str]
     L = terms.layout
     kw = dict(micro_batch=L.micro_batch, micro_batches=L.micro_batches, precision=terms.precision,
               optimizer=terms.optimizer, activation_checkpointing=terms.checkpointing,
-              threads=terms.threads or None)
+              threads=terms.threads or None, device=hw.kind)
     one = build_terms(terms.model, "single", devices=1, **kw)
     if fits(one, hw):
         return one, "single on 1 device"

@@ -62,8 +62,10 @@ def reason(c: Candidate, hw: Hardware) -> dict:
     rest = ", ".join(f"{k} {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]) if v >= 0.005)
     mem = c.memory_bytes / hw.memory_bytes
     text = f"{label} ({rest}); {mem:.0%} of device memory"
-    if c.pp > 1:
-        text += f"; bubble (p-1)/m = {(c.pp - 1) / c.micro_batches:.2f}"
+    if c.pp > 1:   # the planner's own fraction (step_time.build_terms): interleaving's v divides it
+        v = c.terms.layout.stages_per_rank
+        form = "(p-1)/(v m)" if v > 1 else "(p-1)/m"
+        text += f"; bubble {form} = {c.terms.bubble_fraction:.2f}"
     return {"bound": bound, "shares": shares, "memory_fraction": mem, "text": text}
 
 
