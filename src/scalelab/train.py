@@ -266,6 +266,8 @@ def _error_message(job_dir: Path, rc: int) -> str:
     first = spawn.FAILED_FIRST.findall(text)
     # srun names the first task that exited badly first (its peers are ended after it)
     first = first or re.findall(r"srun: error: [^:\s]+: tasks? (\d+)[\d,-]*: (Exited with exit code \d+|[A-Z]\w+)", text)[:1]
+    if rc == 124:   # the launcher ended the ranks: their errors (SIGTERM, a lost peer) are its doing
+        return "timed out (trainer.timeout_s)"
     written = sorted(int(m.group(1)) for f in job_dir.glob("error-rank*.txt")
                      if (m := re.fullmatch(r"error-rank(\d+)\.txt", f.name)))
     cause = launch.cause_rank(job_dir, written)
@@ -279,8 +281,6 @@ def _error_message(job_dir: Path, rc: int) -> str:
         return f"rank {rank} failed first ({how})" + (f": {line}" if line else "; its peers were ended")
     if cause is not None:
         return f"error-rank{cause}: {launch.last_error_line(job_dir, cause)}"
-    if rc == 124:
-        return "timed out (trainer.timeout_s)"
     tail = [ln for ln in text.splitlines() if ln.strip()][-1:]
     signal_note = f" (killed by signal {-rc if rc < 0 else rc - 128})" if rc < 0 or rc > 128 else ""
     return f"ranks exited with code {rc}{signal_note}" + (f": {tail[0][:300]}" if tail else "")

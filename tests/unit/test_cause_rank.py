@@ -62,3 +62,12 @@ def test_srun_s_first_exit_that_only_lost_its_peer_names_the_one_that_raised(tmp
     (tmp_path / "ranks.log").write_text("srun: error: node1: task 1: Exited with exit code 1\n")
     assert _error_message(tmp_path, 1) == ("rank 1 failed first (Exited with exit code 1): RuntimeError: injected "
                                            "rank crash at step 3")
+
+
+def test_a_timeout_is_the_job_s_error_whatever_the_ended_ranks_wrote(tmp_path):
+    """trainer.timeout_s: the launcher ends the ranks (SIGTERM); their errors are its doing (a
+    rank's SIGTERMException, its peer's lost connection) and were reported instead of the timeout."""
+    (tmp_path / "ranks.log").write_text("step 40\n\njob exceeded trainer.timeout_s\n")
+    _write(tmp_path, 0, "Traceback (most recent call last):\nlightning.pytorch.utilities.exceptions.SIGTERMException\n", T)
+    _write(tmp_path, 1, LOST, T + 0.01)
+    assert _error_message(tmp_path, 124) == "timed out (trainer.timeout_s)"
