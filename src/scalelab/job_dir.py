@@ -78,7 +78,7 @@ def refusal(job_dir: Path, cfg: dict) -> str | None:
     left = [name for name in ("run.json", "checkpoints") if (job_dir / name).exists()]
     diff = differences(earlier, cfg) if left else []
     if not diff:
-        return _shorter(job_dir, earlier, cfg)
+        return _shorter(job_dir, earlier, cfg) or _longer(job_dir, earlier, cfg)
     return (f"{job_dir} holds another job's run ({' and '.join(left)}; there vs now: {'; '.join(diff)[:300]}): this "
             "job would replace its record and resume its checkpoints; give this run a new folder (hydra.run.dir "
             "or hydra.sweep.dir; scalelab k8s: a new --name; checkpoint.resume_from=PATH continues a checkpoint "
@@ -107,6 +107,31 @@ def _shorter(job_dir: Path, earlier: dict, cfg: dict) -> str | None:
                         + ([f"checkpoints to step {max(beyond)}"] if beyond else []))
     return (f"{job_dir} holds a longer run of this job (trainer.max_steps={was}: {what}): trainer.max_steps={now} "
             "would replace it; a shorter run needs a folder of its own (hydra.run.dir or hydra.sweep.dir)")
+
+
+def _longer(job_dir: Path, earlier: dict, cfg: dict) -> str | None:
+    """One line when this job, run again with a larger trainer.max_steps to train it longer, has no
+    checkpoint to go on from: it would start over from step 0 and replace the completed record
+    (silently, before). checkpoint.resume=never says to start over."""
+    import json
+
+    from scalelab.checkpointing import valid_checkpoints
+
+    was, now = ((c.get("trainer") or {}).get("max_steps") for c in (earlier, cfg))
+    if not (isinstance(was, int) and isinstance(now, int) and now > was):
+        return None
+    if (cfg.get("checkpoint") or {}).get("resume", "auto") == "never" or valid_checkpoints(job_dir / "checkpoints")[0]:
+        return None
+    try:
+        done = json.loads((job_dir / "run.json").read_text()).get("status") == "completed"
+    except (OSError, ValueError, AttributeError):
+        done = False
+    if not done:
+        return None
+    return (f"{job_dir} holds a completed run of this job to trainer.max_steps={was} and no checkpoint to go on "
+            f"from (checkpoint.every_n_steps=N saves them): trainer.max_steps={now} would train it again from "
+            "step 0 and replace its record; give the longer run a folder of its own (hydra.run.dir or "
+            "hydra.sweep.dir), or add checkpoint.resume=never to replace it")
 
 
 def completed_here(record: dict | None, cfg: dict) -> bool:

@@ -144,3 +144,27 @@ def test_a_shorter_rerun_over_a_longer_run_is_refused(tmp_path):
     assert "(trainer.max_steps=40: its completed record and checkpoints to step 30)" in job_dir.refusal(tmp_path, CFG)
     assert job_dir.refusal(tmp_path, _cfg(trainer__max_steps=40)) is None        # the same length
     assert job_dir.refusal(tmp_path, _cfg(trainer__max_steps=60)) is None        # train it longer
+
+
+def test_a_longer_rerun_without_a_checkpoint_to_go_on_from_is_refused(tmp_path):
+    """Before, max_steps 20 -> 25 over a completed 20-step run without checkpoints trained again from
+    step 0 and replaced the record without a word (the README says a larger max_steps trains longer)."""
+    import json
+
+    _occupy(tmp_path, CFG, record=False)
+    (tmp_path / "run.json").write_text(json.dumps({"status": "completed"}))
+    longer = _cfg(trainer__max_steps=25)
+    assert job_dir.refusal(tmp_path, longer) == (
+        f"{tmp_path} holds a completed run of this job to trainer.max_steps=20 and no checkpoint to go on from "
+        "(checkpoint.every_n_steps=N saves them): trainer.max_steps=25 would train it again from step 0 and "
+        "replace its record; give the longer run a folder of its own (hydra.run.dir or hydra.sweep.dir), or add "
+        "checkpoint.resume=never to replace it")
+    assert job_dir.refusal(tmp_path, _cfg(trainer__max_steps=25, checkpoint__resume="never")) is None
+    ckpt = tmp_path / "checkpoints" / "step-00000020.ckpt"                      # saved: it goes on from there
+    ckpt.parent.mkdir()
+    ckpt.write_bytes(b"x")
+    ckpt.with_name(ckpt.name + ".manifest.json").write_text(json.dumps({"step": 20, "files": {"": 1}}))
+    assert job_dir.refusal(tmp_path, longer) is None
+    (tmp_path / "run.json").write_text(json.dumps({"status": "failed"}))
+    ckpt.unlink()
+    assert job_dir.refusal(tmp_path, longer) is None                            # nothing completed to lose
