@@ -307,7 +307,9 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         record["timing"] = {"fit_s": fit_s, "marks": marks}  # the launcher adds its own and the phases
         if periodic.save_s:   # in no step's time: what checkpoint.every_n_steps cost on its own
             record["timing"]["checkpoint_saves_s"] = periodic.save_s
-        record["lr_final"] = trainer.optimizers[0].param_groups[0]["lr"]
+        # the LR the last step used (the optimizer's now is the scheduler's value after it)
+        record["lr_final"] = (metrics.last_lr if metrics.last_lr is not None
+                              else trainer.optimizers[0].param_groups[0]["lr"])
         record["val"] = val_curve.record() if val_curve is not None else None
         write_json(job_dir / RUN_FILE, record)
         _log_summary(logger, record)

@@ -126,6 +126,7 @@ class StepMetrics(L.Callback):
         self._micro: list[torch.Tensor] = []
         self._t_last = 0.0
         self.grad_bytes = 0
+        self.last_lr: float | None = None
         self.state: dict[str, int] = {}
         self.host_flops: list[float] = []    # host_speed() at the start and end of training
         self.peaks: dict | None = None       # read_peaks() at the end of training
@@ -185,6 +186,8 @@ class StepMetrics(L.Callback):
             self.phase_peaks.after_backward()
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        # the LR this step uses (the optimizer's after fit is the scheduler's next one: run.json lr_final)
+        self.last_lr = optimizer.param_groups[0]["lr"]
         if not self.grad_bytes:  # gradients exist only between backward and the optimizer step
             self.grad_bytes = self.plan.grad_bytes(trainer, pl_module)
 
