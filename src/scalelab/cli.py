@@ -12,9 +12,15 @@ def _compare(args: argparse.Namespace) -> int:
     from scalelab.results.sweep import aggregate, attach_efficiency
     from scalelab.results.table import SelectError, filter_records, group_records, render, rich_table, sort_records
 
+    from scalelab.paths import path_problem, write_out
+
     missing = [p for p in args.paths if not Path(p).exists()]
     if missing:
         print(f"error: {missing[0]} does not exist (give run.json files, job dirs or sweep dirs)", file=sys.stderr)
+        return 2
+    problem = args.out and path_problem(args.out, "--out")
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     skipped: list[str] = []  # unusable run.json files: one line each, then the rest is compared
     records = read_records(args.paths, skipped)
@@ -49,7 +55,7 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.out:
-        Path(args.out).write_text(text + "\n")
+        write_out(args.out, text + "\n")
         print(f"wrote {args.out}")
     else:
         print(text)

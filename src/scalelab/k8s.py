@@ -93,8 +93,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from scalelab.errors import ConfigError
     from scalelab.preflight import preflight
 
@@ -128,10 +126,16 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from scalelab.paths import path_problem, write_out
+
+    problem = args.out and path_problem(args.out, "--out")
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     text = render(args.nodes, args.devices, args.image, args.overrides, name=args.name, namespace=args.namespace,
                   port=args.port, gpus=not args.cpu, rdzv_timeout_s=args.rdzv_timeout, pvc=args.pvc)
     if args.out:
-        Path(args.out).write_text(text)
+        write_out(args.out, text)
         print(f"wrote {args.out}")
     else:
         print(text, end="")

@@ -16,3 +16,28 @@ def cache_dir() -> Path:
     """Prepared datasets and JIT-built ops; override with SCALELAB_CACHE."""
     default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "scalelab"
     return Path(os.environ.get("SCALELAB_CACHE", default)).resolve()
+
+
+def path_problem(path: str | Path, what: str, folder: bool = False) -> str | None:
+    """Why `path` cannot be written as `what` (a file, or a folder with `folder`), one line; None
+    where it can. Missing parent folders are fine (they are created); a file where a folder must
+    be, a folder where the file must be, or a folder this user cannot write is not: it raised
+    NotADirectoryError / IsADirectoryError / PermissionError tracebacks after the work was done."""
+    p = Path(path).expanduser()
+    if p.exists() and p.is_dir() != folder:
+        return f"{what} {path} is {'a file' if folder else 'a folder'}: give {'a folder' if folder else 'a file'} path"
+    parent = p if folder and p.exists() else p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{what} {path} cannot be created: {parent} is a file, not a folder"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{what} {path} cannot be written: no write permission in {parent}"
+    return None
+
+
+def write_out(path: str | Path, text: str) -> None:
+    """Write `text` to `path`, creating its missing parent folders (check path_problem first)."""
+    p = Path(path).expanduser()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)

@@ -25,7 +25,7 @@ from scalelab.config import validate
 from scalelab.data.prepare import prepare_for_run
 from scalelab.errors import ConfigError
 from scalelab.job_dir import refusal
-from scalelab.paths import conf_dir
+from scalelab.paths import conf_dir, path_problem
 from scalelab.schema import CLOSED, not_a_key
 from scalelab.strategies.registry import choices
 
@@ -170,7 +170,10 @@ def preflight(args: list[str], data: bool = True) -> int:
                 with open_dict(cfg):
                     cfg.pop("hydra")
                 checked.append((job, cfg, validate(cfg)))
-                refused = where is not None and refusal(where, OmegaConf.to_container(cfg, resolve=True))
+                refused = where is not None and (
+                    path_problem(where, "the job's folder (hydra.sweep.dir/subdir)" if multirun else "hydra.run.dir",
+                                 folder=True)
+                    or refusal(where, OmegaConf.to_container(cfg, resolve=True)))
                 if refused:
                     raise ConfigError(refused)
         for job, cfg, spec in checked if data else ():

@@ -138,6 +138,13 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from scalelab.paths import path_problem, write_out
+
+    problem = ((args.action == "render" and args.out and path_problem(args.out, "--out"))
+               or path_problem(args.log_dir, "--log-dir", folder=True))
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     if args.cpu and not any(o.startswith("trainer.accelerator=") for o in overrides):
         overrides.append("trainer.accelerator=cpu")  # a CPU job on a GPU node must not take the GPUs
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -148,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)  # sbatch does not create --output's folder
     if args.action == "render":
         if args.out:
-            Path(args.out).write_text(script)
+            write_out(args.out, script)
             print(f"wrote {args.out}")
         else:
             print(script, end="")
