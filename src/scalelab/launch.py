@@ -34,8 +34,24 @@ def threads_per_rank(requested, ranks_per_node: int, accelerator: str = "cpu") -
         return max(1, int(requested))
     if requested is None and accelerator == "cpu":
         return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // ranks_per_node)
+    return max(1, host_cores() // ranks_per_node)
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its affinity: a SLURM allocation's, a container's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def oversubscribed(ranks_per_node: int, threads: int, accelerator: str) -> str | None:
+    """The warning for CPU ranks x threads above this node's cores: the ranks then share cores and
+    every figure measures that contention (8 ddp ranks on 2 cores ran, and their MFU was computed
+    against 8 cores' peak), else None."""
+    cores = host_cores()
+    if accelerator != "cpu" or ranks_per_node * threads <= cores:
+        return None
+    return (f"[scalelab] warning: {ranks_per_node} ranks x {threads} thread(s) on {cores} cores: the ranks share "
+            "cores, so step time, throughput, scaling efficiency and MFU measure that contention, not the strategy "
+            f"(trainer.devices <= {max(1, cores // threads)} on this host)")
 
 
 def rank_env(cache_dir: Path, threads: int, job_dir: Path, verbose: bool = False) -> dict[str, str]:

@@ -56,6 +56,9 @@ def run_job(cfg: DictConfig) -> dict:
     from scalelab.data.prepare import prepare_for_run
 
     threads = launch.threads_per_rank(cfg.trainer.threads_per_rank, spec.run.devices_per_node, spec.run.accelerator)
+    crowded = launch.oversubscribed(spec.run.devices_per_node, threads, spec.run.accelerator)
+    if crowded:
+        log.warning(crowded)
     cache = Path(cfg.cache_dir)
     if profile_name(cfg.get("hardware_profile", "auto"), spec.run.accelerator) == HOST_CPU:
         host_cpu_profile(cache)  # MFU's peak: probe this host once (cached), while no rank runs

@@ -29,6 +29,7 @@ from scalelab.checkpointing import RESUMED, periodic_checkpoint, read_curve, res
 from scalelab.config import validate
 from scalelab.console import StepProgressBar, quiet_rank
 from scalelab.data.datamodule import ByteCorpusDataModule, ValidationCurve, validation_trainer_args
+from scalelab.launch import host_cores
 from scalelab.models.gpt import num_params
 from scalelab.models.lit import LitModule
 from scalelab.strategies.base import without_teardown_copies
@@ -292,6 +293,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
                   f"{st['warmup_steps_excluded']} - profiled {st['profiled_steps_excluded']}): step time and "
                   f"throughput are not steady-state; use trainer.max_steps >= "
                   f"{since + cfg.trainer.warmup_steps + profiled + MIN_MEASURED_STEPS}", flush=True)
+        record["hardware"]["host_cores"] = host_cores()   # rank 0's node: MFU's peak where ranks share cores
         record["mfu"] = compute_mfu(record, spec.run.model_arch,
                                     load_profile(cfg.get("hardware_profile", "auto"), spec.run.accelerator,
                                                  cfg.get("cache_dir")))

@@ -82,7 +82,12 @@ def compute_mfu(record: dict, arch: Any, hw: Any) -> dict | None:
         dtype = "fp32"  # no faster 16-bit kernel here: the host's best for these matmuls is fp32
     peak = hw.peak(dtype)
     if cpu:  # a CPU "device" in the profile is a rank of threads_per_device threads
-        peak *= record["hardware"]["threads_per_rank"] / max(1, getattr(hw, "threads_per_device", 1) or 1)
+        threads = record["hardware"]["threads_per_rank"]
+        peak *= threads / max(1, getattr(hw, "threads_per_device", 1) or 1)
+        # ranks x threads above the node's cores share them: the peak is the cores', not the ranks'
+        per_node, cores = record.get("devices_per_node") or record["world_size"], record["hardware"].get("host_cores")
+        if cores and per_node * threads > cores:
+            peak *= cores / (per_node * threads)
     achieved = thr["samples_per_s"] * per_sample
     out = {"value": achieved / (peak * record["world_size"]), "model_flops_per_sample": per_sample,
            "model_flops_per_s": achieved, "peak_flops_per_device": peak, "dtype": dtype,
