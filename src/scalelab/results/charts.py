@@ -268,13 +268,13 @@ def predictions(records: list[dict], cache: str | Path | None = None) -> tuple[l
     """The planner's step time and memory for each completed run, from the run's own hardware
     profile (mfu.hardware_profile): (rows of job, measured/predicted step_s and memory bytes,
     [(job, why)] of the runs the planner cannot model)."""
-    from scalelab.plan.run_records import model_bytes_in_ram, speed_factor, terms_from_run
+    from scalelab.plan.run_records import model_bytes_in_ram, smooth_host_speeds, speed_factor, terms_from_run
     from scalelab.plan.hardware import HOST_CPU, host_cpu_profile_path, load_hardware
     from scalelab.plan.spec import PlanError
     from scalelab.plan.peak_memory import device_total_bytes
     from scalelab.plan.step_time import step_time
 
-    rows, skipped, profiles = [], [], {}
+    modelled, skipped, profiles = [], [], {}
     for r in completed(records):
         name = (r.get("mfu") or {}).get("hardware_profile")
         step = (r.get("step_time_s") or {}).get("median")
@@ -288,8 +288,15 @@ def predictions(records: list[dict], cache: str | Path | None = None) -> tuple[l
         try:
             if (name, run_cache) not in profiles:
                 profiles[(name, run_cache)] = load_hardware(name, run_cache)
-            hw = profiles[(name, run_cache)]
-            terms = terms_from_run(r)
+            modelled.append((dict(r), terms_from_run(r), profiles[(name, run_cache)]))   # a copy: smoothed below
+        except PlanError as exc:
+            skipped.append((job_name(r), str(exc).splitlines()[0]))
+    # the host speed plan --validate predicts at: the median probe of the sweep's neighbouring jobs
+    # (one run's own probe is noisier than its step time: the chart and --validate differed by 64%)
+    smooth_host_speeds([(None, run, terms) for run, terms, _ in modelled])
+    rows = []
+    for r, terms, hw in modelled:
+        try:
             pred_step = step_time(terms, hw)["step_s"] / speed_factor(r, terms, hw)
         except PlanError as exc:
             skipped.append((job_name(r), str(exc).splitlines()[0]))
@@ -301,7 +308,7 @@ def predictions(records: list[dict], cache: str | Path | None = None) -> tuple[l
         else:       # CPU: host and device are one RAM (plan --validate's comparison)
             rss = mem.get("peak_rss_bytes_per_rank") or []
             meas_mem, pred_mem = (max(rss) if rss else None), model_bytes_in_ram(terms) + hw.runtime_memory_bytes
-        rows.append({"job": job_name(r), "hardware": hw.name, "measured_step_s": float(step),
+        rows.append({"job": job_name(r), "hardware": hw.name, "measured_step_s": float(r["step_time_s"]["median"]),
                      "predicted_step_s": pred_step, "measured_bytes": meas_mem, "predicted_bytes": float(pred_mem),
                      "memory_kind": "device" if device else "RSS"})
     return rows, skipped
@@ -320,7 +327,8 @@ def planner(records: list[dict], cache: str | Path | None = None) -> list[dict]:
             "text": [f"peak {r['memory_kind']}" for r in mem_rows]},
            {"name": "predicted", "x": xm, "y": [r["predicted_bytes"] / MIB for r in mem_rows],
             "text": [r["hardware"] for r in mem_rows]}] if mem_rows else []
-    note = ["step time predicted at the run's measured host speed (run.json host_speed), as plan --validate does"]
+    note = ["step time predicted at the host speed measured around each run (the median probe of its sweep's "
+            "neighbouring jobs, run.json host_speed), as plan --validate does"]
     return [chart("planner_step", "Planner vs measured: step time", "run", "ms per step (median)", step,
                   kind="bar", barmode="group", notes=(note if rows else []) + notes),
             chart("planner_memory", "Planner vs measured: peak memory per rank", "run", "MiB (device on GPUs, RSS "
