@@ -10,6 +10,16 @@ Per rank, for sequence_parallel false and true:
    saved storage once (a DTensor by its local tensor's storage: what this rank holds), parameters
    and tensors computed from a parameter alone excluded (as tests/unit/test_plan_saved_tensors.py).
    Bytes saved while a Block's forward runs are also summed apart ("blocks").
+3. the LayerNorm step ("norms"): right after that backward, the LayerNorm (ln1, ln2, ln_f) weight and
+   bias gradients as the optimizer gets them, each rank's LOCAL tensor (not full_tensor, which
+   would sum them) with its placement; then one step as the trainer takes it (Lightning's
+   torch.nn.utils.clip_grad_norm_, here at a max_norm that clips, then SGD with momentum) on the
+   sharded model and on the unsharded copy, and the LayerNorm weights after it: compared across the
+   TP ranks and with the copy's. With SP the LayerNorms see only their sequence shard, so their
+   gradients are Partial(sum) (each rank's local value is its shard's contribution); DTensor
+   reduces them inside the step, where an in-place update of a Replicate parameter (or its
+   Replicate optimizer state) reads the Partial gradient: the collectives the step issues are
+   counted (CommDebugMode).
 """
 from __future__ import annotations
 
@@ -59,6 +69,46 @@ def saved_bytes(model, tokens) -> dict:
     return {"total": sum(seen.values()), "blocks": blocks[0]}
 
 
+def _is_norm(name: str) -> bool:
+    return name.startswith("ln_f.") or ".ln1." in name or ".ln2." in name
+
+
+MAX_NORM = 0.5  # below the test's gradient norm (0.95, test_sequence_parallel.py): the clip scales every gradient
+
+
+def norm_step(model, ref) -> dict:
+    """Section 3 of the module docstring, after model's and ref's backward on the same batch."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    world = dist.get_world_size()
+    want = dict(ref.named_parameters())
+    norms = {n: p for n, p in model.named_parameters() if _is_norm(n)}
+    before = {n: want[n].detach().clone() for n in norms}
+    placements = sorted({str(getattr(p.grad, "placements", None)) for p in norms.values()})
+    # each rank's own gradient against the whole one: ~1 with SP (a shard's part), ~0 without
+    local_rel = max(((_local(p.grad) - want[n].grad).abs().max() / want[n].grad.abs().max()).item()
+                    for n, p in norms.items())
+    total = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+    total = total.full_tensor() if hasattr(total, "full_tensor") else total
+    ref_total = torch.nn.utils.clip_grad_norm_(ref.parameters(), MAX_NORM)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with CommDebugMode() as comm:
+        opt.step()
+    torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9).step()
+    across = vs_single = update = 0.0
+    for n, p in norms.items():
+        w = _local(p).detach()
+        ws = [torch.empty_like(w) for _ in range(world)]
+        dist.all_gather(ws, w)
+        across = max(across, max((x - ws[0]).abs().max().item() for x in ws))
+        vs_single = max(vs_single, (w - want[n].detach()).abs().max().item())
+        update = max(update, (want[n].detach() - before[n]).abs().max().item())
+    return {"count": len(norms), "grad_placements": placements, "local_grad_rel_diff": local_rel,
+            "total_norm": total.item(), "ref_total_norm": ref_total.item(),
+            "step_collectives": {str(k): v for k, v in comm.get_comm_counts().items()},
+            "weight_diff_across_ranks": across, "weight_diff_vs_single": vs_single, "single_update": update}
+
+
 def main(out: str, layers: int, d: int, heads: int, seq: int, batch: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -87,9 +137,10 @@ def main(out: str, layers: int, d: int, heads: int, seq: int, batch: int) -> Non
             got = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
             want = grads[name].grad
             worst = max(worst, ((got - want).abs().max() / want.abs().max().clamp_min(1e-12)).item())
+        norms = norm_step(model, ref)
         model.zero_grad(set_to_none=True)
         result["sp" if sp else "tp"] = {"loss_diff": abs(loss.item() - ref_loss.item()), "grad_rel_diff": worst,
-                                        "saved": saved_bytes(model.train(), tokens[:batch])}
+                                        "norms": norms, "saved": saved_bytes(model.train(), tokens[:batch])}
     with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(result, f)
     dist.barrier()

@@ -51,6 +51,36 @@ def test_gradients_match_the_unsharded_model(probe, mode):
         assert rank[mode]["grad_rel_diff"] < 1e-5, rank[mode]  # measured 9.1e-7 (tp), 6.7e-7 (sp)
 
 
+@pytest.mark.parametrize("mode", ["tp", "sp"])
+def test_norm_weights_after_a_step_match_single_on_every_rank(probe, mode):
+    """LayerNorm weights after one clipped SGD step (sp_probe.py section 3). With SP each rank's
+    LayerNorm gradients are Partial: its local tensor is only its sequence shard's part (measured
+    0.74 / 1.05 relative off the whole gradient on rank 0 / 1); DTensor sums them inside the step
+    (one all-reduce per LayerNorm parameter in torch 2.13's SGD: 10 here) and in the clip's norm.
+    A strategy that stepped with the local parts instead (the grads relabelled Replicate, measured
+    with that mutation of apply_tensor_parallel) leaves the weights 1.9e-4 apart across the ranks
+    and 1.2e-4 / 1.5e-4 off single's, for a single-device update of 1.8e-4 (and its clip norm
+    8e-5 relative off): far outside these checks."""
+    from .sp_probe import MAX_NORM
+
+    for rank in probe:
+        n = rank[mode]["norms"]
+        assert n["count"] == 2 * L * 2 + 2  # ln1, ln2 per block and ln_f, weight and bias each
+        if mode == "sp":
+            assert n["grad_placements"] == ["(Partial(sum),)"], n
+            assert n["local_grad_rel_diff"] > 0.1, n  # a shard's part, not the whole gradient
+            assert n["step_collectives"].get("c10d_functional.all_reduce", 0) > 0, n
+        else:  # replicated LayerNorm inputs: each rank's gradient is already the whole one
+            assert n["grad_placements"] == ["(Replicate(),)"], n
+            assert n["local_grad_rel_diff"] < 1e-5, n
+            assert n["step_collectives"] == {}, n
+        assert n["ref_total_norm"] > MAX_NORM  # the clip scaled the gradients
+        assert n["total_norm"] == pytest.approx(n["ref_total_norm"], rel=1e-5)
+        assert n["single_update"] > 1e-5
+        assert n["weight_diff_across_ranks"] == 0.0, n   # measured 0.0: the same sum on each rank
+        assert n["weight_diff_vs_single"] <= 1e-3 * n["single_update"], n  # measured 1.0e-10
+
+
 def test_saved_bytes_per_block_match_the_hand_count(probe):
     for rank in probe:
         assert rank["tp"]["saved"]["blocks"] == L * HAND_TP
@@ -84,7 +114,11 @@ def test_whole_model_saved_bytes_shrink_with_sp(probe):
 # -- scalelab-train: tp=2 with sequence_parallel, 10 steps against single ----------------------
 def test_tp_sp_matches_single_device(tmp_path_factory, ref):
     """tp at 2 ranks with sequence_parallel=true: the same fp32 arithmetic reordered (REL as
-    tests/integration/test_fsdp_tp.py: 1e-4; measured in the module's report)."""
+    tests/integration/test_fsdp_tp.py: 1e-4). Measured (20-step runs, SGD as here): 6.9e-8 over
+    steps 1-10, 4.0e-7 over 20. With the LayerNorm gradients left unreduced (each TP rank stepping
+    with its own sequence shard's part: a strategy that relabels them Replicate after backward)
+    the curve is 3.9e-5 off at step 2, 3.3e-4 at step 3 and 1.3e-2 by step 10 (1.2e-1 by step
+    15): 1e-4 tells the two apart from step 3 on."""
     from ..conftest import assert_same_curve, read_record, run_one_job, worker_pids
 
     job = run_one_job(tmp_path_factory, "tp_sp", ["strategy=tp", "trainer.devices=2", "trainer.max_steps=10",
