@@ -8,6 +8,8 @@ progress bar reading `Epoch 0/-2` (Lightning counts epochs; a run here is max_st
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import sys
@@ -22,14 +24,32 @@ _CHATTY = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.
            "torch.utils.cpp_extension", "lightning.fabric.utilities.distributed", "lightning.pytorch.strategies.ddp")
 
 
+_VERBOSE = [False]   # this rank's verbose=, for quiet_banner
+
+
+@contextlib.contextmanager
+def quiet_banner():
+    """Library banners printed to stdout (DeepSpeed's 'deepspeed_shm_comm_op built successfully'
+    on every CPU job) only with verbose=true."""
+    if _VERBOSE[0]:
+        yield
+        return
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
+
+
 def quiet_rank(rank: int, verbose: bool) -> None:
     """Call first thing in a rank."""
+    _VERBOSE[0] = verbose
     # Advertising tips and deprecations inside the libraries themselves; real warnings stay.
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).addFilter(lambda r: not str(r.msg).startswith("💡 Tip"))
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     warnings.filterwarnings("ignore", message=r".*The anonymous setting has no effect.*")
-    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor` is deprecated")  # DeepSpeed calls it
+    # torch.distributed's own deprecations of what DeepSpeed calls (all_gather_into_tensor,
+    # reduce_scatter_tensor, _all_gather_base ...): zero3 printed one per step (20 in a 20-step job)
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` (is|will be) deprecated")
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\._\w+` is a private function and will be deprecated")
     # Wrong here: a local run on a host with a SLURM client (scalelab starts srun itself for SLURM
     # jobs), and a resume mid-epoch (GlobalBatchSampler restarts at the step's sample; checkpoints
     # are at whole steps: a resumed curve equals the uninterrupted one, with accumulation too,

@@ -455,3 +455,12 @@ def test_accumulation_matches_single_device(tmp_path_factory, ref):
     _assert_same_curve(zero, single, range(1, 11))
     params = zero["memory"]["model_state_breakdown_per_rank"][0]["params"]
     assert all(b["grads"] == params for b in zero["memory"]["model_state_breakdown_per_rank"])
+
+
+def test_the_console_has_no_library_banner_or_deprecation(ten_steps):
+    """verbose=false: DeepSpeed's 'deepspeed_shm_comm_op built successfully' (every CPU job) and
+    torch.distributed's deprecation of what DeepSpeed calls (zero3: one FutureWarning per step) are
+    not in what the ranks print (ranks.log is the console's stream)."""
+    for name in ("zero1", "zero3"):
+        text = (ten_steps[name] / "ranks.log").read_text()
+        assert "built successfully" not in text and "is deprecated" not in text, text[-2000:]

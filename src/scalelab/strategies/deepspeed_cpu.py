@@ -45,9 +45,12 @@ class CPUDeepSpeedStrategy(ScaleLabDeepSpeedStrategy):
         that the selected CUDA indices equal the local ranks (`_validate_device_index_selection`),
         which CPU devices (index None) fail. Everything else as Lightning does it: reset the
         seed, set world ranks, init DeepSpeed's distributed backend (gloo here)."""
+        from scalelab.console import quiet_banner
+
         reset_seed()
         self.set_world_ranks()
-        self._init_deepspeed_distributed()
+        with quiet_banner():   # DeepSpeed builds its shared-memory op here and prints that it did
+            self._init_deepspeed_distributed()
 
     def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
         """Fixes `'>=' not supported between instances of 'NoneType' and 'int'` in
