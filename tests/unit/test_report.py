@@ -140,7 +140,8 @@ def test_where_sort_group(loaded):
     (["--group-by", "nope"], "--group-by 'nope': no run has this key"),
     (["--where", "nope=1"], "--where 'nope': no run has this key"),
     (["--where", "strategy"], "--where 'strategy': expected KEY=VALUE"),
-    (["--where", "strategy=tp"], "no run matches strategy=tp"),
+    (["--where", "strategy=tp"], "no run matches strategy=tp: strategy is ddp, fsdp, single, zero2"),
+    (["--where", "strategy=ddp", "--where", "world_size=8"], "no run matches world_size=8: world_size is 1, 2"),
 ])
 def test_bad_keys_are_one_line_exit_2(sweep, args, needle):
     proc = subprocess.run([sys.executable, "-m", "scalelab.cli", "compare", str(sweep), *args],

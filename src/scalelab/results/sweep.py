@@ -100,10 +100,10 @@ def attach_efficiency(records: list[dict], summary: dict) -> None:
     """Put each run's efficiency (strong preferred) and its group's baseline world size on its
     record, for tables (a group whose 1-device run failed or is missing is measured against its
     smallest completed world, and the table says so)."""
-    by_job: dict[str, tuple[float, int]] = {}
+    by_job: dict[str, tuple[float, int, str]] = {}
     for g in sorted(summary["groups"], key=lambda g: g["kind"] != "weak"):  # strong written last wins
         for run in g["runs"]:
-            by_job[run["job"]] = (run["scaling_efficiency"], g["baseline_world_size"])
+            by_job[run["job"]] = (run["scaling_efficiency"], g["baseline_world_size"], g["kind"])
     for r in records:
         if r.get("job", {}).get("name") in by_job:
-            r["scaling_efficiency"], r["scaling_baseline_world"] = by_job[r["job"]["name"]]
+            r["scaling_efficiency"], r["scaling_baseline_world"], r["scaling_kind"] = by_job[r["job"]["name"]]

@@ -57,6 +57,8 @@ def _cells(rec: dict, columns) -> list[str]:
         cell = "-" if v is None or v == "" else fmt.format(v)
         if head == "step ms (med)" and rec.get("short_run") and cell != "-":
             cell += SHORT_MARK
+        if head == "efficiency" and cell != "-" and rec.get("scaling_kind") == "weak":
+            cell += " weak"    # same per-rank batch (a run in both kinds of group shows its strong one)
         if head == "efficiency" and cell != "-" and (rec.get("scaling_baseline_world") or 1) > 1:
             cell += f" (vs {rec['scaling_baseline_world']})"   # no 1-device run completed in its group
         out.append(cell)
@@ -264,7 +266,13 @@ def filter_records(records: list[dict], wheres: list[str]) -> list[dict]:
         if not eq:
             raise SelectError(f"--where {expr!r}: expected KEY=VALUE (e.g. --where strategy=ddp)")
         check_key(records, key, "--where")
-        records = [r for r in records if any(_matches(lookup(r, key), w) for w in want.split(","))]
+        kept = [r for r in records if any(_matches(lookup(r, key), w) for w in want.split(","))]
+        if not kept and records:   # say what the key does hold (a typo: strategy=dpp)
+            values = {_show(v): v for r in records if (v := lookup(r, key)) not in (MISSING, None)}
+            have = [k for k, _ in sorted(values.items(), key=lambda kv: _order(kv[1]))]
+            raise SelectError(f"no run matches {expr}" + (f": {key} is {', '.join(have[:12])}"
+                                                          + (", ..." if len(have) > 12 else "") if have else ""))
+        records = kept
     return records
 
 
