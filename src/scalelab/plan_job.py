@@ -49,6 +49,13 @@ def terms_for_job(overrides: list[str]):
         target = "cpu" if requested in (None, "auto") or "cpu" in str(requested) else "gpu"
         spec = validate(cfg, target=target)
         hardware = profile_name(requested, target)
+        # validate() checks the launcher only for this machine (target None); a named local launcher
+        # on several nodes is refused by scalelab-train, so it is no plan. Unnamed, the same-job line
+        # adds launcher=srun (plan/cli.py).
+        named = any(o.lstrip("+").startswith("launcher=") for o in overrides)
+        if spec.run.num_nodes > 1 and named and cfg.launcher.name in ("local", "torchrun_local"):
+            raise ConfigError(f"trainer.num_nodes={spec.run.num_nodes} needs launcher=srun or launcher=torchrun: "
+                              f"scalelab-train refuses launcher={cfg.launcher.name} on several nodes")
     except ConfigError as e:
         raise PlanError(str(e)) from e
     finally:

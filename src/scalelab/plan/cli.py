@@ -66,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     j.add_argument("--micro-batch", type=int, help="sequences per device per micro-batch (default: global "
                                                    "batch / data-parallel ranks, as the trainer derives it)")
     j.add_argument("--global-batch", type=int, help="sequences per optimizer step (default dp x micro)")
-    j.add_argument("--precision", default="bf16-mixed", help="32, bf16-mixed or fp16-mixed")
+    j.add_argument("--precision", help="32, bf16-mixed or fp16-mixed (default: 32 on a CPU profile such as "
+                                       "this_cpu, bf16-mixed on a GPU one; as recommend and the trainer)")
     j.add_argument("--optimizer", default="adam", help="adam or sgd (with momentum)")
     j.add_argument("--activation-checkpointing", default="none", help=" | ".join(CHECKPOINTING))
     j.add_argument("--no-sequence-parallel", action="store_true",
@@ -116,14 +117,18 @@ def _model_shape_from_args(a) -> ModelSpec:
     shape = [a.layers, a.hidden, a.heads]
     if a.model:
         return _model_from_conf(a.model)
+    # The shape as scalelab-train builds it (untied head, no biases), so that the printed same job
+    # is the planned model; --params with a whole shape overrides the count (no same job then).
     if all(v is not None for v in shape):
-        return ModelSpec.from_shape(a.layers, a.hidden, a.heads, a.vocab or DEFAULT_VOCAB,
-                                    a.seq_len or DEFAULT_SEQ, a.ffn_hidden or 0,
-                                    int(a.params) if a.params else None)
+        if a.params:
+            return ModelSpec.from_shape(a.layers, a.hidden, a.heads, a.vocab or DEFAULT_VOCAB,
+                                        a.seq_len or DEFAULT_SEQ, a.ffn_hidden or 0, int(a.params))
+        return ModelSpec.trainer_gpt(a.layers, a.hidden, a.heads, a.vocab or DEFAULT_VOCAB,
+                                     a.seq_len or DEFAULT_SEQ, a.ffn_hidden or 0)
     if a.params is not None:
         if any(v is not None for v in shape):
             raise PlanError("give the whole shape (--layers --hidden --heads) or only --params")
-        return ModelSpec.from_params(a.params, a.seq_len or DEFAULT_SEQ, a.vocab or DEFAULT_VOCAB)
+        return ModelSpec.trainer_gpt_for_params(a.params, a.seq_len or DEFAULT_SEQ, a.vocab or DEFAULT_VOCAB)
     raise PlanError("no model: give --params N, or --layers L --hidden H --heads A "
                     "[--vocab V --seq-len S], or --model NAME")
 
@@ -137,10 +142,7 @@ def _model_from_conf(name: str) -> ModelSpec:
     if "d_model" in arch:
         L, h, V, s = (int(arch[k]) for k in ("n_layers", "d_model", "vocab_size", "seq_len"))
         f = int(arch.get("mlp_ratio", 4) * h)
-        # scalelab.models.gpt: bias-free linears, 2 LayerNorms per block, learned positions, untied head.
-        n = L * (4 * h * h + 2 * h * f + 4 * h) + 2 * V * h + s * h + 2 * h
-        return ModelSpec.from_shape(L, h, int(arch["n_heads"]), V, s, f, n_params=n,
-                                    dropout=arch.get("dropout") or 0.0)
+        return ModelSpec.trainer_gpt(L, h, int(arch["n_heads"]), V, s, f, dropout=arch.get("dropout") or 0.0)
     if "hidden" in arch:                                  # MLP classifier
         widths = [int(arch["in_features"]), *map(int, arch["hidden"]), int(arch["num_classes"])]
         n = sum(i * o + o for i, o in zip(widths, widths[1:]))
@@ -169,6 +171,7 @@ def _plan(a, job_terms=None) -> int:
     from .strategies import as_applied
     names = _strategies(a.strategy)
     plans = []                                          # (terms, hardware, train command)
+    built = None                                        # flag form: the count of the GPT the trainer builds
     if a.overrides:
         shape_flags = [f for f in ("params", "layers", "hidden", "heads", "model") if getattr(a, f) is not None]
         if shape_flags:
@@ -183,25 +186,36 @@ def _plan(a, job_terms=None) -> int:
             if hw.kind != "gpu":   # the job's terms are a GPU's: autocast's LayerNorm dtype differs on CPU
                 terms = replace(terms, colls=collectives(terms.model, as_applied(terms.strategy, terms.layout.dp),
                                                          terms.layout, terms.precision, hw.kind))
+            if terms.layout.nodes > 1 and not any(o.lstrip("+").startswith("launcher=") for o in overrides):
+                # the trainer refuses num_nodes > 1 under its default local launcher (config.validate)
+                overrides = overrides + ["launcher=srun"]
             plans.append((terms, hw,
                           "scalelab-train " + " ".join(map(shlex.quote, overrides))))
     else:
         if names == [None]:
             raise PlanError(f"--strategy is required; valid: {', '.join(strategy_names())} (or a comma list, or all)")
         model = _model_from_args(a)
+        # --params with a whole shape plans that count: a model the trainer does not build (no same job)
+        built = model.n_params if model.kind != "gpt" else ModelSpec.trainer_gpt_params(
+            model.n_layers, model.hidden, model.vocab, model.seq_len, model.ffn)
         hw = load_hardware(a.hardware or DEFAULT_HARDWARE)
+        precision = a.precision or default_precision(hw)
         for name in names:
             kw = dict(devices=a.devices, nodes=a.nodes, tp=a.tp, pp=a.pp, global_batch=a.global_batch,
-                      precision=a.precision, optimizer=a.optimizer,
+                      precision=precision, optimizer=a.optimizer,
                       activation_checkpointing=a.activation_checkpointing,
                       sequence_parallel=not a.no_sequence_parallel, device=hw.kind)
             terms = build_terms(model, name, micro_batch=_micro_batch(a, model, name, kw), **kw)
-            plans.append((terms, hw, train_command(a, terms, hw.name)))
+            plans.append((terms, hw, train_command(a, terms, hw.name) if built == model.n_params else None))
     docs = []
     for terms, hw, command in plans:
         docs.append(plan_terms(terms, hw, a.tokens))
         if command:
             docs[-1]["train_command"] = command
+        elif built is not None and built != terms.model.n_params:
+            docs[-1]["train_command_note"] = (f"no same job: --params {terms.model.n_params:,} is not what "
+                                              f"scalelab-train builds for this shape ({built:,}); drop --params "
+                                              "to plan that")
     if len(docs) > 1:
         # a row that does not fit as asked may fit with a smaller micro-batch or checkpointing
         # (the split only differs: nd's 4 micro-batches fit a 7B model where fsdp's one did not)
@@ -253,6 +267,12 @@ def _strategy_option(name: str, key: str):
 
 
 _TRAIN_PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed"}
+
+
+def default_precision(hw) -> str:
+    """The flag form's --precision when none is given: the trainer's 32-true on a CPU profile (what
+    `recommend` searches there too), bf16 autocast on a GPU one."""
+    return "32" if hw.kind == "cpu" else "bf16-mixed"
 
 
 def train_command(a, terms, hardware: str) -> str | None:

@@ -56,7 +56,7 @@ def render(doc: dict) -> str:
            + (" +sequence-parallel" if p["sequence_parallel"] else ""),
            f"model: {_si(md['n_params'])} params ({md['n_layers']} layers, hidden {md['hidden']}, "
            f"{md['heads']} heads, vocab {md['vocab']}, seq {md['seq_len']}"
-           + (", shape guessed from --params" if md["shape_inferred"] else "")
+           + (f", shape guessed from --params: {md['n_params']:,} exactly" if md["shape_inferred"] else "")
            + f", {md.get('attention', 'flash')} attention"
            + (f", dropout {md['dropout']:g}" if md.get("dropout") else "") + f"), "
            f"{i['precision']}, {i['optimizer']}, activation checkpointing {i['activation_checkpointing']}",
@@ -103,6 +103,8 @@ def render(doc: dict) -> str:
             + _efficiency(doc)]
     if doc.get("train_command"):
         out.append(f"the same job: {doc['train_command']}")
+    elif doc.get("train_command_note"):
+        out.append(doc["train_command_note"])
     if doc["train"]:
         tr = doc["train"]
         out.append(f"train {_si(tr['tokens'])} tokens: {fmt_time(tr['time_s'])}, "

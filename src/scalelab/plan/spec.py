@@ -7,7 +7,7 @@ table and config reading live in strategies.py (re-exported here).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .base import PlanError, conf_dir
 from .strategies import STRATEGIES, Strategy, _strategy_config, get_strategy, strategy_names
@@ -160,8 +160,27 @@ class ModelSpec:
 
     @staticmethod
     def gpt_params(n_layers: int, hidden: int, vocab: int, seq_len: int, ffn_hidden: int = 0) -> int:
+        """A Megatron-style GPT: biases, the output head tied to the token embedding (the published
+        configurations, recommend/published.py). Not the model scalelab-train builds: trainer_gpt_params."""
         m = ModelSpec(0, n_layers, hidden, 1, vocab, seq_len, ffn_hidden)
         return n_layers * m.layer_params + m.embedding_params + 2 * hidden  # + final LayerNorm
+
+    @staticmethod
+    def trainer_gpt_params(n_layers: int, hidden: int, vocab: int, seq_len: int, ffn_hidden: int = 0) -> int:
+        """The GPT scalelab-train builds (models/gpt.py, restated here: plan/ imports no torch):
+        bias-free q, k, v, out and MLP Linears (4h^2 + 2hf a block), two LayerNorms a block (4h),
+        token and learned position embeddings (Vh + sh), the final LayerNorm (2h) and an untied
+        lm_head (Vh). tests/unit/test_plan_trainer_model.py counts the real module against it."""
+        h, f = int(hidden), int(ffn_hidden or 4 * hidden)
+        return int(n_layers) * (4 * h * h + 2 * h * f + 4 * h) + 2 * int(vocab) * h + int(seq_len) * h + 2 * h
+
+    @classmethod
+    def trainer_gpt(cls, n_layers, hidden, heads, vocab, seq_len, ffn_hidden=0, attention="flash", dropout=0.0):
+        """The shape as scalelab-train builds it (what the flag form of `scalelab plan` and
+        `scalelab recommend` plan, so that their `scalelab-train` command is the planned model)."""
+        m = cls.from_shape(n_layers, hidden, heads, vocab, seq_len, ffn_hidden, attention=attention,
+                           dropout=dropout)          # checks the shape (one PlanError line)
+        return replace(m, n_params=cls.trainer_gpt_params(m.n_layers, m.hidden, m.vocab, m.seq_len, m.ffn_hidden))
 
     @classmethod
     def from_shape(cls, n_layers, hidden, heads, vocab, seq_len, ffn_hidden=0, n_params=None,
@@ -182,15 +201,31 @@ class ModelSpec:
         """Guess a GPT shape for N parameters: 12 L h^2 ~ N with h ~ 128 L (the aspect ratio of
         GPT-3 175B and LLaMA-7B); h rounded to a multiple of 1024 (128 when small) so that the
         heads (of size 128) split 8 ways for tensor parallelism; then L = (N - embeddings) / (12 h^2)."""
-        n = int(float(n_params))
-        if n < 1:
-            raise PlanError(f"--params must be positive, got {n_params!r}")
-        layers = max(1.0, (n / (12 * 128 ** 2)) ** (1 / 3))
-        h = math.sqrt(n / (12 * layers))
-        step = 1024 if h >= 1024 else 128
-        hidden = max(128, round(h / step) * step)
+        n, hidden = _guess_hidden(n_params)
         layers = max(1, round((n - (vocab + seq_len) * hidden) / (12 * hidden * hidden)))
         return cls(n, layers, hidden, hidden // 128, vocab, seq_len, shape_inferred=True)
+
+    @classmethod
+    def trainer_gpt_for_params(cls, n_params: float, seq_len: int = 2048, vocab: int = 50257):
+        """from_params' width for N parameters, the layers that bring scalelab-train's GPT (untied
+        head, no biases: trainer_gpt_params) nearest to N, planned at that shape's exact count: the
+        model its `scalelab-train` command builds (7B -> 33 x 4096 = 7,064,420,352)."""
+        n, hidden = _guess_hidden(n_params)
+        per_layer = cls.trainer_gpt_params(1, hidden, vocab, seq_len) - cls.trainer_gpt_params(0, hidden, vocab, seq_len)
+        layers = max(1, round((n - cls.trainer_gpt_params(0, hidden, vocab, seq_len)) / per_layer))
+        exact = cls.trainer_gpt_params(layers, hidden, vocab, seq_len)
+        return cls(exact, layers, hidden, hidden // 128, vocab, seq_len, shape_inferred=True)
+
+
+def _guess_hidden(n_params: float) -> tuple[int, int]:
+    """(N, width) for N parameters: 12 L h^2 ~ N with h ~ 128 L; h a multiple of 1024 (128 when small)."""
+    n = int(float(n_params))
+    if n < 1:
+        raise PlanError(f"--params must be positive, got {n_params!r}")
+    layers = max(1.0, (n / (12 * 128 ** 2)) ** (1 / 3))
+    h = math.sqrt(n / (12 * layers))
+    step = 1024 if h >= 1024 else 128
+    return n, max(128, round(h / step) * step)
 
 
 def _divisors(n: int) -> list[int]:
