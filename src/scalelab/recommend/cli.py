@@ -115,6 +115,7 @@ def _request(a: argparse.Namespace):
     from scalelab.plan.hardware import load_hardware
     from scalelab.plan.spec import CHECKPOINTING, normalize_optimizer, normalize_precision
 
+    from .lr import base_lr_caveat
     from .space import Request, strategy_list
 
     if a.objective not in OBJECTIVES:
@@ -146,7 +147,7 @@ def _request(a: argparse.Namespace):
         raise PlanError(f"--memory-headroom must be in [0, 1), got {a.memory_headroom}")
     req = Request(model, a.model, hw, hw.name, a.devices, a.nodes, batches, precisions, opt,
                   strategy_list(a.strategies), ckpt, smaller_worlds=a.objective == "cost",
-                  headroom=a.memory_headroom)
+                  headroom=a.memory_headroom, params_asked=a.params)
     if a.verify and (a.nodes > 1) and not a.slurm:
         raise PlanError(f"--verify on --nodes {a.nodes} needs --slurm (multi-node jobs run under SLURM)")
     if a.verify and cpu is False and not a.slurm:
@@ -163,7 +164,8 @@ def _request(a: argparse.Namespace):
     opts = dict(objective=a.objective, tokens=a.tokens, budget_s=a.budget_minutes * 60 if a.budget_minutes else None,
                 verify=a.verify, verify_steps=a.verify_steps, verify_repeats=a.verify_repeats,
                 lr_check=a.lr_check if a.verify else "none", lr_steps=a.lr_steps, base_lr=base_lr,
-                base_batch=base_batch, slurm=a.slurm, extra=extra, top=a.top, out=out, quiet=a.json)
+                base_batch=base_batch, slurm=a.slurm, extra=extra, top=a.top, out=out, quiet=a.json,
+                lr_caveat=base_lr_caveat(model, opt, a.base_lr is not None))
     return req, opts
 
 

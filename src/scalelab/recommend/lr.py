@@ -30,6 +30,36 @@ def base_defaults(optimizer: str) -> tuple[float, int]:
     return float(optim["lr"]), int(_rule_config("linear").get("base_batch_size", 16))
 
 
+def base_model() -> str:
+    """The trainer's default model (conf/train.yaml's defaults): the one conf/optim's LRs go with."""
+    train = yaml.safe_load((conf_dir() / "train.yaml").read_text()) or {}
+    for d in train.get("defaults") or []:
+        if isinstance(d, dict) and "model" in d:
+            return str(d["model"])
+    return "gpt_nano"
+
+
+def base_lr_caveat(model, optimizer: str, base_lr_given: bool) -> str | None:
+    """A caveat for the LR advice when its base LR is conf/optim's default and the model is not the
+    trainer's default one (another shape: an LR tuned on a 136k-parameter GPT says little about a
+    7B one); None when --base-lr was given or the model is that one."""
+    if base_lr_given:
+        return None
+    from scalelab.plan.cli import _model_from_conf
+
+    name = base_model()
+    try:
+        ref = _model_from_conf(name)
+    except Exception:  # noqa: BLE001 - a missing config: no reference model, so the caveat holds
+        ref = None
+    shape = lambda m: (m.n_params, m.n_layers, m.hidden, m.heads, m.vocab, m.seq_len, m.ffn)  # noqa: E731
+    if ref is not None and shape(ref) == shape(model):
+        return None
+    optim = "adamw" if optimizer == "adam" else "sgd"
+    return (f"the base LR is conf/optim/{optim}.yaml's default, which goes with the trainer's default model "
+            f"{name}, not tuned for this model: tune it and give --base-lr (optim.lr in the command)")
+
+
 def scaled_lr(base_lr: float, base_batch: int, global_batch: int, rule: str) -> float:
     """lr = base_lr x (B / B0) (linear), x sqrt(B / B0) (sqrt), or base_lr (none): the trainer's
     scaling.lr.scaled_lr, restated here so that planning imports no torch."""

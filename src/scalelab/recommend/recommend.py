@@ -10,8 +10,10 @@ from scalelab.plan.spec import PlanError
 
 from . import lr as lr_mod
 from . import verify as V
-from .rank import best_per_strategy, rank, reason, score, tokens_per_s
-from .report import fmt_score, lr_table, ranking_rows, text_table, verify_rows, write_all
+from scalelab.plan.report import fmt_time
+
+from .rank import PLANNER_MARGIN, SIMPLICITY, best_per_strategy, break_ties, rank, reason, score, tokens_per_s
+from .report import fmt_count, fmt_score, lr_table, ranking_rows, text_table, verify_rows, write_all
 from .space import Candidate, Request, enumerate_candidates, train_overrides
 
 # Run-to-run spread of one short run's throughput on a shared host (README: 10-25 % between runs of
@@ -77,28 +79,37 @@ def candidate_doc(c: Candidate, ov: list[str], req: Request, objective: str, tok
 def recommend(req: Request, *, objective: str, tokens=None, budget_s=None, verify: int = 0, verify_steps: int = 20,
               verify_repeats: int = 1, lr_check: str = "none", lr_steps: int = 30, base_lr: float, base_batch: int,
               slurm: bool = False, extra: list[str] | None = None, top: int = 10, out: Path,
-              quiet: bool = False) -> dict:
-    """The whole answer as the recommendation.json document; prints as it goes unless quiet."""
+              quiet: bool = False, lr_caveat: str | None = None) -> dict:
+    """The whole answer as the recommendation.json document; prints as it goes unless quiet.
+    lr_caveat: said with the LR advice (a base LR not tuned for this model: recommend/cli.py)."""
     say = (lambda *a: None) if quiet else print
     extra = list(extra or [])
     t0 = time.perf_counter()
     cands, pruned = enumerate_candidates(req)
     ranked = rank(cands, objective, req.hardware, tokens, budget_s)
     shown, rejected = shortlist(ranked, req, max(top, verify))
+    shown, predicted_rank, tie = _break_ties(shown, objective, req, tokens, budget_s)
     doc = {"objective": objective, "request": _request_doc(req, tokens, budget_s),
            "search": {"built": len(cands) + sum(pruned.values()), "fitting": len(cands),
                       "pruned_total": sum(pruned.values()), "pruned": pruned, "strategies_fitting":
                       len(best_per_strategy(ranked)), "seconds": round(time.perf_counter() - t0, 2)},
-           "ranking": [candidate_doc(c, ov, req, objective, tokens, budget_s) for c, ov in shown],
+           "ranking": [{**candidate_doc(c, ov, req, objective, tokens, budget_s), "predicted_rank": r,
+                        "tied": bool(tie) and c.strategy in tie["strategies"]}
+                       for (c, ov), r in zip(shown, predicted_rank)],
+           "tie": tie, "budget": _budget(ranked, tokens, budget_s),
            "rejected_by_trainer": rejected, "verification": None, "winner": None}
     _say_ranking(doc, say)
     if not shown:
         why = "no layout fits device memory" if not cands else "the trainer refused every fitting layout"
-        doc["lr"] = {"advice": lr_mod.advice(req.optimizer, base_lr, base_batch, req.global_batches[0])}
+        doc["lr"] = {"advice": {**lr_mod.advice(req.optimizer, base_lr, base_batch, req.global_batches[0]),
+                                "caveat": lr_caveat}}
         _finish(doc, out, [], [], say)
         print(f"error: {why}; pruned: " + "; ".join(f"{k} ({v})" for k, v in pruned.items()), file=sys.stderr)
         return doc
     winner, source = doc["ranking"][0], "the planner's first"
+    if tie:
+        source = (f"the simplest of {len(tie['strategies'])} layouts predicted within the planner's "
+                  f"{tie['margin']:.0%} margin")
     records, summaries = [], []
     if verify:
         doc["verification"], records, summaries = _verify(shown[:verify], doc, req, objective, tokens, verify_steps,
@@ -110,7 +121,7 @@ def recommend(req: Request, *, objective: str, tokens=None, budget_s=None, verif
         best = doc["verification"]["measured_best_index"]
         if best is not None:
             winner, source = doc["ranking"][best], "measured best of the verified"
-    adv = lr_mod.advice(req.optimizer, base_lr, base_batch, winner["global_batch"])
+    adv = {**lr_mod.advice(req.optimizer, base_lr, base_batch, winner["global_batch"]), "caveat": lr_caveat}
     doc["lr"] = {"advice": adv, "check": None}
     if lr_check == "grid":
         doc["lr"]["check"], lr_records, lr_sum = _lr_check(winner, adv, out, lr_steps, extra, slurm, shown, say)
@@ -129,12 +140,47 @@ def recommend(req: Request, *, objective: str, tokens=None, budget_s=None, verif
     return doc
 
 
+def _break_ties(shown, objective: str, req: Request, tokens, budget_s):
+    """(shown reordered by rank.break_ties, each one's rank by prediction alone, the tie or None)."""
+    cands = [c for c, _ in shown]
+    order, tied = break_ties(cands, objective, req.hardware, tokens, budget_s)
+    pos = {id(c): i for i, c in enumerate(cands)}
+    tie = None
+    if tied:
+        names = [c.strategy for c in order[:len(tied)]]
+        best = cands[0]
+        tie = {"margin": PLANNER_MARGIN, "strategies": names, "predicted_best": best.strategy,
+               "chosen": names[0], "simplicity_order": list(SIMPLICITY),
+               "note": (f"tie: {', '.join(names)} are predicted within {PLANNER_MARGIN:.0%} of the best "
+                        f"({best.strategy}, {fmt_score(objective, score(best, objective, req.hardware, tokens))}), "
+                        f"inside the planner's margin of error; broken by simplicity (ddp, zero1, zero2, "
+                        f"fsdp_grad_op, fsdp, zero3, offload, then tp/pipeline/nd): {names[0]} first"
+                        + ("" if names[0] == best.strategy else f"; by prediction alone, {best.strategy}")
+                        + " (column 'pred #')")}
+    return [shown[pos[id(c)]] for c in order], [pos[id(c)] + 1 for c in order], tie
+
+
+def _budget(ranked: list[Candidate], tokens, budget_s) -> dict | None:
+    """Whether any fitting layout is predicted to train --tokens within --budget-minutes; the
+    fastest layout's time. rank() puts those within budget first, so ranked[0] decides."""
+    if not (tokens and budget_s and ranked):
+        return None
+    fastest = min(ranked, key=lambda c: float(tokens) / tokens_per_s(c))
+    t = float(tokens) / tokens_per_s(fastest)
+    met = sum(float(tokens) / tokens_per_s(c) <= budget_s for c in ranked)
+    minutes = lambda x: f"{x / 60:,.0f} min" + ("" if fmt_time(x).endswith("min") else f" ({fmt_time(x)})")  # noqa: E731
+    note = None if met else (f"no layout meets the budget of {minutes(budget_s)}: the fastest, {fastest.label()}, "
+                             f"is predicted to take {minutes(t)}")
+    return {"budget_s": budget_s, "layouts_within": int(met), "fastest": fastest.label(), "fastest_s": t,
+            "note": note}
+
+
 def _request_doc(req: Request, tokens, budget_s) -> dict:
     m = req.model
     size = f"{m.n_params / 1e12:.3g}T" if m.n_params >= 1e12 else f"{m.n_params / 1e9:.3g}B"
     return {"model": {"name": req.model_name or f"{size} GPT", "n_params": m.n_params,
                       "layers": m.n_layers, "hidden": m.hidden, "heads": m.heads, "vocab": m.vocab,
-                      "seq_len": m.seq_len, "shape_inferred": m.shape_inferred},
+                      "seq_len": m.seq_len, "shape_inferred": m.shape_inferred, "params_asked": req.params_asked},
             "hardware": req.hardware_name, "devices": req.devices, "nodes": req.nodes,
             "global_batches": list(req.global_batches), "precisions": list(req.precisions),
             "optimizer": req.optimizer, "strategies": list(req.strategies), "checkpointing": list(req.checkpointing),
@@ -221,8 +267,16 @@ def _say_ranking(doc: dict, say) -> None:
     req, s = doc["request"], doc["search"]
     say(f"{req['model']['name']} on {req['nodes']}x{req['devices']} {req['hardware']}, objective {doc['objective']}: "
         f"{s['fitting']} of {s['built']} layouts fit device memory ({s['seconds']} s); best layout of each strategy:")
+    m = req["model"]
+    if m["shape_inferred"]:     # the count planned and run is the shape's, not the one asked for
+        say(f"model: {m['layers']} layers x hidden {m['hidden']}, {m['heads']} heads, vocab {m['vocab']}, seq "
+            f"{m['seq_len']}: {m['n_params']:,} parameters exactly (the GPT scalelab-train builds; the shape "
+            f"guessed for --params {fmt_count(m['params_asked'] or m['n_params'])})")
     if doc["ranking"]:
         say(text_table(*ranking_rows(doc)))
+    for note in ((doc.get("tie") or {}).get("note"), (doc.get("budget") or {}).get("note")):
+        if note:
+            say(note)
     for r in doc["rejected_by_trainer"]:
         say(f"refused by the trainer: {r['layout']}: {r['error']}")
 
@@ -234,7 +288,8 @@ def _finish(doc: dict, out: Path, records, summaries, say) -> None:
     lr = doc.get("lr") or {}
     if lr.get("advice"):
         a = lr["advice"]
-        say(f"\nLR: rule {a['rule']}, lr {a['lr']:.4g} (base {a['base_lr']:g} at batch {a['base_batch']}), "
+        caveat = f"; caveat: {a['caveat']}" if a.get("caveat") else ""
+        say(f"\nLR: rule {a['rule']}, lr {a['lr']:.4g} (base {a['base_lr']:g} at batch {a['base_batch']}{caveat}), "
             f"warmup {a['warmup_steps']}: {a['why']}")
     if lr.get("check"):
         c = lr["check"]

@@ -23,15 +23,26 @@ def fmt_score(objective: str, x: float | None) -> str:
     return f"{x * 1e6:.4g} per 1M tokens"
 
 
+def fmt_count(x: float) -> str:
+    """7e9 -> 7B, 1.3e9 -> 1.3B, 350e6 -> 350M: a --params value as it is usually written."""
+    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if x >= div:
+            return f"{x / div:.4g}{unit}"
+    return f"{x:.4g}"
+
+
 def ranking_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
     obj = doc["objective"]
+    # '#' is the recommended order (ties within the planner's margin broken by simplicity: doc["tie"]);
+    # 'pred #' the order by prediction alone
     head = ["#", "strategy", "devices", "dp", "tp", "pp", "micro x m", "ckpt", "precision", "memory/device",
-            f"predicted ({_UNIT[obj]})", "bound", "why"]
+            f"predicted ({_UNIT[obj]})", "pred #", "bound", "why"]
     rows = []
     for i, c in enumerate(doc["ranking"], 1):
+        pred = str(c.get("predicted_rank", i)) + (" tie" if c.get("tied") else "")
         rows.append([str(i), c["strategy"], f"{c['nodes']}x{c['devices']}", str(c["dp"]), str(c["tp"]), str(c["pp"]),
                      f"{c['micro_batch']} x {c['micro_batches']}", c["activation_checkpointing"], c["precision"],
-                     fmt_bytes(c["predicted_total_bytes"]), fmt_score(obj, c["predicted_score"]),
+                     fmt_bytes(c["predicted_total_bytes"]), fmt_score(obj, c["predicted_score"]), pred,
                      c["reason"]["bound"], c["reason"]["text"]])
     return head, rows
 
@@ -88,11 +99,21 @@ def markdown(doc: dict) -> str:
            "", f"Objective: **{doc['objective']}**; global batch {', '.join(map(str, req['global_batches']))}; "
            f"{doc['search']['fitting']} layouts fit device memory of {doc['search']['built']} considered "
            f"({doc['search']['pruned_total']} pruned).", ""]
+    m = req["model"]
+    if m.get("shape_inferred"):
+        out += [f"Model: {m['layers']} layers x hidden {m['hidden']}, {m['heads']} heads, vocab {m['vocab']}, seq "
+                f"{m['seq_len']}: **{m['n_params']:,} parameters** exactly (the GPT scalelab-train builds, the shape "
+                f"guessed for --params {fmt_count(m.get('params_asked') or m['n_params'])}).", ""]
+    budget = (doc.get("budget") or {}).get("note")
+    if budget:
+        out += [f"**Budget**: {budget}.", ""]
     if win:
         out += [f"**Run this** ({win['source']}): `{win['command']}`", "", f"Why: {win['reason']}", ""]
     else:
         out += ["**No layout fits** (see Pruned below).", ""]
     out += ["## Planner ranking (best layout of each strategy)", "", markdown_table(*ranking_rows(doc)), ""]
+    if (doc.get("tie") or {}).get("note"):
+        out += [doc["tie"]["note"][:1].upper() + doc["tie"]["note"][1:] + ".", ""]
     if doc["search"]["pruned"]:
         out += ["Pruned: " + "; ".join(f"{k} ({v})" for k, v in doc["search"]["pruned"].items()), ""]
     if doc.get("rejected_by_trainer"):
@@ -106,8 +127,9 @@ def markdown(doc: dict) -> str:
                 f"Measured best: **{v['measured_best']}** (the planner's #{v['measured_best_index'] + 1})."
                 if v["measured_best"] else "No verification run completed.", *([v["note"]] if v.get("note") else []),
                 ""]
+    caveat = f"; caveat: {lr['advice']['caveat']}" if lr["advice"].get("caveat") else ""
     out += ["## Learning rate", "", f"Rule **{lr['advice']['rule']}**, LR {lr['advice']['lr']:.4g} "
-            f"(base {lr['advice']['base_lr']:g} at batch {lr['advice']['base_batch']}), warmup "
+            f"(base {lr['advice']['base_lr']:g} at batch {lr['advice']['base_batch']}{caveat}), warmup "
             f"{lr['advice']['warmup_steps']}: {lr['advice']['why']}.", "",
             "| rule | LR at batch %d |" % lr["advice"]["global_batch"], "|---|---|",
             *(f"| {r} | {v:.4g} |" for r, v in lr["advice"]["by_rule"].items()), ""]

@@ -49,6 +49,7 @@ class Request:
     smaller_worlds: bool = False      # also fewer devices (the cost objective)
     max_micro_batches: int = 64       # accumulation / pipeline micro-batches searched up to this
     headroom: float = 0.0             # keep this fraction of device memory free (allocator slack)
+    params_asked: float | None = None  # --params as given (the model is the shape guessed for it, exact count)
 
     @property
     def is_cpu(self) -> bool:
