@@ -33,3 +33,18 @@ def test_the_lr_chart_splits_models_and_precisions_and_pools_strategies():
     assert got == [("lr_rule=none model=gpt_nano trainer.precision=32-true", [2.1]),
                    ("lr_rule=none model=gpt_small trainer.precision=32-true", [4.0]),
                    ("lr_rule=none model=gpt_small trainer.precision=bf16-mixed", [5.0])]
+
+
+def test_two_models_strong_scaling_lines_are_named_by_their_model(tmp_path):
+    from scalelab.results.record import write_json
+    from scalelab.results.sweep import aggregate
+
+    recs = [_model(_rec(0, "ddp", 1, 16, 100.0), "gpt_nano"), _model(_rec(1, "ddp", 2, 16, 150.0), "gpt_nano"),
+            _model(_rec(2, "ddp", 1, 16, 20.0), "gpt_small"), _model(_rec(3, "ddp", 2, 16, 36.0), "gpt_small")]
+    for i, r in enumerate(recs):
+        (tmp_path / str(i)).mkdir()
+        write_json(tmp_path / str(i) / "run.json", r)
+    ch = charts.efficiency([aggregate(tmp_path, write=False)], recs, "strong")
+    # was "ddp b16 lr_rule=none (base fx/0)" and "... (base fx/2)": told apart by job ids only
+    assert sorted((t["name"], t["y"][-1]) for t in ch["traces"]) == [
+        ("ddp b16 model=gpt_nano", 0.75), ("ddp b16 model=gpt_small", 0.9), ("ideal", 1.0)]

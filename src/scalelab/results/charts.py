@@ -146,8 +146,15 @@ def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: 
             rules.append(f"lr_rule={base.get('lr_rule')}")
             bases.append(f"(base {g['baseline_job']})")
             traces.append({"x": [m["world_size"] for m in runs], "y": [m["scaling_efficiency"] for m in runs],
-                           "strategy": str(g["strategy"])})
-    for t, n in zip(traces, _unique(labels, [rules, bases])):
+                           "strategy": str(g["strategy"]), "base": g["baseline_job"] if g["baseline_job"] in by_job
+                           else runs[0]["job"]})
+    # where two groups share a name: what their runs differ in first (model=gpt_mini), then the
+    # LR rule, then the baseline job
+    base_runs = [by_job.get(t.pop("base")) or {} for t in traces]
+    label_of = {id(b): name for b, name in zip(base_runs, labels)}
+    apart = _apart(base_runs, key=lambda r: label_of[id(r)], pooled=("strategy.",))
+    what = [apart[id(b)].strip() for b in base_runs]
+    for t, n in zip(traces, _unique(labels, [what, rules, bases])):
         t["name"] = n
     notes = []
     if traces:
