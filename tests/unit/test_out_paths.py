@@ -40,6 +40,8 @@ def test_compare_slurm_and_k8s_refuse_an_unwritable_out_in_one_line(tmp_path, a_
     write_json(run / "run.json", _rec("r", "ddp", 2, 16, 100.0))
     for argv in (["compare", str(run), "--format", "csv", "--out", str(a_file / "x.csv")],
                  ["slurm", "render", "--cpu", "--out", str(a_file / "job.sbatch"), "strategy=ddp"],
+                 ["recommend", "--model", "gpt_nano", "--devices", "2", "--hardware", "this_cpu",
+                  "--out", str(a_file / "rec")],
                  ["k8s", "render", "--cpu", "--nodes", "2", "--devices", "1", "--image", "scalelab:1",
                   "--out", str(a_file / "job.yaml"), "strategy=ddp"]):
         code, out = _run(argv, capsys)

@@ -220,9 +220,12 @@ def test_lr_advice_by_hand():
     assert s["rule"] == "linear" and s["lr"] == pytest.approx(0.4)
     same = lr_mod.advice("adam", 3e-3, 16, 16)
     assert same["rule"] == "none" and same["lr"] == 3e-3 and same["warmup_steps"] == 0
-    # the check varies the rule when they differ, the base LR (x 1/2, 1, 2) when they coincide
+    # the check varies the rule when they differ (every rule with the advised one's schedule: 10 %
+    # warm-up, cosine to 0.1x, conf/lr_scaling/sqrt.yaml; none alone was constant), the base LR
+    # (x 1/2, 1, 2) when they coincide
     assert lr_mod.check_grid(a) == ("lr_scaling", ["lr_scaling=none,sqrt,linear", "optim.lr=0.003",
-                                                   "lr_scaling.base_batch_size=16"])
+                                                   "lr_scaling.base_batch_size=16", "lr_scaling.warmup_steps=0.1",
+                                                   "lr_scaling.decay=cosine", "lr_scaling.min_lr_ratio=0.1"])
     assert lr_mod.check_grid(same) == ("optim.lr", ["lr_scaling=none", "optim.lr=0.0015,0.003,0.006"])
 
 

@@ -157,6 +157,11 @@ def _request(a: argparse.Namespace):
             raise PlanError(f"--verify with --hardware {a.hardware} needs its GPUs here or --slurm; "
                             "on this machine use --hardware this_cpu")
     out = Path(a.out) if a.out else Path("outputs/recommend") / time.strftime("%Y-%m-%d_%H-%M-%S")
+    from scalelab.paths import path_problem
+
+    problem = path_problem(out, "--out", folder=True)   # before any planning or run (it was a traceback after)
+    if problem:
+        raise PlanError(problem)
     extra = list(a.train_arg)
     for e in extra:
         if "=" not in e:

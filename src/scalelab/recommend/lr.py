@@ -95,4 +95,10 @@ def check_grid(adv: dict) -> tuple[str, list[str]]:
     if adv["global_batch"] == b0:
         lrs = ",".join(f"{base * f:g}" for f in (0.5, 1.0, 2.0))
         return "optim.lr", ["lr_scaling=none", f"optim.lr={lrs}"]
-    return "lr_scaling", [f"lr_scaling={','.join(RULES)}", f"optim.lr={base:g}", f"lr_scaling.base_batch_size={b0}"]
+    # every rule with the advised rule's schedule: each conf/lr_scaling/ file has its own (none:
+    # constant, no warm-up), and none's lower loss then was its schedule's doing, not its LR's
+    sched = _rule_config(adv["rule"])
+    return "lr_scaling", [f"lr_scaling={','.join(RULES)}", f"optim.lr={base:g}", f"lr_scaling.base_batch_size={b0}",
+                          f"lr_scaling.warmup_steps={adv['warmup_steps']}",
+                          f"lr_scaling.decay={sched.get('decay', 'constant')}",
+                          f"lr_scaling.min_lr_ratio={sched.get('min_lr_ratio', 1.0)}"]
