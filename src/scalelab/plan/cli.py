@@ -207,15 +207,25 @@ def _plan(a, job_terms=None) -> int:
                       sequence_parallel=not a.no_sequence_parallel, device=hw.kind)
             terms = build_terms(model, name, micro_batch=_micro_batch(a, model, name, kw), **kw)
             plans.append((terms, hw, train_command(a, terms, hw.name) if built == model.n_params else None))
-    docs = []
+    docs, warned = [], []
     for terms, hw, command in plans:
         docs.append(plan_terms(terms, hw, a.tokens))
+        if terms.layout.devices_per_node > hw.devices_per_node:
+            # a node of this profile has fewer devices (this_cpu: cores): the prediction is for
+            # devices it does not have (8 CPU ranks on 2 cores: predicted 142k tokens/s, measured 14k)
+            what = "cores (a CPU device is a rank of its own core)" if hw.kind == "cpu" else "devices"
+            docs[-1]["warning"] = (f"{terms.layout.devices_per_node} devices per node, but a {hw.name} node has "
+                                   f"{hw.devices_per_node} {what}: the figures are for devices it does not have")
+            if docs[-1]["warning"] not in warned:
+                warned.append(docs[-1]["warning"])
         if command:
             docs[-1]["train_command"] = command
         elif built is not None and built != terms.model.n_params:
             docs[-1]["train_command_note"] = (f"no same job: --params {terms.model.n_params:,} is not what "
                                               f"scalelab-train builds for this shape ({built:,}); drop --params "
                                               "to plan that")
+    for line in warned:
+        print(f"warning: {line}", file=sys.stderr)
     if len(docs) > 1:
         # a row that does not fit as asked may fit with a smaller micro-batch or checkpointing
         # (the split only differs: nd's 4 micro-batches fit a 7B model where fsdp's one did not)
