@@ -120,18 +120,24 @@ def _longer(job_dir: Path, earlier: dict, cfg: dict) -> str | None:
     was, now = ((c.get("trainer") or {}).get("max_steps") for c in (earlier, cfg))
     if not (isinstance(was, int) and isinstance(now, int) and now > was):
         return None
-    if (cfg.get("checkpoint") or {}).get("resume", "auto") == "never" or valid_checkpoints(job_dir / "checkpoints")[0]:
+    ckpt = cfg.get("checkpoint") or {}
+    # resume=never starts over on purpose; resume_from goes on from the checkpoint it names
+    if ckpt.get("resume", "auto") == "never" or ckpt.get("resume_from") or valid_checkpoints(job_dir / "checkpoints")[0]:
         return None
     try:
-        done = json.loads((job_dir / "run.json").read_text()).get("status") == "completed"
+        record = json.loads((job_dir / "run.json").read_text())
+        # a node's own record (launcher=torchrun, node >= 1) is no run to lose: node 0 decides
+        done = record.get("status") == "completed" and record.get("record_on_node") is None
     except (OSError, ValueError, AttributeError):
         done = False
     if not done:
         return None
+    last = job_dir / "checkpoints" / "last.ckpt"   # checkpoint.save=true's, which resume=auto does not read
+    go_on = (f", or checkpoint.resume_from={last} to go on from its last step" if last.exists() else "")
     return (f"{job_dir} holds a completed run of this job to trainer.max_steps={was} and no checkpoint to go on "
             f"from (checkpoint.every_n_steps=N saves them): trainer.max_steps={now} would train it again from "
             "step 0 and replace its record; give the longer run a folder of its own (hydra.run.dir or "
-            "hydra.sweep.dir), or add checkpoint.resume=never to replace it")
+            f"hydra.sweep.dir), or add checkpoint.resume=never to replace it{go_on}")
 
 
 def completed_here(record: dict | None, cfg: dict) -> bool:

@@ -168,3 +168,21 @@ def test_a_longer_rerun_without_a_checkpoint_to_go_on_from_is_refused(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"status": "failed"}))
     ckpt.unlink()
     assert job_dir.refusal(tmp_path, longer) is None                            # nothing completed to lose
+
+
+def test_a_longer_rerun_that_names_its_checkpoint_or_is_a_node_s_record_is_not_refused(tmp_path):
+    """checkpoint.resume_from goes on from the checkpoint it names (the README's way to continue a
+    run saved with checkpoint.save=true: last.ckpt, which resume=auto does not read); a node's own
+    record (launcher=torchrun, node >= 1, no checkpoints there) is not the run: node 0 decides."""
+    import json
+
+    _occupy(tmp_path, CFG, record=False)
+    (tmp_path / "run.json").write_text(json.dumps({"status": "completed"}))
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    last.parent.mkdir()
+    last.write_bytes(b"x")
+    assert job_dir.refusal(tmp_path, _cfg(trainer__max_steps=25)).endswith(
+        f"or add checkpoint.resume=never to replace it, or checkpoint.resume_from={last} to go on from its last step")
+    assert job_dir.refusal(tmp_path, _cfg(trainer__max_steps=25, checkpoint__resume_from=str(last))) is None
+    (tmp_path / "run.json").write_text(json.dumps({"status": "completed", "record_on_node": 0}))
+    assert job_dir.refusal(tmp_path, _cfg(trainer__max_steps=25)) is None
