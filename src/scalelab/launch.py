@@ -178,6 +178,11 @@ PEER_GONE = re.compile(r"Connection (reset|closed) by peer|connection reset|Brok
                        r"(error|was aborted)|ProcessGroup\w* .*(aborted|closed)", re.I)
 
 
+# A rank's error when it was ended from outside (the launcher's SIGTERM after a peer failed, Ctrl-C):
+# a consequence too, whichever file is older.
+ENDED = re.compile(r"SIGTERMException|KeyboardInterrupt|^SystemExit")
+
+
 def last_error_line(job_dir: Path, rank: int) -> str | None:
     """The exception line of error-rank<R>.txt (what the worker wrote as its exception left the rank)."""
     try:
@@ -202,7 +207,7 @@ def cause_rank(job_dir: Path, ranks, since: float = 0.0) -> int | None:
             continue
         line = last_error_line(job_dir, r)
         if written >= since * 1e9 and line is not None:
-            found.append((bool(PEER_GONE.search(line)), written, int(r)))
+            found.append((bool(PEER_GONE.search(line) or ENDED.search(line)), written, int(r)))
     return min(found)[2] if found else None
 
 

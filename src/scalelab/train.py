@@ -72,6 +72,9 @@ def run_job(cfg: DictConfig) -> dict:
         "sweep_dir": str(sweep_dir) if sweep_dir else None,
         "num": num, "overrides": list(hc.overrides.task),
         "threads_per_rank": threads,
+        # this node's cores as the launcher sees them (its affinity: the job's allocation); a rank's
+        # own affinity under srun is its task's --cpus-per-task, not the node's
+        "host_cores": launch.host_cores(),
         "data_prepared": str(prepare_for_run(resolved, spec)),  # preflight prepared it: a cache hit
     }
     layout = None

@@ -293,7 +293,8 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
                   f"{st['warmup_steps_excluded']} - profiled {st['profiled_steps_excluded']}): step time and "
                   f"throughput are not steady-state; use trainer.max_steps >= "
                   f"{since + cfg.trainer.warmup_steps + profiled + MIN_MEASURED_STEPS}", flush=True)
-        record["hardware"]["host_cores"] = host_cores()   # rank 0's node: MFU's peak where ranks share cores
+        # the launcher's count (job.host_cores) where it gave one: MFU's peak where ranks share cores
+        record["hardware"]["host_cores"] = int(cfg.job.get("host_cores") or host_cores())
         record["mfu"] = compute_mfu(record, spec.run.model_arch,
                                     load_profile(cfg.get("hardware_profile", "auto"), spec.run.accelerator,
                                                  cfg.get("cache_dir")))
@@ -386,6 +387,8 @@ def main() -> int:
     """A rank started as a fresh interpreter (torchrun, srun)."""
     job_dir = Path(sys.argv[1])
     marks = {"rank_process_start": timing.process_start_time(), "imports_done": timing.now()}
+    # an earlier attempt's (a torchrun restart), which would be read as this attempt's error
+    (job_dir / f"error-rank{_global_rank()}.txt").unlink(missing_ok=True)
     try:
         return run(job_dir, marks)
     except BaseException as exc:
@@ -398,6 +401,7 @@ def rank_entry(job_dir: Path) -> int:
     """A rank forked from the launcher's pre-imported server (scalelab.spawn): no imports to pay.
     Returns the exit code; a failure is written to error-rank<R>.txt, as in main()."""
     now = timing.now()
+    (job_dir / f"error-rank{_global_rank()}.txt").unlink(missing_ok=True)   # an earlier attempt's (a restart)
     try:
         return run(job_dir, {"rank_process_start": now, "imports_done": now})
     except BaseException as exc:

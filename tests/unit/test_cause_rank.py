@@ -71,3 +71,28 @@ def test_a_timeout_is_the_job_s_error_whatever_the_ended_ranks_wrote(tmp_path):
     _write(tmp_path, 0, "Traceback (most recent call last):\nlightning.pytorch.utilities.exceptions.SIGTERMException\n", T)
     _write(tmp_path, 1, LOST, T + 0.01)
     assert _error_message(tmp_path, 124) == "timed out (trainer.timeout_s)"
+
+
+def test_a_rank_the_launcher_ended_is_a_consequence_too(tmp_path):
+    """3 ranks: rank 2 killed by the OOM killer (no file), rank 0 ended by the launcher's SIGTERM
+    (older file), rank 1 lost its connection: none raised, so the oldest consequence; and a rank
+    that raised beats a SIGTERMed one whatever the files' ages."""
+    ended = "Traceback (most recent call last):\nlightning.pytorch.utilities.exceptions.SIGTERMException\n"
+    _write(tmp_path, 0, ended, T)
+    _write(tmp_path, 1, RAISED, T + 0.5)
+    assert cause_rank(tmp_path, [0, 1, 2]) == 1
+    _write(tmp_path, 1, LOST, T + 0.5)
+    assert cause_rank(tmp_path, [0, 1, 2]) == 0
+
+
+def test_each_rank_removes_its_own_earlier_error_file_when_it_starts(tmp_path, monkeypatch):
+    """An earlier attempt's error-rank file (a restart) was read as this attempt's error."""
+    from scalelab import worker
+
+    (tmp_path / "error-rank0.txt").write_text("ValueError: attempt 1\n")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(worker, "run", lambda job_dir, marks: 0)
+    assert worker.rank_entry(tmp_path) == 0 and not (tmp_path / "error-rank0.txt").exists()
+    (tmp_path / "error-rank0.txt").write_text("ValueError: attempt 1\n")
+    monkeypatch.setattr("sys.argv", ["worker", str(tmp_path)])
+    assert worker.main() == 0 and not (tmp_path / "error-rank0.txt").exists()
