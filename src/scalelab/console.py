@@ -28,14 +28,22 @@ _VERBOSE = [False]   # this rank's verbose=, for quiet_banner
 
 
 @contextlib.contextmanager
-def quiet_banner():
-    """Library banners printed to stdout (DeepSpeed's 'deepspeed_shm_comm_op built successfully'
-    on every CPU job) only with verbose=true."""
+def quiet_banner(banner: str = "built successfully"):
+    """Lines with `banner` that a library prints to stdout meanwhile (DeepSpeed's
+    'deepspeed_shm_comm_op built successfully', every CPU job) only with verbose=true; anything
+    else it printed still comes out, after (or as it fails)."""
     if _VERBOSE[0]:
         yield
         return
-    with contextlib.redirect_stdout(io.StringIO()):
-        yield
+    caught = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(caught):
+            yield
+    finally:
+        rest = "".join(line for line in caught.getvalue().splitlines(keepends=True) if banner not in line)
+        if rest:
+            sys.stdout.write(rest)
+            sys.stdout.flush()
 
 
 def quiet_rank(rank: int, verbose: bool) -> None:
@@ -46,10 +54,6 @@ def quiet_rank(rank: int, verbose: bool) -> None:
         logging.getLogger(name).addFilter(lambda r: not str(r.msg).startswith("💡 Tip"))
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     warnings.filterwarnings("ignore", message=r".*The anonymous setting has no effect.*")
-    # torch.distributed's own deprecations of what DeepSpeed calls (all_gather_into_tensor,
-    # reduce_scatter_tensor, _all_gather_base ...): zero3 printed one per step (20 in a 20-step job)
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` (is|will be) deprecated")
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\._\w+` is a private function and will be deprecated")
     # Wrong here: a local run on a host with a SLURM client (scalelab starts srun itself for SLURM
     # jobs), and a resume mid-epoch (GlobalBatchSampler restarts at the step's sample; checkpoints
     # are at whole steps: a resumed curve equals the uninterrupted one, with accumulation too,
@@ -58,6 +62,10 @@ def quiet_rank(rank: int, verbose: bool) -> None:
     warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
     if verbose:
         return
+    # (verbose=true shows them) torch.distributed's deprecations of what DeepSpeed calls (all_gather_into_tensor,
+    # reduce_scatter_tensor, _all_gather_base ...): zero3 printed one per step (20 in a 20-step job)
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` (is|will be) deprecated")
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\._\w+` is a private function and will be deprecated")
     for name in _CHATTY:
         logging.getLogger(name).setLevel(logging.WARNING)
     if rank != 0:
