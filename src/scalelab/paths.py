@@ -23,9 +23,11 @@ def path_problem(path: str | Path, what: str, folder: bool = False) -> str | Non
     where it can. Missing parent folders are fine (they are created); a file where a folder must
     be, a folder where the file must be, or a folder this user cannot write is not: it raised
     NotADirectoryError / IsADirectoryError / PermissionError tracebacks after the work was done."""
-    p = Path(path).expanduser()
+    p = Path(path)   # as the caller writes it (a shell expands ~ before we see it)
     if p.exists() and p.is_dir() != folder:
         return f"{what} {path} is {'a file' if folder else 'a folder'}: give {'a folder' if folder else 'a file'} path"
+    if p.exists() and not os.access(p, os.W_OK):
+        return f"{what} {path} cannot be written: no write permission"
     parent = p if folder and p.exists() else p.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -38,6 +40,6 @@ def path_problem(path: str | Path, what: str, folder: bool = False) -> str | Non
 
 def write_out(path: str | Path, text: str) -> None:
     """Write `text` to `path`, creating its missing parent folders (check path_problem first)."""
-    p = Path(path).expanduser()
+    p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(text)

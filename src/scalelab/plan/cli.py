@@ -183,9 +183,10 @@ def _plan(a, job_terms=None) -> int:
             overrides = a.overrides + ([f"strategy={name}"] if name else [])
             terms, hardware = job_terms(overrides)
             hw = load_hardware(a.hardware or hardware)
-            if hw.kind != "gpu":   # the job's terms are a GPU's: autocast's LayerNorm dtype differs on CPU
-                terms = replace(terms, colls=collectives(terms.model, as_applied(terms.strategy, terms.layout.dp),
-                                                         terms.layout, terms.precision, hw.kind))
+            # for the hardware planned on (--hardware may name another kind than the job's profile):
+            # autocast's LayerNorm dtype, hence the TP collectives' bytes, differ on CPU and GPU
+            terms = replace(terms, colls=collectives(terms.model, as_applied(terms.strategy, terms.layout.dp),
+                                                     terms.layout, terms.precision, hw.kind))
             if terms.layout.nodes > 1 and not any(o.lstrip("+").startswith("launcher=") for o in overrides):
                 # the trainer refuses num_nodes > 1 under its default local launcher (config.validate)
                 overrides = overrides + ["launcher=srun"]

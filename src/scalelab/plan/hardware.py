@@ -320,7 +320,9 @@ def probe_cpu(out_path: str | Path | None = None, threads: int = 1, budget_s: fl
     own1, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - t0
     own = (own1.ru_utime + own1.ru_stime) - (own0.ru_utime + own0.ru_stime)
     others = max(0.0, (_cpu_busy_s() - busy0 - own) / wall) if busy0 is not None else None
-    cores = os.cpu_count() or 1
+    # the cores this process may use (a container's or SLURM allocation's), as the host key and the
+    # trainer's warning count them; a device is a rank of `threads` of them
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -333,7 +335,7 @@ def probe_cpu(out_path: str | Path | None = None, threads: int = 1, budget_s: fl
         name="this_cpu", kind="cpu", peak_flops={k: round(v, -6) for k, v in peak.items()},
         memory_bytes=float(ram // cores), memory_bandwidth_bytes_per_s=round(mem_bw, -6),
         intra_node=Link(1.3e9, 1.0e-4), inter_node=Link(1.25e8, 1.0e-4),
-        devices_per_node=cores, threads_per_device=threads, compute_efficiency=0.6,
+        devices_per_node=max(1, cores // threads), threads_per_device=threads, compute_efficiency=0.6,
         comm_overlap=0.0, step_overhead_s=0.003, runtime_memory_bytes=350e6,
         host={"link_bandwidth_bytes_per_s": round(mem_bw, -6),
               "memory_bandwidth_bytes_per_s": round(mem_bw, -6)},

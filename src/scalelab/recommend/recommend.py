@@ -168,7 +168,10 @@ def _budget(ranked: list[Candidate], tokens, budget_s) -> dict | None:
     fastest = min(ranked, key=lambda c: float(tokens) / tokens_per_s(c))
     t = float(tokens) / tokens_per_s(fastest)
     met = sum(float(tokens) / tokens_per_s(c) <= budget_s for c in ranked)
-    minutes = lambda x: f"{x / 60:,.0f} min" + ("" if fmt_time(x).endswith("min") else f" ({fmt_time(x)})")  # noqa: E731
+    # minutes as --budget-minutes is given (one decimal below 10: 2 min vs 2.3 min, not 2 vs 2), and
+    # the time in its own unit where that is not minutes
+    minutes = lambda x: (f"{x / 60:,.{1 if x < 600 else 0}f} min"  # noqa: E731
+                         + ("" if fmt_time(x).endswith("min") else f" ({fmt_time(x)})"))
     note = None if met else (f"no layout meets the budget of {minutes(budget_s)}: the fastest, {fastest.label()}, "
                              f"is predicted to take {minutes(t)}")
     return {"budget_s": budget_s, "layouts_within": int(met), "fastest": fastest.label(), "fastest_s": t,

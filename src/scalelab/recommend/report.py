@@ -124,7 +124,8 @@ def markdown(doc: dict) -> str:
         out += ["## Verification (short real runs, re-ranked on measured figures)", "",
                 f"`scalelab-train {' '.join(v['argv'])}` ({v['steps']} steps each, {v['wall_s']:.0f} s); "
                 f"sweep: `{v['sweep_dir']}`", "", markdown_table(*verify_rows(doc)), "",
-                f"Measured best: **{v['measured_best']}** (the planner's #{v['measured_best_index'] + 1})."
+                f"Measured best: **{v['measured_best']}** (#{v['measured_best_index'] + 1} of the recommended order; "
+                "'pred #' in the ranking is its place by prediction alone)."
                 if v["measured_best"] else "No verification run completed.", *([v["note"]] if v.get("note") else []),
                 ""]
     caveat = f"; caveat: {lr['advice']['caveat']}" if lr["advice"].get("caveat") else ""

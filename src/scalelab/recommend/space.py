@@ -192,7 +192,7 @@ def _build(req: Request, name, devices, nodes, tp, pp, micro, m, gb, ckpt, prec,
     try:
         terms = build_terms(req.model, name, devices=devices, nodes=nodes, tp=tp, pp=pp, micro_batch=micro,
                             global_batch=gb, precision=prec, optimizer=req.optimizer,
-                            activation_checkpointing=ckpt)
+                            activation_checkpointing=ckpt, device=req.hardware.kind)
     except PlanError as exc:
         prune(f"planner refused: {str(exc).split(';')[0]}")
         return None
