@@ -352,7 +352,9 @@ def _profile_window(cfg, spec, resumed: bool = False) -> ProfileWindow | None:
     """The last trainer.profile_steps steps of this run, if enough steady steps remain outside it.
     Not for resumed runs (their step count is known only after the checkpoint loads)."""
     steps = int(cfg.trainer.get("profile_steps", 0) or 0)
-    if steps <= 0 or resumed or cfg.trainer.max_steps - cfg.trainer.warmup_steps < steps + 3:
+    # profiled steps are not measured ones: keep MIN_MEASURED_STEPS outside the window (with 3,
+    # max_steps 11-12 profiled and left 3-4 steps, a short run, where 10 left 5 and no profile)
+    if steps <= 0 or resumed or cfg.trainer.max_steps - cfg.trainer.warmup_steps < steps + MIN_MEASURED_STEPS:
         return None
     return ProfileWindow(cfg.trainer.max_steps - steps, steps, spec.batch.accumulate_grad_batches)
 
