@@ -54,3 +54,15 @@ def test_the_device_s_peak_is_a_column_where_runs_have_it():
                       render([cpu, gpu], fmt="markdown").splitlines()]
     col = head.index("device MiB/rank")
     assert {r[0]: r[col] for r in rows} == {"c/0": "-", "g/0": "5120"}        # max over ranks, MiB
+
+
+def test_a_pipeline_s_micro_batches_show_in_the_split():
+    """strategy=pipeline at 2 ranks, batch 16, strategy.microbatches=4: each step runs 4 micro-batches
+    of 4 (the table said 16x1, while plan and recommend said 4 x 4)."""
+    pipe = _rec("p/0", "pipeline", 2, 16, 1.0)
+    pipe.update(per_device_batch_size=16, accumulate_grad_batches=1, pipeline={"microbatches": 4, "stages": 2})
+    ddp = _rec("d/0", "ddp", 2, 16, 1.0)
+    head, _, *rows = [[c.strip() for c in line.strip("|").split("|")] for line in
+                      render([pipe, ddp], fmt="markdown").splitlines()]
+    col = head.index("micro x acc")
+    assert {r[0]: r[col] for r in rows} == {"p/0": "4x4 pp", "d/0": "8x1"}
