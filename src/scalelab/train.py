@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from scalelab import job_dir as job_dir_check
 from scalelab import launch, requeue, same_job, spawn, timing
-from scalelab.checkpointing import PROGRESS, find_resume, goes_on_from, read_mark
+from scalelab.checkpointing import PROGRESS, find_resume, goes_on_from, read_mark, resume_point
 from scalelab.errors import ConfigError
 from scalelab.paths import conf_dir
 from scalelab.results.record import (RUN_FILE, BadRecord, base_record, install_log_redaction, load_record,
@@ -47,6 +47,7 @@ def run_job(cfg: DictConfig) -> dict:
     job_dir = Path(hc.runtime.output_dir).resolve()
     multirun = hc.mode == RunMode.MULTIRUN
     _MARKS["job_dir"] = job_dir   # the job a Ctrl-C interrupts (main: _interrupted)
+    _MARKS["max_steps"] = int(cfg.trainer.max_steps)
     _MARKS["sweep_dir"] = Path(hc.sweep.dir).resolve() if multirun else None
     # Hydra saved the composed config and the overrides (.hydra/, the sweep's multirun.yaml) as
     # given: redact secrets there before anything else (results.record.scrub_file).
@@ -352,10 +353,11 @@ def _interrupted(job_dir: Path | None, sweep_dir: Path | None = None) -> str:
     from the job's newest checkpoint when the same command runs again into the same folder)."""
     if job_dir is None:
         return "[scalelab] interrupted (Ctrl-C) before any job started"
-    saved = find_resume(job_dir)[0]   # what checkpoint.resume=auto resumes from
+    # where checkpoint.resume=auto goes on from (the one before a checkpoint at max_steps, to redo its interval)
+    saved = resume_point(job_dir, _MARKS["max_steps"])[0] if _MARKS.get("max_steps") else find_resume(job_dir)[0]
     again = (f"hydra.sweep.dir={sweep_dir} (its completed jobs are kept; this one resumes)" if sweep_dir
              else f"hydra.run.dir={job_dir}")
-    how = (f"its newest checkpoint is {saved.name}: the same command with {again} goes on from it" if saved
+    how = (f"the same command with {again} goes on from its checkpoint {saved.name}" if saved
            else "it saved no checkpoint (checkpoint.every_n_steps=N saves one every N steps)")
     return f"[scalelab] interrupted (Ctrl-C) in {job_dir}: {how}"
 

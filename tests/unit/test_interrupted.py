@@ -16,6 +16,23 @@ def test_the_line_says_how_to_go_on(tmp_path):
         (job / "checkpoints" / f"step-{step:08d}.ckpt").write_bytes(b"x")
         (job / "checkpoints" / f"step-{step:08d}.ckpt.manifest.json").write_text(
             json.dumps({"step": step, "files": {"": 1}}))
-    assert _interrupted(job) == (f"[scalelab] interrupted (Ctrl-C) in {job}: its newest checkpoint is "
-                                 f"step-00000040.ckpt: the same command with hydra.run.dir={job} goes on from it")
+    assert _interrupted(job) == (f"[scalelab] interrupted (Ctrl-C) in {job}: the same command with "
+                                 f"hydra.run.dir={job} goes on from its checkpoint step-00000040.ckpt")
     assert f"hydra.sweep.dir={tmp_path / 'runs'} (its completed jobs are kept" in _interrupted(job, tmp_path / "runs")
+
+
+def test_a_checkpoint_at_the_last_step_is_not_where_it_goes_on(tmp_path, monkeypatch):
+    """Cut between the last step's save and the record: the rerun redoes the interval before it
+    (checkpointing.resume_point), and the line named the last step's checkpoint."""
+    from scalelab import train
+
+    job = tmp_path / "r1"
+    (job / "checkpoints").mkdir(parents=True)
+    for step in (20, 40):
+        (job / "checkpoints" / f"step-{step:08d}.ckpt").write_bytes(b"x")
+        (job / "checkpoints" / f"step-{step:08d}.ckpt.manifest.json").write_text(
+            json.dumps({"step": step, "files": {"": 1}}))
+    monkeypatch.setitem(train._MARKS, "max_steps", 40)
+    assert _interrupted(job).endswith("goes on from its checkpoint step-00000020.ckpt")
+    monkeypatch.setitem(train._MARKS, "max_steps", 60)
+    assert _interrupted(job).endswith("goes on from its checkpoint step-00000040.ckpt")
