@@ -236,7 +236,9 @@ def _validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
     if nodes > 1 and degrees.get("tp", 1) > 1 and devices % degrees["tp"]:
         raise ConfigError(f"strategy={cfg.strategy.name}: tensor-parallel degree {degrees['tp']} does not divide "
                           f"trainer.devices={devices} (devices per node): a TP group must stay inside a node; "
-                          f"use a TP degree that divides {devices}")
+                          + (f"use a TP degree that divides {devices}" if devices > 1 else
+                             "with one device per node there is no TP group to make: a data-parallel strategy "
+                             "(ddp, fsdp, zero1-3), or more devices per node"))
     ls = cfg.lr_scaling
     _one_of(ls.rule, "lr_scaling.rule", RULES)
     _one_of(ls.decay, "lr_scaling.decay", DECAYS)

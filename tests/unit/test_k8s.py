@@ -34,7 +34,9 @@ TR = ["launcher=torchrun", "trainer.num_nodes=2", "trainer.devices=2"]
      r"trainer.num_nodes=0 must be an integer >= 1"),
     (["launcher.rdzv_endpoint=n0:29500", "launcher.node_rank=0", "trainer.devices=3", "strategy=fsdp_tp",
       "data.global_batch_size=12"],
-     r"tensor-parallel degree 2 does not divide trainer.devices=3 \(devices per node\)"),
+     r"tensor-parallel degree 2 does not divide trainer.devices=3 \(devices per node\).*divides 3$"),
+    (["launcher.rdzv_endpoint=n0:29500", "launcher.node_rank=0", "trainer.devices=1", "strategy=tp"],
+     r"with one device per node there is no TP group to make: a data-parallel strategy"),   # not 'divides 1'
     (["launcher.rdzv_endpoint=n0:29500", "launcher.node_rank=0", "strategy=nd", "strategy.tp=4"],
      r"strategy.tp=4 cannot fit inside a node of 2 device\(s\)"),  # nd says it itself (its option name)
 ])
