@@ -166,6 +166,17 @@ def test_folder_without_text_is_an_error(tmp_path):
         prepare(files_cfg(tmp_path / "d"), T, tmp_path / "cache", progress=False)
 
 
+def test_a_named_empty_or_binary_file_is_one_line(tmp_path):
+    """A file named in data.files is read as given; an empty one said 'no text found ... (skipped 0
+    empty ...)', and a binary one was trained on as bytes."""
+    (tmp_path / "e.txt").write_bytes(b"")
+    (tmp_path / "b.bin").write_bytes(b"ELF\x00\x01" + b"x" * 100)
+    with pytest.raises(ConfigError, match=rf"^data.files: '{tmp_path / 'e.txt'}' is empty"):
+        prepare(files_cfg(tmp_path / "e.txt"), T, tmp_path / "cache", progress=False)
+    with pytest.raises(ConfigError, match=rf"^data.files: '{tmp_path / 'b.bin'}' is not text \(a NUL byte"):
+        prepare(files_cfg(tmp_path / "b.bin"), T, tmp_path / "cache", progress=False)
+
+
 def test_large_file(tmp_path):
     f = write_text(tmp_path / "big.txt", 3_000_000)
     t0 = time.perf_counter()

@@ -56,8 +56,14 @@ def file_documents(paths: list[str], info: dict | None = None) -> list[tuple[str
         p = Path(str(raw)).expanduser()
         if not p.exists():
             raise ConfigError(f"data.files: {raw!r} does not exist (give existing text files or folders)")
-        if not p.is_dir():
-            docs.append((str(p), p.read_bytes()))
+        if not p.is_dir():   # named: read, or said why not (a folder's empty and binary files are skipped)
+            data = p.read_bytes()
+            if not data:
+                raise ConfigError(f"data.files: {raw!r} is empty (give text files or folders)")
+            if b"\x00" in data[:_BINARY_PROBE]:
+                raise ConfigError(f"data.files: {raw!r} is not text (a NUL byte in its first {_BINARY_PROBE} bytes; "
+                                  "give text files or folders)")
+            docs.append((str(p), data))
             continue
         found, hidden = _folder_files(p)
         if hidden:
