@@ -271,7 +271,9 @@ def after_ranks(job_dir: Path, got: list[int], finished: bool = False) -> str | 
         return (f"SIGTERM: ranks ended without a new checkpoint; if SLURM requeues job {info.get('job_id')}, "
                 "it resumes from the newest periodic checkpoint (checkpoint.every_n_steps)")
     step, _, name = marker.read_text().partition(" ")
-    job = os.environ.get("SLURM_JOB_ID", "")
+    # an array task by its ARRAY_TASK id: its raw SLURM_JOB_ID is the whole array's for one of the
+    # tasks, and `scontrol requeue` of that requeued (and killed) every task of the array
+    job = info.get("job_id") or os.environ.get("SLURM_JOB_ID", "")
     if signal.SIGTERM in got or name == "SIGTERM":
         return (f"SIGTERM: checkpoint saved at step {step}; SLURM ends or requeues job {info.get('job_id')} "
                 f"itself (a requeued job resumes from it)")
