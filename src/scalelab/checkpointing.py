@@ -298,7 +298,11 @@ class PeriodicCheckpoint:
         trainer.strategy.barrier()
         trainer.save_checkpoint(str(tmp), weights_only=False)   # the whole state: resumable
         if self.curve_of is not None:
-            curve_path(final, trainer.global_rank).write_text(json.dumps(self.curve_of()))
+            # every rank's, into its own node's job folder: with a folder per node (scalelab k8s
+            # --pvc, torchrun nodes given their own hydra.run.dir) only rank 0's has checkpoints/ yet
+            path = curve_path(final, trainer.global_rank)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.curve_of()))
         trainer.strategy.barrier()   # every rank's part is on disk
         if trainer.is_global_zero:
             _remove(final)

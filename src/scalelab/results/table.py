@@ -41,7 +41,7 @@ def _micro_split(r: dict) -> str:
     chunks = (r.get("pipeline") or {}).get("microbatches")
     if isinstance(micro, int) and isinstance(acc, int) and isinstance(chunks, int) and chunks > 1 and micro % chunks == 0:
         return f"{micro // chunks}x{acc * chunks} pp"
-    return f"{micro}x{acc}"
+    return f"{micro}x{acc}" if micro is not None and acc is not None else None   # a job without a record
 
 
 def _ms(s):
