@@ -54,7 +54,13 @@ def build_logger(cfg, job_dir: Path, resumed: bool = False):
     if kind == "csv":
         from lightning.pytorch.loggers import CSVLogger
 
-        return CSVLogger(save_dir=str(job_dir), name="csv", version="")
+        # a resumed attempt writes csv/attempt-N/metrics.csv: in csv/ itself Lightning deletes the
+        # earlier attempts' metrics.csv ("Previous log files ... will be deleted": a resume at step
+        # 500 left steps 500-600 of 600)
+        version = ""
+        if resumed and (job_dir / "csv" / "metrics.csv").exists():
+            version = f"attempt-{2 + len(list((job_dir / 'csv').glob('attempt-*')))}"
+        return CSVLogger(save_dir=str(job_dir), name="csv", version=version)
     from scalelab.results.wandb_logger import TolerantWandbLogger
 
     job, config = cfg.job, logged_config(cfg)
