@@ -99,7 +99,11 @@ def run_job(cfg: DictConfig) -> dict:
         log.info(f"[scalelab] {resolved['job']['name']}: completed in an earlier attempt of SLURM job "
                  f"{done['slurm']['job_id']} (requeue {done['slurm'].get('requeues', 0)}); record kept, nothing to run")
         return done
-    if (cfg.checkpoint.get("resume", "auto") == "auto" and not cfg.checkpoint.resume_from
+    # a completed run kept: also one that started from checkpoint.resume_from, when it is the same
+    # checkpoint (the same command again retrained it and replaced its record)
+    started_from = (((done or {}).get("config") or {}).get("checkpoint") or {}).get("resume_from")
+    same_start = not cfg.checkpoint.resume_from or started_from == cfg.checkpoint.resume_from
+    if (cfg.checkpoint.get("resume", "auto") == "auto" and same_start
             and job_dir_check.completed_here(done, resolved)):
         # the same command run again into this folder (a sweep rerun after a crash or Ctrl-C)
         log.info(f"[scalelab] {resolved['job']['name']}: completed earlier in {job_dir}; record kept, nothing to "

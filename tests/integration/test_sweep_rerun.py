@@ -50,3 +50,14 @@ def test_a_rerun_sweep_keeps_completed_jobs_resumes_the_cut_one_and_refuses_anot
                                            "(run.json and checkpoints; there vs now: strategy: single vs ddp)")
     assert len(other.stderr.strip().splitlines()) == 1 and "Traceback" not in other.stderr
     assert {p: p.read_bytes() for p in sweep.rglob("run.json")} == records
+
+    # a run that started from checkpoint.resume_from, given the same command again: kept, as any
+    # completed run of the same job (it was trained again and its record replaced)
+    start = sweep / "1" / "checkpoints" / "step-00000008.ckpt"
+    cont = ["strategy=single", "trainer.max_steps=12", f"checkpoint.resume_from={start}", "logger=none",
+            f"hydra.run.dir={tmp_path / 'cont'}", *FAST]
+    assert _run(cont, tmp_path).returncode == 0
+    kept = (tmp_path / "cont" / "run.json").read_bytes()
+    again = _run(cont, tmp_path)
+    assert again.returncode == 0 and "record kept, nothing to run" in again.stdout + again.stderr
+    assert (tmp_path / "cont" / "run.json").read_bytes() == kept
