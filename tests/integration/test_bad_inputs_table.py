@@ -121,7 +121,7 @@ def test_train_bad_input_is_one_line_before_any_rank(args, needle, clean_dir):
 
 def test_a_data_file_with_no_usable_text(clean_dir):
     (clean_dir / "empty.txt").write_text("")
-    with pytest.raises(ConfigError, match=r"data.files: no text found") as e:
+    with pytest.raises(ConfigError, match=r"^data.files: '.*empty.txt' is empty \(give text files or folders\)$") as e:
         preflight(["data=text_files", f"data.files=[{clean_dir / 'empty.txt'}]"])
     assert "\n" not in str(e.value)
     assert sorted(p.name for p in clean_dir.iterdir()) == ["empty.txt"] or \
