@@ -85,21 +85,33 @@ def refusal(job_dir: Path, cfg: dict) -> str | None:
             "of it there)")
 
 
+def _lengths(earlier: dict, cfg: dict) -> tuple[int | None, int | None]:
+    """(trainer.max_steps of the earlier run, of this one); None where one is not an integer."""
+    was, now = ((c.get("trainer") or {}).get("max_steps") for c in (earlier, cfg))
+    return (was, now) if isinstance(was, int) and isinstance(now, int) else (None, None)
+
+
+def _record_here(job_dir: Path) -> dict:
+    """The folder's run.json as it is ({} where there is none, or it is not a JSON object)."""
+    import json
+
+    try:
+        record = json.loads((job_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
 def _shorter(job_dir: Path, earlier: dict, cfg: dict) -> str | None:
     """One line when this job, run again with a smaller trainer.max_steps, would replace a longer
     completed run's record or lose its checkpoints past the new last step (they would also be
     the newest, so keep_last would prune the new run's own)."""
-    import json
-
     from scalelab.checkpointing import valid_checkpoints
 
-    was, now = ((c.get("trainer") or {}).get("max_steps") for c in (earlier, cfg))
-    if not (isinstance(was, int) and isinstance(now, int) and now < was):
+    was, now = _lengths(earlier, cfg)
+    if was is None or now >= was:
         return None
-    try:
-        done = json.loads((job_dir / "run.json").read_text()).get("status") == "completed"
-    except (OSError, ValueError, AttributeError):
-        done = False
+    done = _record_here(job_dir).get("status") == "completed"
     beyond = [step for step, _ in valid_checkpoints(job_dir / "checkpoints")[0] if step > now]
     if not done and not beyond:
         return None
@@ -113,23 +125,18 @@ def _longer(job_dir: Path, earlier: dict, cfg: dict) -> str | None:
     """One line when this job, run again with a larger trainer.max_steps to train it longer, has no
     checkpoint to go on from: it would start over from step 0 and replace the completed record
     (silently, before). checkpoint.resume=never says to start over."""
-    import json
-
     from scalelab.checkpointing import valid_checkpoints
 
-    was, now = ((c.get("trainer") or {}).get("max_steps") for c in (earlier, cfg))
-    if not (isinstance(was, int) and isinstance(now, int) and now > was):
+    was, now = _lengths(earlier, cfg)
+    if was is None or now <= was:
         return None
     ckpt = cfg.get("checkpoint") or {}
     # resume=never starts over on purpose; resume_from goes on from the checkpoint it names
     if ckpt.get("resume", "auto") == "never" or ckpt.get("resume_from") or valid_checkpoints(job_dir / "checkpoints")[0]:
         return None
-    try:
-        record = json.loads((job_dir / "run.json").read_text())
-        # a node's own record (launcher=torchrun, node >= 1) is no run to lose: node 0 decides
-        done = record.get("status") == "completed" and record.get("record_on_node") is None
-    except (OSError, ValueError, AttributeError):
-        done = False
+    record = _record_here(job_dir)
+    # a node's own record (launcher=torchrun, node >= 1) is no run to lose: node 0 decides
+    done = record.get("status") == "completed" and record.get("record_on_node") is None
     if not done:
         return None
     last = job_dir / "checkpoints" / "last.ckpt"   # checkpoint.save=true's, which resume=auto does not read

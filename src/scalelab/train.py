@@ -271,27 +271,28 @@ def _error_message(job_dir: Path, rc: int) -> str:
     ranks.log; its peers were ended after it and their errors are consequences), else the rank
     whose error file says why (launch.cause_rank: not a peer's connection ending, the oldest),
     else the exit code and the log's last line."""
+    if rc == 124:   # the launcher ended the ranks: their errors (SIGTERM, a lost peer) are its doing
+        return "timed out (trainer.timeout_s)"
     log = job_dir / "ranks.log"
     text = re.split(f"{re.escape(ATTEMPT_MARK)}|{re.escape(RERUN_MARK)}",   # this attempt's part
                     log.read_text(errors="replace") if log.exists() else "")[-1]
     first = spawn.FAILED_FIRST.findall(text)
     # srun names the first task that exited badly first (its peers are ended after it)
     first = first or re.findall(r"srun: error: [^:\s]+: tasks? (\d+)[\d,-]*: (Exited with exit code \d+|[A-Z]\w+)", text)[:1]
-    if rc == 124:   # the launcher ended the ranks: their errors (SIGTERM, a lost peer) are its doing
-        return "timed out (trainer.timeout_s)"
     written = sorted(int(m.group(1)) for f in job_dir.glob("error-rank*.txt")
                      if (m := re.fullmatch(r"error-rank(\d+)\.txt", f.name)))
     cause = launch.cause_rank(job_dir, written)
+    cause_line = launch.last_error_line(job_dir, cause) if cause is not None else None
     if first:
         rank, how = first[-1]
         line = launch.last_error_line(job_dir, int(rank))
         if (cause is not None and cause != int(rank) and line is not None and launch.PEER_GONE.search(line)
-                and not launch.PEER_GONE.search(launch.last_error_line(job_dir, cause) or "")):
+                and not launch.PEER_GONE.search(cause_line or "")):
             # srun saw this rank exit first, but it only lost its connection to the one that raised
-            return f"rank {cause} failed: {launch.last_error_line(job_dir, cause)} (rank {rank} exited first: {how})"
+            return f"rank {cause} failed: {cause_line} (rank {rank} exited first: {how})"
         return f"rank {rank} failed first ({how})" + (f": {line}" if line else "; its peers were ended")
     if cause is not None:
-        return f"error-rank{cause}: {launch.last_error_line(job_dir, cause)}"
+        return f"error-rank{cause}: {cause_line}"
     tail = [ln for ln in text.splitlines() if ln.strip()][-1:]
     signal_note = f" (killed by signal {-rc if rc < 0 else rc - 128})" if rc < 0 or rc > 128 else ""
     return f"ranks exited with code {rc}{signal_note}" + (f": {tail[0][:300]}" if tail else "")

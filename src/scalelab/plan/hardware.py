@@ -188,11 +188,17 @@ def parse_hardware(d: dict, source: str = "") -> Hardware:
 HOST_CPU = "this_cpu"
 
 
+def _usable_cores() -> int:
+    """The cores this process may use (a container's or SLURM allocation's), as the trainer's
+    oversubscription warning counts them (launch.host_cores)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _host_key() -> str:
     import hashlib
     from importlib.metadata import version
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = _usable_cores()
     ident = f"{_cpu_name()}|{cores}|{platform.machine()}|torch {version('torch')}"
     return hashlib.sha1(ident.encode()).hexdigest()[:12]
 
@@ -320,9 +326,7 @@ def probe_cpu(out_path: str | Path | None = None, threads: int = 1, budget_s: fl
     own1, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - t0
     own = (own1.ru_utime + own1.ru_stime) - (own0.ru_utime + own0.ru_stime)
     others = max(0.0, (_cpu_busy_s() - busy0 - own) / wall) if busy0 is not None else None
-    # the cores this process may use (a container's or SLURM allocation's), as the host key and the
-    # trainer's warning count them; a device is a rank of `threads` of them
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = _usable_cores()   # as the host key counts them; a device is a rank of `threads` of them
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):

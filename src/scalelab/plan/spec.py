@@ -211,11 +211,11 @@ class ModelSpec:
         head, no biases: trainer_gpt_params) nearest to N, planned at that shape's exact count: the
         model its `scalelab-train` command builds (7B -> 33 x 4096 = 7,064,420,352)."""
         n, hidden = _guess_hidden(n_params)
-        per_layer = cls.trainer_gpt_params(1, hidden, vocab, seq_len) - cls.trainer_gpt_params(0, hidden, vocab, seq_len)
-        layers = max(1, round((n - cls.trainer_gpt_params(0, hidden, vocab, seq_len)) / per_layer))
+        ends = cls.trainer_gpt_params(0, hidden, vocab, seq_len)   # embeddings, final LayerNorm, head
+        per_layer = cls.trainer_gpt_params(1, hidden, vocab, seq_len) - ends
+        layers = max(1, round((n - ends) / per_layer))
         exact = cls.trainer_gpt_params(layers, hidden, vocab, seq_len)
         if exact > 1.5 * n:   # below one layer of the narrowest width guessed (128) plus embedding and head
-            ends = cls.trainer_gpt_params(0, hidden, vocab, seq_len)
             raise PlanError(f"--params {n:,}: the smallest GPT guessed for it has {exact:,} parameters ({layers} "
                             f"layer x {hidden}, vocab {vocab:,}: embedding and head {ends:,}); give the shape "
                             "(--layers --hidden --heads)" + (" or a smaller --vocab" if ends > n else ""))

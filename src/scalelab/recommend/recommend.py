@@ -161,8 +161,8 @@ def _break_ties(shown, objective: str, req: Request, tokens, budget_s):
 
 
 def _budget(ranked: list[Candidate], tokens, budget_s) -> dict | None:
-    """Whether any fitting layout is predicted to train --tokens within --budget-minutes; the
-    fastest layout's time. rank() puts those within budget first, so ranked[0] decides."""
+    """Whether any fitting layout is predicted to train --tokens within --budget-minutes (how many
+    do), and the fastest layout and its time."""
     if not (tokens and budget_s and ranked):
         return None
     fastest = min(ranked, key=lambda c: float(tokens) / tokens_per_s(c))

@@ -125,7 +125,7 @@ def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: 
     (strong: same global batch; weak: same per-rank batch), plus the ideal line (1.0). Only the
     selected runs are drawn; efficiencies stay against their sweep's baseline."""
     by_job = {job_name(r): r for r in records}
-    traces, labels, rules, bases = [], [], [], []
+    traces, labels, rules, bases, base_runs = [], [], [], [], []
     sweeps = sweep_labels([s.get("sweep_dir") for s in summaries], names)
     for s in summaries:
         for g in s.get("groups", []):
@@ -145,12 +145,11 @@ def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: 
             labels.append(name + _suffix(base, group_by, bool(sweeps)))
             rules.append(f"lr_rule={base.get('lr_rule')}")
             bases.append(f"(base {g['baseline_job']})")
+            base_runs.append(base)
             traces.append({"x": [m["world_size"] for m in runs], "y": [m["scaling_efficiency"] for m in runs],
-                           "strategy": str(g["strategy"]), "base": g["baseline_job"] if g["baseline_job"] in by_job
-                           else runs[0]["job"]})
+                           "strategy": str(g["strategy"])})
     # where two groups share a name: what their runs differ in first (model=gpt_mini), then the
     # LR rule, then the baseline job
-    base_runs = [by_job.get(t.pop("base")) or {} for t in traces]
     label_of = {id(b): name for b, name in zip(base_runs, labels)}
     apart = _apart(base_runs, key=lambda r: label_of[id(r)], pooled=("strategy.",))
     what = [apart[id(b)].strip() for b in base_runs]

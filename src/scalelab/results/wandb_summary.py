@@ -96,4 +96,3 @@ def efficiency_keys(groups: list[dict]) -> dict:
         groups_of.setdefault(key, set()).add(id(g))
     return {(f"{key}/base={g['baseline_job']}" if len(groups_of[key]) > 1 else key): m["scaling_efficiency"]
             for key, g, m in keyed}
-
