@@ -78,6 +78,17 @@ def quiet_rank(rank: int, verbose: bool) -> None:
         sys.stdout = open(os.devnull, "w")     # noqa: SIM115 - lives as long as the rank
 
 
+_BAR = {"open": False}  # rank 0's step line was written without its newline yet
+
+
+def end_bar_line() -> None:
+    """Before a line printed mid-run (a rank's requeue save): it starts on a line of its own
+    instead of after the step line's padding."""
+    if _BAR["open"]:
+        sys.stdout.write("\n")
+        _BAR["open"] = False
+
+
 class StepProgressBar(ProgressBar):
     """One line on rank 0, rewritten in place: `step N/max_steps | tokens/s | loss`, updated once
     per optimizer step (plain text: it reads the same in a terminal, a log file and SLURM's .out)."""
@@ -125,4 +136,5 @@ class StepProgressBar(ProgressBar):
         which = "rank-0 loss" if trainer.world_size > 1 else "loss"
         text = f"step {step}/{last} | {speed}" + (f" | {which} {loss:.4f}" if loss is not None else "")
         sys.stdout.write("\r" + text.ljust(60) + ("\n" if step >= last else ""))
+        _BAR["open"] = step < last
         sys.stdout.flush()

@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 PREEMPTED = ".preempted"  # JOB_DIR/.preempted: "STEP SIGNAL" of a rank stop this attempt
+SIGNALLED = ".signalled"  # JOB_DIR/.signalled: the batch step got USR1 before the ranks could (this attempt)
 STEP_ENV = "SCALELAB_SLURM_STEP"  # set for ranks started by srun under a SLURM batch job
 _SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
@@ -118,6 +119,14 @@ def install_early() -> None:
         signal.signal(signal.SIGUSR1, lambda signum, frame: EARLY.append(signum))
 
 
+def install_batch_early() -> None:
+    """First thing in the batch step (the Hydra job that will run srun): until BatchSignals takes
+    over, a USR1 (`scancel --signal=USR1 --batch`) is noted, not acted on: its default action would
+    kill the job, and ignoring it (as before) lost the warning, so the job ran into its time limit
+    with no checkpoint."""
+    signal.signal(signal.SIGUSR1, lambda signum, frame: EARLY.append(signum))
+
+
 def requeue_callback(job_dir: Path, saver):
     """The Lightning callback for ranks under srun (built here so the batch side does not import
     Lightning). saver: the PeriodicCheckpoint whose atomic save writes the checkpoint."""
@@ -146,6 +155,10 @@ class RequeueOnSignal:
             signal.signal(s, self._handler)
         if EARLY and self.signalled is None:
             self.signalled = EARLY[-1]
+        if (self.job_dir / SIGNALLED).exists() and self.signalled is None:
+            # the batch step got USR1 while this rank was starting (srun may have had no task to
+            # forward it to yet): it is this rank's too
+            self.signalled = signal.SIGUSR1
         if getattr(trainer, "received_sigterm", False) and self.signalled is None:
             # a SIGTERM between fit's own handlers and these: Lightning's flag would stop this rank
             # alone after its batch, without the save; it is ours now
@@ -182,9 +195,13 @@ class RequeueOnSignal:
         if step < trainer.max_steps:  # at max_steps the run is finishing anyway: nothing to save
             path = self.saver.save(trainer, step)
             if trainer.is_global_zero:
+                from scalelab.console import end_bar_line
+
                 (self.job_dir / PREEMPTED).write_text(f"{step} {signal.Signals(sig).name}")
-                print(f"[scalelab] {signal.Signals(sig).name}: checkpoint {path} saved at step {step}; "
-                      "stopping for the requeue", flush=True)
+                end_bar_line()
+                # USR1: the batch step requeues the job; SIGTERM: SLURM requeues it or ends it (scancel)
+                then = "stopping for the requeue" if sig == signal.SIGUSR1 else "stopping (SLURM requeues or ends the job)"
+                print(f"[scalelab] {signal.Signals(sig).name}: checkpoint {path} saved at step {step}; {then}", flush=True)
             self.stopped_at = step
             trainer.should_stop = True
 
@@ -234,17 +251,26 @@ def end_by_sigterm(exc: BaseException) -> None:
 # ---- the batch step (the Hydra job that runs srun) ---------------------------------------------
 class BatchSignals:
     """In the batch step while the ranks run: USR1 is forwarded to the srun step (it reaches the
-    ranks); SIGTERM is only noted (SLURM signals the ranks itself; a second SIGTERM to srun would
-    make it kill them before they save)."""
+    ranks) and left in JOB_DIR/.signalled for ranks still starting (on_train_start reads it); a
+    USR1 that came before (install_batch_early) is passed on the same way. SIGTERM is only noted
+    (SLURM signals the ranks itself; a second SIGTERM to srun would make it kill them before they
+    save)."""
 
-    def __init__(self):
+    def __init__(self, job_dir: Path):
+        self.job_dir = Path(job_dir)
         self.got: list[int] = []
         self.proc = None
         self._old = {}
 
     def __enter__(self):
+        (self.job_dir / SIGNALLED).unlink(missing_ok=True)  # an earlier attempt's
         for s in _SIGNALS:
             self._old[s] = signal.signal(s, self._handler)
+        if signal.SIGUSR1 in EARLY:
+            EARLY.clear()
+            print("[scalelab] SIGUSR1 while the job was starting: the ranks save at their first step and the "
+                  "job is requeued", flush=True)
+            self._handler(signal.SIGUSR1, None)
         return self
 
     def __exit__(self, *exc):
@@ -253,7 +279,10 @@ class BatchSignals:
 
     def _handler(self, signum, frame) -> None:
         self.got.append(signum)
-        if signum == signal.SIGUSR1 and self.proc is not None and self.proc.poll() is None:
+        if signum != signal.SIGUSR1:
+            return
+        (self.job_dir / SIGNALLED).write_text("SIGUSR1")
+        if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGUSR1)
 
 

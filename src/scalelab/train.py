@@ -131,7 +131,7 @@ def run_job(cfg: DictConfig) -> dict:
         env.update(requeue.master_env())
         if os.environ.get("SLURM_CPUS_PER_TASK"):  # srun (22.05+) no longer takes it from the job
             cmd.insert(1, f"--cpus-per-task={os.environ['SLURM_CPUS_PER_TASK']}")
-        signals = requeue.BatchSignals()
+        signals = requeue.BatchSignals(job_dir)
         (job_dir / requeue.PREEMPTED).unlink(missing_ok=True)  # an earlier attempt's
         _mark_attempt(job_dir)
     spawned = timing.now()
@@ -310,10 +310,8 @@ def main() -> None:
     _MARKS["launcher_start"] = timing.process_start_time() or timing.now()
     if requeue.in_slurm_job():
         # Until the ranks run (scalelab.requeue takes over), a warning signal to the batch step must
-        # not kill the job (USR1's default action). (srun's tasks start from slurmstepd, not from here.)
-        import signal
-
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        # not kill the job (USR1's default action): it is noted and passed on to the ranks.
+        requeue.install_batch_early()
     register_override_secrets(sys.argv[1:])  # `+logger.api_key=XYZ`: redacted in every file and log line
     install_log_redaction()
     on_slurm = any(a.startswith("hydra/launcher=") and a != "hydra/launcher=basic" for a in sys.argv)
