@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from scalelab import job_dir as job_dir_check
 from scalelab import launch, requeue, same_job, spawn, timing
-from scalelab.checkpointing import PROGRESS, find_resume, goes_on_from, read_mark, resume_point
+from scalelab.checkpointing import PROGRESS, RESUMED, find_resume, goes_on_from, read_mark, resume_point
 from scalelab.errors import ConfigError
 from scalelab.paths import conf_dir
 from scalelab.results.record import (RUN_FILE, BadRecord, base_record, install_log_redaction, load_record,
@@ -112,7 +112,8 @@ def run_job(cfg: DictConfig) -> dict:
         return done
     OmegaConf.save(OmegaConf.create(scrub(resolved)), job_dir / job_dir_check.CONFIG_FILE)
     (job_dir / RUN_FILE).unlink(missing_ok=True)
-    (job_dir / PROGRESS).unlink(missing_ok=True)   # a failed record's steps come from this run's mark only
+    for mark in (PROGRESS, RESUMED):   # a failed record's steps and resume point come from this run's marks only
+        (job_dir / mark).unlink(missing_ok=True)
     for stale in job_dir.glob("error-rank*.txt"):  # an earlier run's here: not this run's error
         stale.unlink(missing_ok=True)
     slurm_batch = cfg.launcher.name == "srun" and requeue.in_slurm_job()   # ranks.log marks its attempts
@@ -263,6 +264,13 @@ def _collect(job_dir: Path, rc: int, resolved: dict, spec, threads: int) -> dict
     reached = read_mark(job_dir / PROGRESS)   # rank 0's progress mark (at most ~1 s old): how far it got
     if reached is not None:
         record["steps"] = reached
+    # as a completed record says them: where this attempt started (a SLURM requeue, a rerun after a
+    # crash) and the SLURM job (its requeue count, partition)
+    resumed_at = read_mark(job_dir / RESUMED)
+    record["resumed_at_step"] = resumed_at
+    if resumed_at and reached is not None:
+        record["steps_this_attempt"] = max(0, reached - resumed_at)
+    record["slurm"] = requeue.slurm_info()
     return record
 
 

@@ -78,9 +78,10 @@ def test_the_rank_that_raised_is_named_not_the_peer_that_lost_it(tmp_path, launc
     the user read a transport error and not the cause. The console shows each exception line,
     not the ~180 traceback lines (ranks.log keeps them)."""
     job = tmp_path / "job"
-    proc = train([*FAST, "strategy=ddp", "strategy._target_=tests.slurm.crash.CrashingDDP", "trainer.devices=2",
-                  "trainer.max_steps=8", "logger=none", f"launcher={launcher}", f"hydra.run.dir={job}"], tmp_path,
-                 check=False)
+    cmd = [*FAST, "strategy=ddp", "strategy._target_=tests.slurm.crash.CrashingDDP", "trainer.devices=2",
+           "trainer.max_steps=8", "checkpoint.every_n_steps=2", "logger=none", f"launcher={launcher}",
+           f"hydra.run.dir={job}"]
+    proc = train(cmd, tmp_path, check=False)
     rec = json.loads((job / "run.json").read_text())
     assert proc.returncode == 1 and rec["status"] == "failed"
     assert "injected rank crash at step 3" in rec["error"] and "rank1" in rec["error"].replace(" ", ""), rec["error"]
@@ -90,3 +91,10 @@ def test_the_rank_that_raised_is_named_not_the_peer_that_lost_it(tmp_path, launc
     # the exception is on a line of its own, not after rank 0's progress bar
     assert any(re.match(r"(\[rank1\]: )?RuntimeError: injected rank crash at step 3", line)
                for line in proc.stdout.splitlines()), proc.stdout[-3000:]
+    assert rec["resumed_at_step"] is None and "steps_this_attempt" not in rec and rec["slurm"] is None
+    # The same command again resumes from step 2 and fails at step 3 once more: its failed record
+    # says where this attempt started, as a completed one would (a failed SLURM requeue said nothing)
+    proc = train(cmd, tmp_path, check=False)
+    rec = json.loads((job / "run.json").read_text())
+    assert proc.returncode == 1 and "injected rank crash at step 3" in rec["error"], rec["error"]
+    assert (rec["resumed_at_step"], rec["steps"], rec["steps_this_attempt"]) == (2, 3, 1)
