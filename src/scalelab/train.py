@@ -171,6 +171,13 @@ def run_job(cfg: DictConfig) -> dict:
         OTHER_NODE.append(layout["node_rank"])
     else:
         record = _collect(job_dir, rc, resolved, spec, threads)
+        if layout is not None and rc != 0:   # which node this failed record is from
+            import socket
+
+            record.update(node_rank=layout["node_rank"], hostname=socket.gethostname(),
+                          rdzv_endpoint=layout["endpoint"])
+            if layout["node_rank"] != 0 and not (job_dir / PROGRESS).exists():
+                record["steps"] = None   # global rank 0 (on node 0) notes the steps: unknown here, not 0
         if layout is not None and rc != 0 and not any(job_dir.glob("error-rank*.txt")):
             record["error"] = _rendezvous_error(job_dir, layout) or record.get("error")
         elif layout is not None and rc != 0 and launch.PEER_GONE.search(str(record.get("error"))):

@@ -160,7 +160,9 @@ def test_nodes_running_different_commands_stop_at_once_naming_the_difference(tmp
     assert rec["status"] == "failed" and "\n" not in rec["error"], rec["error"]
     assert "node 1 runs another command than node 0 (node 0 vs node 1: seed: - vs 7; strategy: ddp vs fsdp)" \
         in rec["error"], rec["error"]   # node 0 has no seed override, node 1 seed=7
-    assert rec["steps"] == 0 and not worker_pids(tmp_path)
+    assert rec["steps"] == 0 and rec["node_rank"] == 0 and not worker_pids(tmp_path)
+    other = json.loads((tmp_path / "node1" / "run.json").read_text())   # it says which node it is from
+    assert (other["status"], other["node_rank"], other["steps"]) == ("failed", 1, None), other
 
 
 @pytest.mark.slow  # ~35 s (the 30 s margin); the default suite keeps start_by's unit test (tests/unit/test_start_by.py)
