@@ -176,6 +176,7 @@ def test_bad_override_fails_before_anything_is_submitted(tmp_path):
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
         assert "abc" in proc.stderr and "Traceback" not in proc.stderr
     assert not list(tmp_path.rglob("*.sbatch"))
+    assert not (tmp_path / "sweep").exists()     # a refused sweep leaves no multirun.yaml-only folder
     out = subprocess.run(["sacct", "-n", "-X", "-S", "now-1hours", f"--name={name}"], capture_output=True, text=True)
     assert out.stdout.strip() == ""
 
@@ -203,7 +204,7 @@ def test_a_job_slurm_could_never_start_is_refused_before_anything_is_submitted(t
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
         assert proc.stderr.startswith("error: SLURM would never start this job") and "Traceback" not in proc.stderr
         assert f"partitions here: {part}" in proc.stderr and "nothing was submitted" in proc.stderr, proc.stderr
-    assert not list(tmp_path.rglob("*.sbatch"))
+    assert not list(tmp_path.rglob("*.sbatch")) and not (tmp_path / "sweep").exists()
     out = subprocess.run(["sacct", "-n", "-X", "-S", "now-1hours", f"--name={name}"], capture_output=True, text=True)
     assert out.stdout.strip() == ""
 

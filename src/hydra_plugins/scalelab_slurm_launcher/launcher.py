@@ -89,6 +89,8 @@ class ScalelabSlurmLauncher(Launcher):
                 subprocess.run(["scancel", *[j[4] for j in jobs]], capture_output=True)
             for *_, path in scripts[len(jobs):]:   # checked, never submitted: not kept
                 path.unlink(missing_ok=True)
+            if not jobs:                           # a refused sweep leaves no multirun.yaml-only folder
+                _remove_if_only_config(sweep_dir)
             ended = f"; cancelled SLURM job(s) {', '.join(j[4] for j in jobs)}" if jobs else ""
             if isinstance(e, KeyboardInterrupt):
                 print(f"stopped (Ctrl-C){ended}", file=sys.stderr, flush=True)
@@ -110,6 +112,18 @@ class ScalelabSlurmLauncher(Launcher):
             ret.return_value = float(final) if rec.get("status") == "completed" and final is not None else math.nan
             runs.append(ret)
         return runs
+
+
+def _remove_if_only_config(sweep_dir: Path) -> None:
+    """The sweep's folder when nothing but its multirun.yaml and an empty slurm/ is in it (Hydra
+    makes the folder before the launcher runs; an earlier sweep's folder has its jobs in it)."""
+    slurm_dir = sweep_dir / "slurm"
+    if {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml", "slurm"} and \
+            not (slurm_dir.is_dir() and any(slurm_dir.iterdir())):
+        (sweep_dir / "multirun.yaml").unlink(missing_ok=True)
+        for d in (slurm_dir, sweep_dir):
+            if d.is_dir():
+                d.rmdir()
 
 
 def check_settings(p: dict) -> None:
