@@ -25,6 +25,7 @@ from typing import Any
 _NAME = re.compile(r"^step-(\d{8})\.ckpt$")
 MANIFEST = ".manifest.json"
 PROGRESS = ".progress"  # JOB_DIR/.progress: the last optimizer step rank 0 finished (restarts count steps redone)
+SAVE_MARK = "scalelab::checkpoint_save"  # the profiler's name for a periodic save (its barriers are no step's comm)
 RESUMED = ".resumed"    # JOB_DIR/.resumed: the step this attempt resumed at (rank 0 writes it at start)
 
 
@@ -283,8 +284,11 @@ class PeriodicCheckpoint:
         if not self.every or step == 0 or step % self.every or self._last == step:
             return
         self._last = step            # with accumulation, several micro-batches end one step
+        import torch
+
         t0 = time.perf_counter()
-        self.save(trainer, step)
+        with torch.profiler.record_function(SAVE_MARK):   # a profile window leaves it out (scaling.breakdown)
+            self.save(trainer, step)
         self.save_s.append(round(time.perf_counter() - t0, 4))
         if self.after_save is not None:
             self.after_save(trainer)
