@@ -274,6 +274,10 @@ class PeriodicCheckpoint:
         # after it still report that step and must not save it again, mid-step (a later resume
         # then ran one micro-batch off)
         self._last = trainer.global_step
+        if trainer.is_global_zero and trainer.global_step > 0:
+            # where this attempt started, once its checkpoint is loaded: also checkpoint.resume_from's
+            # step, which the worker does not know before (a restart's steps_redone counted from 0)
+            (self.job_dir / RESUMED).write_text(str(trainer.global_step))
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._note(trainer, force=True)

@@ -49,3 +49,19 @@ def test_a_resumed_run_with_accumulation_saves_whole_steps_only(tmp_path, monkey
         trainer.global_step = step
         cb.on_train_batch_end(trainer, None, None, None, i)
     assert saved == [6]
+
+
+def test_the_step_an_attempt_started_at_is_noted_once_its_checkpoint_is_loaded(tmp_path):
+    """JOB_DIR/.resumed: a restart's steps_redone = where it failed - where this attempt started.
+    A run started from checkpoint.resume_from (step 4 of another run) and restarted before its own
+    first checkpoint counted its redone steps from 0: the worker knows that step only once the
+    checkpoint is loaded, at train start."""
+    from scalelab.checkpointing import RESUMED
+
+    cb = PeriodicCheckpoint(tmp_path, every=10, keep=2)
+    cb.on_train_start(SimpleNamespace(global_step=0, is_global_zero=True), None)   # a fresh start
+    assert not (tmp_path / RESUMED).exists()
+    cb.on_train_start(SimpleNamespace(global_step=4, is_global_zero=False), None)  # not rank 0's to write
+    assert not (tmp_path / RESUMED).exists()
+    cb.on_train_start(SimpleNamespace(global_step=4, is_global_zero=True), None)
+    assert (tmp_path / RESUMED).read_text() == "4"
