@@ -55,3 +55,44 @@ class HangingDDP(DDP):
                 return super().training_step(*args, **kwargs)
 
         return _Hang(**self.ddp_kwargs)
+
+
+class KilledInSaveDDP(DDP):
+    """`ddp` under torchrun whose rank 1 is SIGKILLed inside the periodic checkpoint save at step
+    10 of the first attempt (its first barrier: rank 0 is writing the checkpoint), and whose
+    restarted rank 0 joins the process group 6 s late (a rank slowed by its imports, W&B or a
+    loaded host). The restarted rank 1, first at the rendezvous, fails where the store it is about
+    to use still holds keys (rank 0 has written none yet: the failed attempt's, its dead peer's
+    gloo address among them). The real restart failed on those about every other time (whether
+    the rank that read the stale address was the one to connect); this makes it every time."""
+
+    def lightning_strategy(self, run):
+        import os
+        import signal
+        import time
+        from datetime import timedelta
+
+        from lightning.pytorch.strategies import DDPStrategy
+
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+
+        class _KilledInSave(DDPStrategy):
+            def setup_environment(self):
+                if attempt > 0 and os.environ.get("RANK") == "0":
+                    time.sleep(6)
+                if attempt > 0 and os.environ.get("RANK") == "1" and \
+                        os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+                    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                          timeout=timedelta(seconds=10))
+                    if store.num_keys():
+                        raise RuntimeError(f"restart {attempt}: the rendezvous store already holds {store.num_keys()} "
+                                           "key(s) before rank 0 joined: the failed attempt's")
+                super().setup_environment()
+
+            def barrier(self, *args, **kwargs):
+                trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+                if attempt == 0 and self.global_rank == 1 and trainer is not None and trainer.global_step == 10:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return super().barrier(*args, **kwargs)
+
+        return _KilledInSave(**self.ddp_kwargs)

@@ -27,6 +27,9 @@ MANIFEST = ".manifest.json"
 PROGRESS = ".progress"  # JOB_DIR/.progress: the last optimizer step rank 0 finished (restarts count steps redone)
 SAVE_MARK = "scalelab::checkpoint_save"  # the profiler's name for a periodic save (its barriers are no step's comm)
 RESUMED = ".resumed"    # JOB_DIR/.resumed: the step this attempt resumed at (rank 0 writes it at start)
+# JOB_DIR/.restarts.json: {"restarts", "steps_redone"} so far, under torchrun (its agent restarts the
+# ranks, not scalelab: rank 0 of each restarted attempt adds its own, note_restart)
+RESTARTS = ".restarts.json"
 
 
 def _files(path: Path) -> dict[str, int]:
@@ -210,6 +213,33 @@ def read_mark(path: Path, default: int | None = None) -> int | None:
         return int(path.read_text().strip())
     except (OSError, ValueError):
         return default
+
+
+def note_restart(job_dir: Path, restart: int, resumed_at: int | None) -> dict:
+    """Rank 0 of an attempt that torchrun started again (TORCHELASTIC_RESTART_COUNT = `restart`
+    > 0), before its first step: adds the steps the failed attempt did past this attempt's resume
+    point (its JOB_DIR/.progress, noted every step when trainer.max_restarts > 0) to
+    JOB_DIR/.restarts.json, and sets .progress to the resume point (an attempt that fails before
+    its first step redid nothing). Returns {"restarts", "steps_redone"}, as spawn.run_job counts
+    them for launcher=local; once per attempt."""
+    done = read_restarts(job_dir)
+    if restart > done["restarts"]:
+        failed_at = read_mark(job_dir / PROGRESS, 0)
+        done = {"restarts": int(restart), "steps_redone": done["steps_redone"] + max(0, failed_at - (resumed_at or 0))}
+        tmp = job_dir / (RESTARTS + ".tmp")
+        tmp.write_text(json.dumps(done))
+        os.replace(tmp, job_dir / RESTARTS)
+        (job_dir / PROGRESS).write_text(str(resumed_at or 0))
+    return done
+
+
+def read_restarts(job_dir: Path) -> dict:
+    """{"restarts", "steps_redone"} noted by note_restart ({0, 0} where none was)."""
+    try:
+        done = json.loads((job_dir / RESTARTS).read_text())
+        return {"restarts": int(done["restarts"]), "steps_redone": int(done["steps_redone"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {"restarts": 0, "steps_redone": 0}
 
 
 def write_step(ckpt: Path, step: int) -> None:

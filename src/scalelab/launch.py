@@ -54,8 +54,22 @@ def oversubscribed(ranks_per_node: int, threads: int, accelerator: str) -> str |
             f"(trainer.devices <= {max(1, cores // threads)} on this host)")
 
 
-def rank_env(cache_dir: Path, threads: int, job_dir: Path, verbose: bool = False) -> dict[str, str]:
+# launcher=torchrun_local: a rendezvous store per attempt, hosted by that attempt's rank 0, instead
+# of torchrun's one agent-hosted store for every attempt (shared by default since torch 2.4). A
+# restarted attempt's ranks found the failed attempt's keys there (pytorch#135712): a rank that
+# started later than its peer (imports, W&B, a loaded host) had the peer read the dead rank's gloo
+# address, and the restart failed at once (connectFullMesh: Connection refused) or hung in the
+# connect (5 min measured, with trainer.collective_timeout_s=60) instead of resuming. Not for
+# launcher=torchrun: scalelab.same_job reads the agent's store before any rank hosts one, and its
+# default static rendezvous always shares the store.
+NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def rank_env(cache_dir: Path, threads: int, job_dir: Path, verbose: bool = False,
+             launcher: str = "local") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
+    if launcher == "torchrun_local":   # a restart's ranks must not read the failed attempt's keys
+        env.setdefault(NO_SHARED_STORE, "1")
     if not verbose:  # Kineto (the profiler's C++ side) logs errors only; it reads this at process start
         env["KINETO_LOG_LEVEL"] = "6"
     env.update(OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",

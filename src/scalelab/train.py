@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from scalelab import job_dir as job_dir_check
 from scalelab import launch, requeue, same_job, spawn, timing
-from scalelab.checkpointing import PROGRESS, RESUMED, find_resume, goes_on_from, read_mark, resume_point
+from scalelab.checkpointing import (PROGRESS, RESTARTS, RESUMED, find_resume, goes_on_from, read_mark,
+                                    read_restarts, resume_point)
 from scalelab.errors import ConfigError
 from scalelab.paths import conf_dir
 from scalelab.results.record import (RUN_FILE, BadRecord, base_record, install_log_redaction, load_record,
@@ -112,7 +113,9 @@ def run_job(cfg: DictConfig) -> dict:
         return done
     OmegaConf.save(OmegaConf.create(scrub(resolved)), job_dir / job_dir_check.CONFIG_FILE)
     (job_dir / RUN_FILE).unlink(missing_ok=True)
-    for mark in (PROGRESS, RESUMED):   # a failed record's steps and resume point come from this run's marks only
+    # a failed record's steps and resume point come from this run's marks only; an earlier run's
+    # restarts (torchrun) are not this run's
+    for mark in (PROGRESS, RESUMED, RESTARTS):
         (job_dir / mark).unlink(missing_ok=True)
     for stale in job_dir.glob("error-rank*.txt"):  # an earlier run's here: not this run's error
         stale.unlink(missing_ok=True)
@@ -126,7 +129,7 @@ def run_job(cfg: DictConfig) -> dict:
     cmd = launch.rank_command(cfg.launcher.name, spec.run.num_nodes, spec.run.devices_per_node, job_dir,
                               list(cfg.launcher.get("extra_args") or []),
                               int(cfg.trainer.get("max_restarts", 0)), layout)  # torchrun / srun
-    env = launch.rank_env(cache, threads, job_dir, bool(cfg.get("verbose", False)))
+    env = launch.rank_env(cache, threads, job_dir, bool(cfg.get("verbose", False)), cfg.launcher.name)
     signals = None
     if slurm_batch:  # a batch job: rank layout and requeue
         env.update(requeue.master_env())
@@ -161,8 +164,11 @@ def run_job(cfg: DictConfig) -> dict:
             start_by = (float(layout["timeout_s"]) + margin, f"no rank started within launcher.rdzv_timeout_s="
                         f"{layout['timeout_s']:g} + {margin:g} s: is {layout['endpoint']} node 0's scalelab-train "
                         "(or another program's port)?")
-        rc, elastic = launch.run_ranks(cmd, env, job_dir / "ranks.log", float(cfg.trainer.timeout_s),
-                                       console=console, start_by=start_by), {}
+        rc = launch.run_ranks(cmd, env, job_dir / "ranks.log", float(cfg.trainer.timeout_s), console=console,
+                              start_by=start_by)
+        # torchrun restarts the ranks itself (--max-restarts): a restarted global rank 0 counted them
+        # (launcher=torchrun: in the job folder of the node that ran it)
+        elastic = read_restarts(job_dir) if layout is None or (job_dir / RESTARTS).exists() else {}
     exited = timing.now()
     if layout is not None and rc == 0 and not (job_dir / RUN_FILE).exists():
         record = _node_record(resolved, spec, threads, layout)  # global rank 0 ran on another node
@@ -183,7 +189,7 @@ def run_job(cfg: DictConfig) -> dict:
         elif layout is not None and rc != 0 and launch.PEER_GONE.search(str(record.get("error"))):
             record["error"] += (" (a peer's connection ended: the rank that failed first may be on another node, "
                                 "whose ranks.log says why)")
-    record.update(elastic)                   # restarts and steps redone (launcher=local)
+    record.update(elastic)                   # restarts and steps redone (launcher=local, torchrun)
     t = record.setdefault("timing", {})
     # The whole command's start for the first job of a command; later jobs of a sweep start at
     # their own job_start (the launcher's start-up is paid once per sweep).

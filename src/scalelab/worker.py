@@ -25,7 +25,8 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from scalelab import timing  # noqa: E402
-from scalelab.checkpointing import RESUMED, periodic_checkpoint, read_curve, resume_point, write_step
+from scalelab.checkpointing import (RESUMED, note_restart, periodic_checkpoint, read_curve, resume_point,
+                                    write_step)
 from scalelab.config import validate
 from scalelab.console import StepProgressBar, quiet_rank
 from scalelab.data.datamodule import ByteCorpusDataModule, ValidationCurve, validation_trainer_args
@@ -206,6 +207,13 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     if val_curve is not None:
         callbacks.append(val_curve)
     resume, resumed_at = _resume_point(cfg, job_dir, rank)
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)   # torchrun started this attempt again
+    if restart and rank == 0:   # counted here: torchrun, not scalelab, restarts the ranks (spawn counts its own)
+        note_restart(job_dir, restart, resumed_at)
+        where = f"step {resumed_at}" if resumed_at is not None else \
+            f"checkpoint.resume_from {resume}" if resume else "step 0"
+        print(f"[scalelab] restart {restart} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}: every rank "
+              f"started again and goes on from {where}", flush=True)
     periodic = periodic_checkpoint(job_dir, cfg.checkpoint.get("every_n_steps"), int(cfg.checkpoint.get("keep_last", 2)),
                                    note_progress=int(cfg.trainer.get("max_restarts", 0)) > 0)
     periodic.curve_of = metrics.curve_so_far                  # each checkpoint keeps the loss curve so far

@@ -76,6 +76,28 @@ def test_killed_rank_restarts_and_ends_on_the_uninterrupted_loss(tmp_path, strat
                      r"rank 1 failed first \(killed by signal 9\)", proc.stdout), proc.stdout[-2000:]
 
 
+@pytest.mark.slow  # ~45 s; the default suite keeps the store setting's and the count's unit tests
+def test_torchrun_restart_after_a_rank_killed_in_a_save(tmp_path):
+    """launcher=torchrun_local: rank 1 SIGKILLed inside the step-10 checkpoint save, and the
+    restarted rank 0 slow to join (tests/mutations.py KilledInSaveDDP). torchrun restarts both
+    ranks, they resume from the step-5 checkpoint (step 10's was never completed), the job
+    completes and its record counts the restart. Before: the restarted rank 1 read the failed
+    attempt's rank-0 address from torchrun's shared store and the restart failed (gloo
+    connectFullMesh: Connection refused) or hung in the connect; the record had no restarts."""
+    job = tmp_path / "job"
+    proc = train([*FAST, "strategy=ddp", "strategy._target_=tests.mutations.KilledInSaveDDP", "launcher=torchrun_local",
+                  "trainer.devices=2", "trainer.max_steps=12", "logger=none", "checkpoint.every_n_steps=5",
+                  "trainer.max_restarts=1", "trainer.collective_timeout_s=30", "trainer.timeout_s=240",
+                  f"hydra.run.dir={job}"], tmp_path, timeout=300, check=False)
+    rec = json.loads((job / "run.json").read_text())
+    assert rec["status"] == "completed", (rec.get("error"), proc.stdout[-3000:])
+    assert rec["restarts"] == 1 and rec["resumed_at_step"] == 5 and rec["steps_redone"] == 5, rec
+    assert [s for s, _ in rec["loss"]["curve"]] == list(range(1, 13))
+    assert "restart 1 of 1: every rank started again and goes on from step 5" in proc.stdout, proc.stdout[-2000:]
+    assert sorted(p.name for p in (job / "checkpoints").glob("step-*.ckpt")) == ["step-00000005.ckpt",
+                                                                                   "step-00000010.ckpt"]
+
+
 def test_truncated_newest_checkpoint_is_passed_over(tmp_path):
     job = tmp_path / "job"
     args = [*FAST, "strategy=single", "trainer.devices=1", "logger=none", "checkpoint.every_n_steps=5",

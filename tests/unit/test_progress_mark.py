@@ -65,3 +65,21 @@ def test_the_step_an_attempt_started_at_is_noted_once_its_checkpoint_is_loaded(t
     assert not (tmp_path / RESUMED).exists()
     cb.on_train_start(SimpleNamespace(global_step=4, is_global_zero=True), None)
     assert (tmp_path / RESUMED).read_text() == "4"
+
+
+def test_torchrun_restarts_count_the_steps_redone(tmp_path):
+    """Under torchrun, rank 0 of each restarted attempt counts the restart and the steps the failed
+    attempt did past the new resume point (checkpointing.note_restart), as spawn.run_job does for
+    launcher=local; an attempt that failed before its first step redid none; once per attempt."""
+    from scalelab.checkpointing import note_restart, read_restarts
+
+    assert read_restarts(tmp_path) == {"restarts": 0, "steps_redone": 0}
+    (tmp_path / PROGRESS).write_text("12")                        # attempt 0 reached step 12
+    assert note_restart(tmp_path, 1, 10) == {"restarts": 1, "steps_redone": 2}   # resumes at 10
+    assert (tmp_path / PROGRESS).read_text() == "10"
+    assert note_restart(tmp_path, 1, 10) == {"restarts": 1, "steps_redone": 2}   # the same attempt again
+    # attempt 1 failed before its first step: attempt 2 resumes at 10 again and redoes nothing more
+    assert note_restart(tmp_path, 2, 10) == {"restarts": 2, "steps_redone": 2}
+    (tmp_path / PROGRESS).write_text("17")                        # attempt 2 reached step 17
+    assert note_restart(tmp_path, 3, 15) == {"restarts": 3, "steps_redone": 4}    # resumes at 15
+    assert read_restarts(tmp_path) == {"restarts": 3, "steps_redone": 4}
