@@ -146,9 +146,10 @@ def run_job(cfg: DictConfig) -> dict:
                                     lambda: goes_on_from(job_dir, cfg.trainer.max_steps, auto, start),
                                     tracebacks=bool(cfg.get("verbose", False)))
     elif signals is not None:
-        with signals:
+        with signals:   # the job's .out as a console: each exception line, not 100+ lines per rank (ranks.log has them)
             rc, elastic = launch.run_ranks(cmd, env, job_dir / "ranks.log", float(cfg.trainer.timeout_s),
-                                           on_start=lambda p: setattr(signals, "proc", p)), {}
+                                           on_start=lambda p: setattr(signals, "proc", p),
+                                           console=None if cfg.get("verbose", False) else launch.TracebackFilter()), {}
         stopped = requeue.after_ranks(job_dir, signals.got, finished=rc == 0 and (job_dir / RUN_FILE).exists())
         if stopped:  # saved for a requeue: this attempt writes no run record, the next one will
             log.info(f"[scalelab] {resolved['job']['name']}: {stopped}")

@@ -127,6 +127,10 @@ def test_sweep_on_slurm_records_a_crashed_job_and_finishes_the_others(jobs):
     assert bad["status"] == "failed" and bad["slurm"]["state"] == "FAILED"
     assert bad["slurm"]["reason"].startswith("NonZeroExitCode") and "injected rank crash at step 3" in bad["error"]
     assert sacct_state(bad["slurm"]["job_id"]) == "FAILED"
+    # its .out reads as the local console does: the exception line, not ~190 traceback lines
+    dot_out = next(p for p in (out / "slurm").glob("*.out") if bad["slurm"]["job_id"] in p.name).read_text()
+    assert "RuntimeError: injected rank crash at step 3" in dot_out and "Traceback" not in dot_out, dot_out[-3000:]
+    assert "traceback line(s) not shown here" in dot_out and "Traceback" in (out / "1" / "ranks.log").read_text()
     summary = json.loads((out / "sweep.json").read_text())
     assert summary["num_completed"] == 1 and summary["num_failed"] == 1
     assert "== sweep" in stdout and "1 job(s) failed" in stderr and "SLURM job" in stderr
