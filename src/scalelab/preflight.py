@@ -147,6 +147,28 @@ def _job_dir(cfg, num: int, multirun: bool) -> Path | None:
         return None
 
 
+def _cannot_make(folder, what: str) -> str | None:
+    """Why the job's folder cannot be created, by creating it (and removing what was made): write
+    permission (paths.path_problem) says nothing for root, nor on /proc or /sys, where Hydra's own
+    mkdir then raised a FileNotFoundError / PermissionError traceback."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    if folder.exists():
+        return None
+    made = [d for d in [folder, *folder.parents] if not d.exists()]
+    try:
+        folder.mkdir(parents=True)
+    except OSError as e:
+        return f"{what} {folder} cannot be created: {e.strerror or e}"
+    for d in made:   # the deepest first: nothing of the probe is left
+        try:
+            d.rmdir()
+        except OSError:
+            break
+    return None
+
+
 def preflight(args: list[str], data: bool = True) -> int:
     """Validate all jobs; returns how many. Raises ConfigError on the first bad one.
     data: also prepare each job's data (cached) and check it is enough for the run."""
@@ -170,9 +192,9 @@ def preflight(args: list[str], data: bool = True) -> int:
                 with open_dict(cfg):
                     cfg.pop("hydra")
                 checked.append((job, cfg, validate(cfg)))
+                what = "the job's folder (hydra.sweep.dir/subdir)" if multirun else "hydra.run.dir"
                 refused = where is not None and (
-                    path_problem(where, "the job's folder (hydra.sweep.dir/subdir)" if multirun else "hydra.run.dir",
-                                 folder=True)
+                    path_problem(where, what, folder=True) or _cannot_make(where, what)
                     or refusal(where, OmegaConf.to_container(cfg, resolve=True)))
                 if refused:
                     raise ConfigError(refused)

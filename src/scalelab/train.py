@@ -49,6 +49,7 @@ def run_job(cfg: DictConfig) -> dict:
     multirun = hc.mode == RunMode.MULTIRUN
     _MARKS["job_dir"] = job_dir   # the job a Ctrl-C interrupts (main: _interrupted)
     _MARKS["max_steps"] = int(cfg.trainer.max_steps)
+    _MARKS["every_n_steps"] = cfg.checkpoint.get("every_n_steps")
     _MARKS["sweep_dir"] = Path(hc.sweep.dir).resolve() if multirun else None
     # Hydra saved the composed config and the overrides (.hydra/, the sweep's multirun.yaml) as
     # given: redact secrets there before anything else (results.record.scrub_file).
@@ -382,8 +383,15 @@ def _interrupted(job_dir: Path | None, sweep_dir: Path | None = None) -> str:
     saved = resume_point(job_dir, _MARKS["max_steps"])[0] if _MARKS.get("max_steps") else find_resume(job_dir)[0]
     again = (f"hydra.sweep.dir={sweep_dir} (its completed jobs are kept; this one resumes)" if sweep_dir
              else f"hydra.run.dir={job_dir}")
-    how = (f"the same command with {again} goes on from its checkpoint {saved.name}" if saved
-           else "it saved no checkpoint (checkpoint.every_n_steps=N saves one every N steps)")
+    every = _MARKS.get("every_n_steps")
+    if saved:
+        how = f"the same command with {again} goes on from its checkpoint {saved.name}"
+    elif every:   # stopped before its first save
+        how = f"it saved no checkpoint yet (checkpoint.every_n_steps={every})"
+    else:
+        how = "it saved no checkpoint (checkpoint.every_n_steps=N saves one every N steps)"
+    if not saved and sweep_dir:   # what a rerun still keeps: the default folder is new each time
+        how += f"; the same command with hydra.sweep.dir={sweep_dir} keeps the jobs that completed"
     return f"[scalelab] interrupted (Ctrl-C) in {job_dir}: {how}"
 
 

@@ -36,3 +36,20 @@ def test_a_checkpoint_at_the_last_step_is_not_where_it_goes_on(tmp_path, monkeyp
     assert _interrupted(job).endswith("goes on from its checkpoint step-00000020.ckpt")
     monkeypatch.setitem(train._MARKS, "max_steps", 60)
     assert _interrupted(job).endswith("goes on from its checkpoint step-00000040.ckpt")
+
+
+def test_before_the_first_checkpoint_it_says_so_and_how_to_keep_the_sweep(tmp_path, monkeypatch):
+    """A sweep job Ctrl-C'd at step 1 with checkpoint.every_n_steps=50 was told to set
+    checkpoint.every_n_steps, and not that a rerun into the same sweep folder keeps its completed
+    jobs (the default folder is a new timestamp each time)."""
+    from scalelab import train
+
+    job = tmp_path / "runs" / "1"
+    job.mkdir(parents=True)
+    monkeypatch.setitem(train._MARKS, "every_n_steps", 50)
+    assert _interrupted(job, tmp_path / "runs") == (
+        f"[scalelab] interrupted (Ctrl-C) in {job}: it saved no checkpoint yet (checkpoint.every_n_steps=50); "
+        f"the same command with hydra.sweep.dir={tmp_path / 'runs'} keeps the jobs that completed")
+    monkeypatch.setitem(train._MARKS, "every_n_steps", None)
+    assert _interrupted(job) == (f"[scalelab] interrupted (Ctrl-C) in {job}: it saved no checkpoint "
+                                 "(checkpoint.every_n_steps=N saves one every N steps)")
