@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from dataclasses import replace
@@ -32,9 +33,13 @@ def _count(text: str) -> float:
     t = str(text).strip().lower().replace("_", "").replace(",", "")
     mult = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}.get(t[-1:], None)
     try:
-        return float(t[:-1]) * mult if mult else float(t)
+        value = float(t[:-1]) * mult if mult else float(t)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r} (e.g. 7e9, 7B, 350M)") from None
+    # a count of parameters or tokens: -5 tokens planned a negative time and cost (exit 0)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count: valid: a finite number > 0 (e.g. 7e9, 7B, 350M)")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
