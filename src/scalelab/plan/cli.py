@@ -177,6 +177,7 @@ def _plan(a, job_terms=None) -> int:
     names = _strategies(a.strategy)
     plans = []                                          # (terms, hardware, train command)
     built = None                                        # flag form: the count of the GPT the trainer builds
+    refused: list[dict] = []                            # strategies of a listing that cannot run this job
     if a.overrides:
         shape_flags = [f for f in ("params", "layers", "hidden", "heads", "model") if getattr(a, f) is not None]
         if shape_flags:
@@ -186,7 +187,11 @@ def _plan(a, job_terms=None) -> int:
             raise PlanError("overrides need the `scalelab plan` command (scalelab plan KEY=VALUE ...)")
         for name in names:
             overrides = a.overrides + ([f"strategy={name}"] if name else [])
-            terms, hardware = job_terms(overrides)
+            try:
+                terms, hardware = job_terms(overrides)
+            except PlanError as exc:
+                refused.append(_refused(name, exc, len(names)))
+                continue
             hw = load_hardware(a.hardware or hardware)
             # for the hardware planned on (--hardware may name another kind than the job's profile):
             # autocast's LayerNorm dtype, hence the TP collectives' bytes, differ on CPU and GPU
@@ -211,7 +216,11 @@ def _plan(a, job_terms=None) -> int:
                       precision=precision, optimizer=a.optimizer,
                       activation_checkpointing=a.activation_checkpointing,
                       sequence_parallel=not a.no_sequence_parallel, device=hw.kind)
-            terms = build_terms(model, name, micro_batch=_micro_batch(a, model, name, kw), **kw)
+            try:
+                terms = build_terms(model, name, micro_batch=_micro_batch(a, model, name, kw), **kw)
+            except PlanError as exc:
+                refused.append(_refused(name, exc, len(names)))
+                continue
             plans.append((terms, hw, train_command(a, terms, hw.name) if built == model.n_params else None))
     docs, warned = [], []
     for terms, hw, command in plans:
@@ -232,13 +241,17 @@ def _plan(a, job_terms=None) -> int:
                                               "to plan that")
     for line in warned:
         print(f"warning: {line}", file=sys.stderr)
-    if len(docs) > 1:
+    if len(names) > 1:
+        if not docs:        # no strategy of the list can run it: the first reason, as for one strategy
+            raise PlanError(refused[0]["refused"])
         # a row that does not fit as asked may fit with a smaller micro-batch or checkpointing
         # (the split only differs: nd's 4 micro-batches fit a 7B model where fsdp's one did not)
         for doc, (terms, hw, _) in zip(docs, plans):
             if not doc["memory"]["fits"]:
                 near = nearest_fitting(terms, hw, limit=1, only=SAME_STRATEGY_AND_DEVICES)
                 doc["fits_with"] = near[0] if near else None
+        order = {n: i for i, n in enumerate(names)}     # the refused rows in the listing's order
+        docs = sorted(docs + refused, key=lambda d: order.get(d["inputs"]["strategy"], len(order)))
         print(json.dumps(docs, indent=2) if a.json else render_rows(docs) + _fits_with_note(docs))
         return 0
     doc, (terms, hw, _) = docs[0], plans[0]
@@ -251,14 +264,27 @@ def _plan(a, job_terms=None) -> int:
     return 0
 
 
+def _refused(name: str | None, exc: PlanError, listed: int) -> dict:
+    """A strategy the trainer would refuse for this job (tp 8 and vocab 50257): alone, its one-line
+    error; in a listing, a row saying so instead of figures for a job that cannot run."""
+    if listed == 1:
+        raise exc
+    return {"inputs": {"strategy": name}, "refused": str(exc)}
+
+
 def _fits_with_note(docs: list[dict]) -> str:
+    lines = []
     rows = [(d["inputs"]["strategy"], d["fits_with"]) for d in docs if "fits_with" in d]
-    if not rows:
-        return ""
-    lines = ["", "does not fit as asked; on the same devices:"]
+    if rows:
+        lines += ["", "does not fit as asked; on the same devices:"]
     for name, f in rows:
         lines.append(f"  {name}: " + (f"fits with {f['change']} ({fmt_bytes(f['total_bytes'])} per device, step "
                                       f"{fmt_time(f['step_s'])})" if f else "no micro-batch or checkpointing fits"))
+    refused = [d for d in docs if "refused" in d]
+    if refused:
+        lines += ["", "cannot run this job (scalelab-train refuses it):"]
+        lines += [f"  {d['inputs']['strategy']}: " + d["refused"].removeprefix(f"strategy={d['inputs']['strategy']}: ")
+                  for d in refused]
     return "\n".join(lines)
 
 

@@ -127,6 +127,9 @@ def render_rows(docs: list[dict]) -> str:
             "tokens/s", "MFU", "efficiency"]
     rows = []
     for d in docs:
+        if "refused" in d:        # a layout the trainer refuses: no figures, its reason under the table
+            rows.append([d["inputs"]["strategy"], *["-"] * 6, "refused", *["-"] * 4])
+            continue
         p, m = d["inputs"]["parallel"], d["memory"]
         eff = d.get("scaling_efficiency")
         rows.append([d["inputs"]["strategy"], str(p["world_size"]), str(p["dp"]), str(p["tp"]), str(p["pp"]),
@@ -137,9 +140,9 @@ def render_rows(docs: list[dict]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
                                    for i, (c, w) in enumerate(zip(cells, widths)))
-    d0 = docs[0]["inputs"]
+    d0 = next(d["inputs"] for d in docs if "refused" not in d)
     return "\n".join([f"{d0['hardware']}, {d0['precision']}, {d0['optimizer']}, global batch "
-                      f"{docs[0]['inputs']['parallel']['global_batch']}; efficiency vs the smallest layout that fits",
+                      f"{d0['parallel']['global_batch']}; efficiency vs the smallest layout that fits",
                       line(head), line(["-" * w for w in widths]), *map(line, rows)])
 
 

@@ -15,7 +15,7 @@ from .strategies import STRATEGIES, Strategy, _strategy_config, get_strategy, st
 __all__ = ["PlanError", "conf_dir", "STRATEGIES", "Strategy", "_strategy_config", "get_strategy", "strategy_names",
            "PRECISIONS", "normalize_precision", "compute_dtype", "activation_bytes", "OPTIMIZERS",
            "normalize_optimizer", "CHECKPOINTING", "normalize_checkpointing", "ATTENTION", "ModelSpec", "Layout",
-           "resolve_layout"]
+           "resolve_layout", "tp_indivisible", "padded_vocab", "check_tp_splits"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,6 +237,41 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def tp_indivisible(model: ModelSpec, tp: int) -> list[tuple[str, int]]:
+    """The dimensions of a GPT that `tp` does not divide, named as scalelab-train's preflight names
+    them (strategies/tensor_parallel.check_tp_degree: the q/k/v/out and MLP Linears are split by
+    heads and width, the embedding and head along the vocabulary)."""
+    sizes = (("model n_heads", model.heads), ("model d_model", model.hidden), ("MLP width", model.ffn),
+             ("vocab_size", model.vocab))
+    return [(what, v) for what, v in sizes if v % tp]
+
+
+def padded_vocab(vocab: int, tp: int) -> int:
+    """The vocabulary padded up to a multiple of 128 (GPT-2's 50257 -> 50304, as nanoGPT and Megatron
+    pad it), or of tp when 128 is not one of tp's multiples."""
+    step = 128 if 128 % tp == 0 else tp
+    return -(-vocab // step) * step
+
+
+def check_tp_splits(model: ModelSpec, tp: int, world: int, strategy: str) -> None:
+    """The trainer refuses a TP degree that does not divide the heads, width, MLP width or vocab
+    (strategy=tp with vocab 50257 at tp 8): so does the plan, with the trainer's reason, so that
+    the printed same job runs ("the plan is the run")."""
+    bad = tp_indivisible(model, tp)
+    if not bad:
+        return
+    what, v = bad[0]
+    if what == "model n_heads":     # the message the flag form always gave for the heads
+        raise PlanError(f"--tp {tp} does not divide --heads {model.heads}; valid tp: "
+                        f"{', '.join(str(d) for d in _divisors(model.heads) if world % d == 0)}")
+    valid = [d for d in _divisors(world) if not tp_indivisible(model, d)]
+    hint = (f", or a vocabulary {tp} divides (padded: --vocab / model.arch.vocab_size "
+            f"{padded_vocab(v, tp)})" if what == "vocab_size" else "")
+    raise PlanError(f"strategy={strategy}: tp {tp} does not divide {what} {v} (scalelab-train refuses it: "
+                    f"it splits the {'embedding and head along the vocabulary' if what == 'vocab_size' else what} "
+                    f"{tp} ways); valid tp: {', '.join(map(str, valid))}{hint}")
+
+
 # --------------------------------------------------------------------------------------------
 # Parallel layout
 # --------------------------------------------------------------------------------------------
@@ -308,9 +343,8 @@ def resolve_layout(strategy: Strategy, model: ModelSpec, devices: int, nodes: in
                         f"(got --strategy {strategy.name})")
     if pp > 1 and not strategy.pipeline:
         raise PlanError(f"--pp {pp} needs --strategy pipeline or nd (got --strategy {strategy.name})")
-    if model.kind == "gpt" and model.heads % tp:
-        raise PlanError(f"--tp {tp} does not divide --heads {model.heads}; valid tp: "
-                        f"{', '.join(str(d) for d in _divisors(model.heads) if world % d == 0)}")
+    if model.kind == "gpt" and tp > 1:
+        check_tp_splits(model, tp, world, strategy.name)
     if pp > model.n_layers:
         raise PlanError(f"--pp {pp} exceeds the number of layers {model.n_layers}; "
                         f"valid pp: 1..{model.n_layers}")

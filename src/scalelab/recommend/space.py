@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from scalelab.plan.hardware import Hardware, list_hardware
-from scalelab.plan.spec import STRATEGIES, ModelSpec, PlanError, get_strategy
+from scalelab.plan.spec import STRATEGIES, ModelSpec, PlanError, get_strategy, padded_vocab, tp_indivisible
 from scalelab.plan.peak_memory import device_total_bytes, fits_host
 from scalelab.plan.step_time import Terms, build_terms, step_time
 
@@ -108,6 +108,32 @@ def tp_degrees(model: ModelSpec, devices: int) -> list[int]:
                                                              or model.ffn % t or model.vocab % t)]
 
 
+def no_degree_reason(strategy: str, model: ModelSpec, devices: int, nodes: int) -> str:
+    """Why `degrees` is empty, naming the dimension that does not divide: "the model's shape"
+    hid that GPT-2's vocabulary 50257 (prime to every tp > 1) is what rules tp out."""
+    where = f"{nodes}x{devices} devices"
+    st = get_strategy(strategy)
+    if st.tensor_parallel and model.kind == "gpt" and not tp_degrees(model, devices):
+        tps = [t for t in _divisors(devices) if t > 1]
+        if not tps:
+            return f"tensor parallelism needs 2 or more devices in a node ({where})"
+        blocking: dict[tuple[str, int], list[int]] = {}
+        for t in tps:
+            for dim in tp_indivisible(model, t):
+                blocking.setdefault(dim, []).append(t)
+        said = "; ".join(f"{what} {v} is not divisible by tp {', '.join(map(str, ts))}"
+                         for (what, v), ts in blocking.items())
+        hint = (f" (a vocabulary padded to {padded_vocab(model.vocab, max(tps))} would split)"
+                if any(what == "vocab_size" for what, _ in blocking) else "")
+        return (f"no tp degree inside a node of {devices} divides the model (scalelab-train splits heads, width, "
+                f"MLP width and vocabulary tp ways): {said}{hint}")
+    if st.tensor_parallel and model.kind != "gpt":
+        return "tensor parallelism splits the GPT models only"
+    if st.pipeline and model.kind == "gpt" and model.n_layers < 2:
+        return f"a pipeline needs 2 or more layers (the model has {model.n_layers})"
+    return f"no tp/pp degree fits {where} and the model's shape"
+
+
 def degrees(strategy: str, model: ModelSpec, devices: int, world: int) -> list[tuple[int, int]]:
     """(tp, pp) pairs for a strategy on `world` devices (`devices` per node)."""
     st = get_strategy(strategy)
@@ -172,7 +198,7 @@ def enumerate_candidates(req: Request) -> tuple[list[Candidate], dict]:
                 continue
             pairs = degrees(name, req.model, devices, world)
             if not pairs:
-                prune(f"{name}: no tp/pp degree fits {nodes}x{devices} devices and the model's shape")
+                prune(f"{name}: {no_degree_reason(name, req.model, devices, nodes)}")
             for tp, pp in pairs:
                 dp = world // (tp * pp)
                 for gb in req.global_batches:
