@@ -2,8 +2,10 @@
 
 "Nearest" = fewest changes to what the user asked for, then fastest predicted step. One change
 at a time first: another strategy on the same devices, activation checkpointing, a smaller
-micro-batch with more accumulation (same global batch), more devices (same micro-batch); then
-the pairs of them.
+micro-batch with more accumulation, more devices; then the pairs of them. Every suggestion keeps
+the global batch (the job's optimisation: a layout at another batch trains something else): a
+change that alters the data-parallel degree (tp's dp 1 where zero3 had 8, more devices) re-splits
+that batch into micro-batch x accumulation for the new degree, the fastest split that fits.
 """
 from __future__ import annotations
 
@@ -31,9 +33,8 @@ def _changes(terms: Terms) -> list[tuple[str, dict]]:
             out.append((f"activation checkpointing {ckpt}", {"activation_checkpointing": ckpt}))
     micro = L.micro_batch // 2
     while micro >= 1:
-        if L.micro_batch % micro == 0:
-            out.append((f"micro-batch {micro} x {L.micro_batches * L.micro_batch // micro} accumulation",
-                        {"micro_batch": micro, "micro_batches": L.micro_batches * L.micro_batch // micro}))
+        if L.micro_batch % micro == 0:   # labelled once built: the accumulation follows the dp
+            out.append(("micro-batch", {"micro_batch": micro}))
         micro //= 2
     for factor in (2, 4, 8):
         world = L.world * factor
@@ -44,15 +45,40 @@ def _changes(terms: Terms) -> list[tuple[str, dict]]:
 
 
 # The changes that keep the strategy and the devices (plan --strategy all's footnote).
-SAME_STRATEGY_AND_DEVICES = ("micro_batch", "micro_batches", "activation_checkpointing")
+SAME_STRATEGY_AND_DEVICES = ("micro_batch", "activation_checkpointing")
+
+
+def _splits(kw: dict, model, hw: Hardware) -> list[Terms]:
+    """The candidate for `kw` at each micro-batch that splits its global batch over its dp (largest
+    first; a pipeline needs at least pp micro-batches, as recommend's space and the trainer's 1F1B)."""
+    name = kw["strategy"]
+    try:
+        probe = build_terms(model, name, **_args(kw, micro_batch=1))
+    except PlanError:
+        return []
+    per_replica = kw["global_batch"] // probe.layout.dp if kw["global_batch"] % probe.layout.dp == 0 else 0
+    out = []
+    for micro in sorted((d for d in range(1, per_replica + 1) if per_replica % d == 0), reverse=True):
+        if probe.strategy.pipeline and per_replica // micro < probe.layout.pp:
+            continue
+        try:
+            out.append(build_terms(model, name, **_args(kw, micro_batch=micro)))
+        except PlanError:
+            continue
+    return out
+
+
+def _args(kw: dict, **over) -> dict:
+    return {k: v for k, v in {**kw, **over}.items() if k != "strategy"}
 
 
 def nearest_fitting(terms: Terms, hw: Hardware, limit: int = 5, only: tuple[str, ...] | None = None) -> list[dict]:
-    """Up to `limit` layouts near `terms` that fit, as {"change", "step_s", "total_bytes", ...};
-    only: the layout keys a change may touch (None: any)."""
+    """Up to `limit` layouts near `terms` that fit, all at its global batch, as {"change", "step_s",
+    "total_bytes", "micro_batch", "micro_batches", "dp", "global_batch", ...}; only: the layout keys
+    a change may touch (None: any)."""
     L = terms.layout
     base = dict(strategy=terms.strategy, devices=L.devices_per_node, nodes=L.nodes, tp=L.tp, pp=L.pp,
-                micro_batch=L.micro_batch, micro_batches=L.micro_batches, precision=terms.precision,
+                micro_batch=L.micro_batch, global_batch=L.global_batch, precision=terms.precision,
                 optimizer=terms.optimizer, activation_checkpointing=terms.checkpointing,
                 threads=terms.threads or None, sequence_parallel=L.sequence_parallel, device=hw.kind)
     singles = [c for c in _changes(terms) if only is None or set(c[1]) <= set(only)]
@@ -68,14 +94,16 @@ def nearest_fitting(terms: Terms, hw: Hardware, limit: int = 5, only: tuple[str,
             if isinstance(kw["strategy"], str):   # a new strategy picks its own tp/pp defaults
                 kw.update(tp=None if STRATEGIES[kw["strategy"]].tensor_parallel else 1,
                           pp=None if STRATEGIES[kw["strategy"]].pipeline else 1)
-            try:
-                cand = build_terms(terms.model, kw.pop("strategy"), **kw)
-            except PlanError:
-                continue
-            if fits(cand, hw):
-                found.append({"change": " + ".join(c for c, _ in combo), "changes": n,
-                              "strategy": cand.strategy.name, "world_size": cand.layout.world,
-                              "micro_batch": cand.layout.micro_batch,
+            cand = _fitting(terms, kw, "micro_batch" in keys, hw)
+            if cand is not None:
+                CL = cand.layout
+                what = "pipeline micro-batches" if CL.pp > 1 else "accumulation"
+                label = " + ".join(f"micro-batch {CL.micro_batch} x {CL.micro_batches} {what}"
+                                   if c == "micro-batch" else c for c, _ in combo)
+                found.append({"change": label, "changes": n, "strategy": cand.strategy.name,
+                              "world_size": CL.world, "dp": CL.dp, "tp": CL.tp, "pp": CL.pp,
+                              "micro_batch": CL.micro_batch, "micro_batches": CL.micro_batches,
+                              "global_batch": CL.global_batch,
                               "activation_checkpointing": cand.checkpointing,
                               "step_s": step_time(cand, hw)["step_s"],
                               "total_bytes": device_total_bytes(cand, hw)})
@@ -83,3 +111,17 @@ def nearest_fitting(terms: Terms, hw: Hardware, limit: int = 5, only: tuple[str,
             break
     found.sort(key=lambda f: (f["changes"], f["step_s"]))
     return found[:limit]
+
+
+def _fitting(terms: Terms, kw: dict, micro_changed: bool, hw: Hardware) -> Terms | None:
+    """The candidate for `kw` at the job's global batch. Its micro-batch, when the change keeps the
+    data-parallel degree or names the micro-batch itself; else (the degree differs: the old
+    micro-batch would change the batch or not divide it) the fastest split that fits."""
+    try:
+        cand = build_terms(terms.model, kw["strategy"], **_args(kw))
+    except PlanError:
+        cand = None
+    if micro_changed or (cand is not None and cand.layout.dp == terms.layout.dp):
+        return cand if cand is not None and fits(cand, hw) else None
+    fitting = [c for c in _splits(kw, terms.model, hw) if fits(c, hw)]
+    return min(fitting, key=lambda c: step_time(c, hw)["step_s"]) if fitting else None

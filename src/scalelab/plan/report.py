@@ -146,6 +146,12 @@ def render_rows(docs: list[dict]) -> str:
                       line(head), line(["-" * w for w in widths]), *map(line, rows)])
 
 
+def _split(a: dict) -> str:
+    """A suggestion's batch split: every one keeps the asked global batch (plan/alternatives.py)."""
+    what = "pipeline micro-batches" if a.get("pp", 1) > 1 else "accumulation"
+    return f"micro-batch {a['micro_batch']} x {a['micro_batches']} {what}"
+
+
 def render_alternatives(doc: dict, alternatives: list[dict]) -> str:
     m = doc["memory"]
     if m["total_bytes_per_device"] > m["device_memory_bytes"]:
@@ -158,5 +164,7 @@ def render_alternatives(doc: dict, alternatives: list[dict]) -> str:
         return "; ".join(out + ["no nearby layout fits (more devices, or a smaller model or sequence)"])
     out[0] += "; the nearest layouts that fit:"
     for a in alternatives:
-        out.append(f"  {a['change']}: {fmt_bytes(a['total_bytes'])} per device, step {fmt_time(a['step_s'])}")
+        dp = f" x dp {a['dp']} = global batch {a['global_batch']}"
+        change = f"{a['change']}{dp}" if "micro-batch" in a["change"] else f"{a['change']} ({_split(a)}{dp})"
+        out.append(f"  {change}: {fmt_bytes(a['total_bytes'])} per device, step {fmt_time(a['step_s'])}")
     return "\n".join(out)
