@@ -114,11 +114,17 @@ def render(doc: dict) -> str:
     return "\n".join(out)
 
 
+# The planner's efficiency is weak scaling (step_time.baseline); a sweep's table also has strong
+# scaling (same global batch), so the line says which, and what was held fixed.
+WEAK = "weak-scaling efficiency (same micro-batch per device)"
+
+
 def _efficiency(doc: dict) -> str:
     base = doc.get("baseline") or {}
     if doc.get("scaling_efficiency") is None:
-        return f"scaling efficiency: none ({base.get('what', 'no baseline')})"
-    return f"scaling efficiency {doc['scaling_efficiency']:.1%} vs {base['what']}"
+        return f"{WEAK}: none ({base.get('what', 'no baseline')})"
+    at = f" at global batch {base['global_batch']}" if base.get("global_batch") else ""
+    return f"{WEAK} {doc['scaling_efficiency']:.1%} vs {base['what']}{at}"
 
 
 def render_rows(docs: list[dict]) -> str:
@@ -142,7 +148,7 @@ def render_rows(docs: list[dict]) -> str:
                                    for i, (c, w) in enumerate(zip(cells, widths)))
     d0 = next(d["inputs"] for d in docs if "refused" not in d)
     return "\n".join([f"{d0['hardware']}, {d0['precision']}, {d0['optimizer']}, global batch "
-                      f"{d0['parallel']['global_batch']}; efficiency vs the smallest layout that fits",
+                      f"{d0['parallel']['global_batch']}; efficiency: {WEAK}, vs the smallest layout that fits",
                       line(head), line(["-" * w for w in widths]), *map(line, rows)])
 
 

@@ -320,7 +320,8 @@ def plan_terms(terms: Terms, hw: Hardware, tokens: float | None = None) -> dict:
         base_sps = base.layout.global_batch / base_t
         efficiency = samples_per_s / (L.world * base_sps / base.layout.world)
         base_doc = {"strategy": base.strategy.name, "world_size": base.layout.world, "what": why,
-                    "step_s": base_t, "samples_per_s": base_sps}
+                    "step_s": base_t, "samples_per_s": base_sps, "global_batch": base.layout.global_batch,
+                    "micro_batch": base.layout.micro_batch}
     device_total = device_total_bytes(terms, hw)
     train = None
     if tokens:
@@ -379,7 +380,11 @@ def plan_terms(terms: Terms, hw: Hardware, tokens: float | None = None) -> dict:
         "time": times,
         "throughput": {"tokens_per_s": tokens_per_s, "samples_per_s": samples_per_s},
         "mfu": mfu,
+        # weak scaling (baseline()): throughput per device vs the baseline's at the same micro-batch
+        # per device, the global batch growing with the devices; sweeps also report strong scaling
+        # (same global batch), hence the kind beside the figure (as a sweep's scaling_kind)
         "scaling_efficiency": efficiency,
+        "scaling_kind": "weak",
         "baseline": base_doc,
         "train": train,
     }
