@@ -9,16 +9,16 @@ from pathlib import Path
 
 def _compare(args: argparse.Namespace) -> int:
     from scalelab.results.record import read_records
-    from scalelab.results.sweep import aggregate, attach_efficiency
+    from scalelab.results.sweep import summaries_for
     from scalelab.results.table import SelectError, filter_records, group_records, render, rich_table, sort_records
 
-    from scalelab.paths import path_problem, write_out
+    from scalelab.paths import overwrites_input, path_problem, write_out
 
     missing = [p for p in args.paths if not Path(p).exists()]
     if missing:
         print(f"error: {missing[0]} does not exist (give run.json files, job dirs or sweep dirs)", file=sys.stderr)
         return 2
-    problem = args.out and path_problem(args.out, "--out")
+    problem = args.out and (overwrites_input(args.out, args.paths) or path_problem(args.out, "--out"))
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -30,11 +30,9 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"error: no {'readable ' if skipped else ''}run.json under {' '.join(args.paths)}"
               + (f" ({len(skipped)} skipped)" if skipped else ""), file=sys.stderr)
         return 2
-    summaries = []
-    for p in args.paths:
-        if Path(p).is_dir() and any(Path(p).glob("*/run.json")):
-            summaries.append(aggregate(p, write=False))
-            attach_efficiency(records, summaries[-1])
+    # every sweep the runs come from, however they were named (the sweep, its parent, some of its
+    # job folders): efficiency only of sweeps named directly left it out of the others
+    summaries = summaries_for(records, args.paths)
     try:
         records = filter_records(records, args.where)
         if not records:
@@ -79,6 +77,10 @@ def _aggregate(args: argparse.Namespace) -> int:
     sweep = Path(args.sweep_dir)
     if not sweep.is_dir() or not any(sweep.rglob("run.json")):
         print(f"error: {sweep} holds no run.json (give a sweep dir, e.g. outputs/sweeps/<time>)", file=sys.stderr)
+        return 2
+    if (sweep / "run.json").is_file():   # a job folder: its sweep.json and report.html landed beside run.json
+        print(f"error: {sweep} is a job folder (it holds run.json), not a sweep folder: give its sweep folder, "
+              f"e.g. {sweep.resolve().parent}", file=sys.stderr)
         return 2
     from scalelab.results.record import read_records
 

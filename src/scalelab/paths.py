@@ -43,3 +43,22 @@ def write_out(path: str | Path, text: str) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(text)
+
+
+# What a results folder holds that an --out must never replace: the records and the sweep summary.
+RECORD_NAMES = ("run.json", "sweep.json")
+
+
+def overwrites_input(path: str | Path, inputs: list[str | Path], what: str = "--out") -> str | None:
+    """Why writing `path` would destroy what is being read, one line; None where it would not: it
+    is one of INPUTS (a run.json given as such), or a run.json / sweep.json inside an input folder
+    (`compare SWEEP --out SWEEP/0/run.json` replaced that run's record with the CSV of the table)."""
+    out = Path(path).resolve()
+    for given in map(Path, inputs):
+        src = given.resolve()
+        if out == src:
+            return f"{what} {path} is one of the inputs ({given}): give another file"
+        if src.is_dir() and out.name in RECORD_NAMES and out.is_relative_to(src):
+            return (f"{what} {path} would overwrite a {out.name} inside the input folder {given}: give a file "
+                    f"not named {' or '.join(RECORD_NAMES)} there")
+    return None

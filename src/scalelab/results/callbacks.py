@@ -9,7 +9,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from scalelab.results.record import read_records
-from scalelab.results.sweep import aggregate, attach_efficiency
+from scalelab.results.sweep import aggregate, attach_efficiency, summary_run_id
 from scalelab.results.table import render
 
 REPORT_FILE = "report.html"  # the sweep's dashboard (scalelab compare SWEEP_DIR --format html)
@@ -24,9 +24,11 @@ def summarize_sweep(sweep_dir: Path, logger_cfg: Any = None, cache_dir: str | No
     if logger_cfg is not None and logger_cfg.get("name") == "wandb" and logger_cfg.get("mode") != "disabled":
         from scalelab.results.wandb_summary import log_sweep
 
+        # the summary run an earlier aggregation logged (aggregate kept its id in sweep.json) is resumed
         summary["wandb_run_id"] = log_sweep(sweep_dir, summary, records, logger_cfg.get("project", "scalelab"),
                                             logger_cfg.get("mode", "offline"), logger_cfg.get("entity"),
-                                            Path(cache_dir) if cache_dir else None)
+                                            Path(cache_dir) if cache_dir else None,
+                                            run_id=summary_run_id(sweep_dir))
         from scalelab.results.record import write_json
 
         write_json(sweep_dir / "sweep.json", summary)

@@ -12,6 +12,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from scalelab.results.sweep import job_key, run_key
 from scalelab.results.table import _show, flatten, lookup
 
 MIB = 2**20
@@ -124,17 +125,26 @@ def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: 
     """Scaling efficiency vs world size, one series per sweep.aggregate group of KIND
     (strong: same global batch; weak: same per-rank batch), plus the ideal line (1.0). Only the
     selected runs are drawn; efficiencies stay against their sweep's baseline."""
+    # A summary's runs are found where they are (their folder in its sweep): two sweeps in folders
+    # of one name have the same job names. By name only where one side has no folder.
+    by_dir = {k: r for r in records if (k := job_key(r))}
     by_job = {job_name(r): r for r in records}
+    no_dir = {job_name(r): r for r in records if not job_key(r)}
+
+    def rec_of(s: dict, job: str, folder: str | None) -> dict | None:
+        return (by_dir.get(run_key(s, folder) or "") or no_dir.get(job)) if folder is not None else by_job.get(job)
+
     traces, labels, rules, bases, base_runs = [], [], [], [], []
     sweeps = sweep_labels([s.get("sweep_dir") for s in summaries], names)
     for s in summaries:
         for g in s.get("groups", []):
             if g["kind"] != kind:
                 continue
-            runs = [m for m in g["runs"] if m["job"] in by_job]
+            runs = [m for m in g["runs"] if rec_of(s, m["job"], m.get("dir"))]
             if not runs:
                 continue
-            base = by_job.get(g["baseline_job"]) or by_job[runs[0]["job"]]
+            base = (rec_of(s, g["baseline_job"], g.get("baseline_dir"))
+                    or rec_of(s, runs[0]["job"], runs[0].get("dir")))
             if kind == "strong":
                 name = f"{g['strategy']} b{runs[0]['global_batch_size']}"
             else:

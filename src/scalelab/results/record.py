@@ -213,18 +213,22 @@ def load_record(path: Path | str) -> dict:
 
 
 def read_records(paths: list[Path | str], problems: list[str] | None = None) -> list[dict]:
-    """run.json files found under each path (a run.json, a job dir or a sweep dir). A file that
+    """run.json files found under each path (a run.json, a job dir or a sweep dir), each file once
+    however many of the paths hold it. A file that
     cannot be used (corrupt, truncated, wrongly shaped) is skipped: "PATH: reason" goes to
     `problems` when given, else one line "skipped PATH: reason" to stderr."""
     import sys
 
-    out, others = [], []
+    out, others, seen = [], [], set()
     for p in map(Path, paths):
         if p.is_file() and p.suffix != ".json":   # a glob's logs and scripts (`compare outputs/slurm/*`)
             others.append(p)
             continue
         files = [p] if p.is_file() else sorted(p.rglob(RUN_FILE))
         for f in files:
+            if f.resolve() in seen:   # paths that overlap (`compare S S/0`): each record once
+                continue
+            seen.add(f.resolve())
             try:
                 rec = load_record(f)
             except BadRecord as e:

@@ -8,6 +8,7 @@ efficiency(N) = throughput(N) / (N x throughput(N0) / N0)
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -67,8 +68,9 @@ def aggregate(sweep_dir: Path | str, write: bool = True, problems: list[str] | N
             b_thr, b_world = base["throughput"]["samples_per_s"], base["world_size"]
             groups.append({
                 "kind": kind, "strategy": base["strategy"], "baseline_job": base["job"].get("name"),
+                "baseline_dir": _rel(base, sweep_dir),
                 "baseline_world_size": b_world, "baseline_samples_per_s": b_thr,
-                "runs": [{"job": m["job"].get("name"), "world_size": m["world_size"],
+                "runs": [{"job": m["job"].get("name"), "dir": _rel(m, sweep_dir), "world_size": m["world_size"],
                           "global_batch_size": m["global_batch_size"],
                           "samples_per_s": m["throughput"]["samples_per_s"],
                           "scaling_efficiency": efficiency(m["throughput"]["samples_per_s"], m["world_size"],
@@ -96,14 +98,90 @@ def _kept(path: Path) -> dict:
     return {k: old[k] for k in ("wandb_run_id",) if isinstance(old, dict) and k in old}
 
 
+def _rel(rec: dict, sweep_dir: Path) -> str | None:
+    """The run's job folder relative to its sweep folder ("1"): with the sweep folder, where the run
+    is. A job name is not (two sweeps in folders named `sw` both have a job "sw/1"), and a
+    relative path still holds for a copied or moved sweep."""
+    path = (rec.get("job") or {}).get("record_path")
+    return os.path.relpath(Path(path).parent, sweep_dir) if path else None
+
+
+def job_key(rec: dict) -> str | None:
+    """Where a record's job is: its resolved job folder (None for a record not read from a file)."""
+    path = (rec.get("job") or {}).get("record_path")
+    return str(Path(path).parent.resolve()) if path else None
+
+
+def run_key(summary: dict, run_dir: str | None) -> str | None:
+    """Where a summary's run (its `dir`, or a group's `baseline_dir`) is, as job_key says it."""
+    if run_dir is None or not summary.get("sweep_dir"):
+        return None
+    return str((Path(summary["sweep_dir"]) / run_dir).resolve())
+
+
+def summary_run_id(sweep_dir: Path | str) -> str | None:
+    """The W&B summary run an earlier aggregation of SWEEP_DIR logged (sweep.json), to resume."""
+    run_id = _kept(Path(sweep_dir) / SWEEP_FILE).get("wandb_run_id")
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
 def attach_efficiency(records: list[dict], summary: dict) -> None:
     """Put each run's efficiency (strong preferred) and its group's baseline world size on its
     record, for tables (a group whose 1-device run failed or is missing is measured against its
-    smallest completed world, and the table says so)."""
-    by_job: dict[str, tuple[float, int, str]] = {}
+    smallest completed world, and the table says so). Runs are matched by where they are (their
+    job folder in the summary's sweep), so SUMMARY's figures land on its own runs only: keyed by
+    job name, a sweep `A/sw` showed `B/sw`'s efficiency for its job "sw/1". Only where one side has
+    no folder (a record not read from a file, an older summary) is a run matched by job name."""
+    by_dir: dict[str, tuple[float, int, str]] = {}
+    by_name: dict[str, tuple[float, int, str]] = {}      # every run
+    no_dir: dict[str, tuple[float, int, str]] = {}       # runs without a folder
     for g in sorted(summary["groups"], key=lambda g: g["kind"] != "weak"):  # strong written last wins
         for run in g["runs"]:
-            by_job[run["job"]] = (run["scaling_efficiency"], g["baseline_world_size"], g["kind"])
+            figures = (run["scaling_efficiency"], g["baseline_world_size"], g["kind"])
+            by_name[run["job"]] = figures
+            key = run_key(summary, run.get("dir"))
+            if key:
+                by_dir[key] = figures
+            else:
+                no_dir[run["job"]] = figures
     for r in records:
-        if r.get("job", {}).get("name") in by_job:
-            r["scaling_efficiency"], r["scaling_baseline_world"], r["scaling_kind"] = by_job[r["job"]["name"]]
+        key, name = job_key(r), (r.get("job") or {}).get("name")
+        figures = (by_dir.get(key) or no_dir.get(name)) if key else by_name.get(name)
+        if figures:
+            r["scaling_efficiency"], r["scaling_baseline_world"], r["scaling_kind"] = figures
+
+
+# What marks a sweep folder: Hydra writes multirun.yaml into every multirun's sweep dir, and
+# aggregation writes sweep.json.
+SWEEP_MARKS = ("multirun.yaml", SWEEP_FILE)
+
+
+def sweep_of_record(rec: dict, given: set[str] = frozenset()) -> Path | None:
+    """The sweep folder a record belongs to, as `scalelab aggregate SWEEP_DIR` would be given it:
+    its job folder's parent where the user named that folder (GIVEN, resolved); else the nearest
+    folder above its job folder that holds multirun.yaml or sweep.json; else its job folder's
+    parent where the record is from a multirun (job.sweep_dir). None for a single run: it has no
+    sweep, so no scaling efficiency."""
+    key = job_key(rec)
+    if key is None:
+        return None
+    job_dir = Path(key)
+    if str(job_dir.parent) in given:   # `compare DIR`: DIR is the sweep, as for `aggregate DIR`
+        return job_dir.parent
+    for folder in job_dir.parents:
+        if any((folder / mark).is_file() for mark in SWEEP_MARKS):
+            return folder
+    return job_dir.parent if (rec.get("job") or {}).get("sweep_dir") else None
+
+
+def summaries_for(records: list[dict], given: list[str | Path] = ()) -> list[dict]:
+    """Each sweep the records come from (sweep_of_record), aggregated in full (not written) and
+    its efficiencies attached to the records: a run shows the efficiency its sweep's sweep.json
+    holds, whether the sweep, its parent folder or some of its job folders were named."""
+    named = {str(Path(p).resolve()) for p in given if Path(p).is_dir()}
+    sweeps = list(dict.fromkeys(s for r in records if (s := sweep_of_record(r, named)) is not None))
+    summaries = []
+    for sweep in sweeps:
+        summaries.append(aggregate(sweep, write=False))
+        attach_efficiency(records, summaries[-1])
+    return [s for s in summaries if s["num_runs"]]

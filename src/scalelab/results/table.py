@@ -60,10 +60,42 @@ SHORT_MARK = "*"
 SHORT_NOTE = f"{SHORT_MARK} fewer than 5 measured steps: not steady-state figures (raise trainer.max_steps)"
 
 
-def _cells(rec: dict, columns) -> list[str]:
+def job_labels(records: list[dict]) -> dict[int, str]:
+    """{id(record): a longer job name} for runs whose job name another run of a different folder
+    has too (two sweeps in folders named `sw` both have "sw/0": their rows read the same): the name
+    with as many folders above it as tell them apart ("A/sw/0", "B/sw/0"); a name its folder does
+    not end with gets the folder in brackets ("sw/0 [copy/0]")."""
+    from pathlib import Path
+
+    by_name: dict[str, list[dict]] = {}
+    for r in records:
+        if (r.get("job") or {}).get("record_path"):
+            by_name.setdefault(str(r["job"].get("name", "")), []).append(r)
+    out: dict[int, str] = {}
+    for name, runs in by_name.items():
+        folders = [Path(r["job"]["record_path"]).resolve().parent for r in runs]
+        if len(set(folders)) < 2:
+            continue
+        tail = tuple(p for p in name.split("/") if p)
+        for k in range(1, max(len(f.parts) for f in folders) + 1):
+            labels = []
+            for f in folders:
+                if tail and f.parts[-len(tail):] == tail:
+                    labels.append("/".join(f.parts[:-len(tail)][-k:] + tail).replace("//", "/"))
+                else:
+                    labels.append(f"{name} [{'/'.join(f.parts[-k:])}]")
+            if len(set(labels)) == len(set(folders)):
+                break
+        out.update({id(r): lab for r, lab in zip(runs, labels)})
+    return out
+
+
+def _cells(rec: dict, columns, label: str | None = None) -> list[str]:
     out = []
     for head, get, fmt in columns:
         v = get(rec)
+        if head == "job" and label:
+            v = label   # a job name other runs have too, made longer (job_labels)
         cell = "-" if v is None or v == "" else fmt.format(v)
         if head == "step ms (med)" and rec.get("short_run") and cell != "-":
             cell += SHORT_MARK
@@ -126,9 +158,10 @@ def render(records: list[dict], fmt: str = "table", group_by: str | None = None,
     heads = [c[0] for c in cols]
     note = [SHORT_NOTE] if any(r.get("short_run") for r in records) else []
     sections = group_records(records, group_by) if group_by else [(None, records)]
+    labels = job_labels(records)
     out = []
     for value, members in sections:
-        rows = [_cells(r, cols) for r in members]
+        rows = [_cells(r, cols, labels.get(id(r))) for r in members]
         if fmt == "markdown":
             title = [f"### {group_by} = {_show(value)}", ""] if group_by else []
             out.append("\n".join(title + ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
@@ -173,7 +206,8 @@ def rich_table(records: list[dict], group_by: str | None = None, sort: str | Non
 
     records = sort_records(records, sort)
     cols = [c for c in _columns(records) if c[0] != "status"]
-    cell = {id(r): _cells(r, cols) for r in records}
+    labels = job_labels(records)
+    cell = {id(r): _cells(r, cols, labels.get(id(r))) for r in records}
     short = [SHORT_NOTE] if any(r.get("short_run") for r in records) else []
 
     def build(members, hidden, title=None, status=True):
@@ -263,10 +297,26 @@ def _matches(v, want: str) -> bool:
         return want.lower() == str(v).lower()
     if isinstance(v, (int, float)):
         try:
-            return float(want) == float(v)
+            return float(want) == float(v) or _rounds_to(v, want)
         except ValueError:
             return False
     return (json.dumps(v) if isinstance(v, (list, dict)) else str(v)) == want
+
+
+def _rounds_to(v: float, want: str) -> bool:
+    """Whether V, rounded at the last digit WANT is written to, is WANT: the table shows
+    `lr 0.00424` for 0.0042371..., and `--where lr=0.00424` (what the user sees) matched nothing
+    but the exact float. An integer is exact anyway; a float's digits beyond WANT's do not count
+    (`lr=0.0042` matches it too, `lr=0.00425` does not)."""
+    from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
+
+    try:
+        w = Decimal(want.strip())
+        if not w.is_finite() or isinstance(v, int):
+            return False
+        return Decimal(v).quantize(Decimal(1).scaleb(w.as_tuple().exponent), rounding=ROUND_HALF_EVEN) == w
+    except (InvalidOperation, ValueError):   # not a number, or too many digits to round at
+        return False
 
 
 def filter_records(records: list[dict], wheres: list[str]) -> list[dict]:

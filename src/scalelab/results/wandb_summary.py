@@ -47,8 +47,12 @@ def charts(records: list[dict], summary: dict, cache_dir: Path | None = None) ->
 
 
 def log_sweep(sweep_dir: Path, summary: dict, records: list[dict], project: str, mode: str,
-              entity: str | None = None, cache_dir: Path | None = None) -> str:
-    """Log the summary run; returns its id. Offline runs land in SWEEP_DIR/wandb/."""
+              entity: str | None = None, cache_dir: Path | None = None, run_id: str | None = None) -> str:
+    """Log the summary run; returns its id. Offline runs land in SWEEP_DIR/wandb/. RUN_ID (the id
+    an earlier aggregation of this sweep logged, sweep.json's wandb_run_id) is resumed, so a sweep
+    has one summary run however often it is aggregated: without it every re-aggregation (a rerun
+    into the same sweep dir, `scalelab aggregate DIR --wandb ...`) made another. Offline, each
+    aggregation is its own offline-run-*-ID folder of that one id; `wandb sync` puts them in one run."""
     import wandb
 
     if cache_dir is not None:
@@ -56,9 +60,14 @@ def log_sweep(sweep_dir: Path, summary: dict, records: list[dict], project: str,
                          ("WANDB_DATA_DIR", "wandb-data")):
             os.environ.setdefault(var, str(Path(cache_dir) / sub))
     os.environ.setdefault("WANDB_SILENT", "true")
-    kw = dict(project=project, entity=entity, dir=str(sweep_dir), group=Path(sweep_dir).name,
+    # the W&B group its job runs are in (train.py's job.group, which worker.py logs them with), so
+    # the summary sits beside them whatever that group is; the folder's name where no record says
+    groups = {(r.get("job") or {}).get("group") for r in records} - {None, ""}
+    group = groups.pop() if len(groups) == 1 else Path(sweep_dir).name
+    kw = dict(project=project, entity=entity, dir=str(sweep_dir), group=group,
               job_type="sweep_summary", name=f"{Path(sweep_dir).name}/summary",
-              config={"sweep_dir": str(sweep_dir), "num_runs": summary["num_runs"]}, reinit="create_new")
+              config={"sweep_dir": str(sweep_dir), "num_runs": summary["num_runs"]}, reinit="create_new",
+              **({"id": run_id, "resume": "allow"} if run_id else {}))
     try:
         run = wandb.init(mode=mode, **kw)
     except Exception as exc:  # noqa: BLE001 - online without a key or network: log it offline, say how to sync

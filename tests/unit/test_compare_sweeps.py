@@ -1,0 +1,177 @@
+"""`scalelab compare` / `aggregate` across sweeps and however their paths are given (walkthrough
+of the results path): two sweeps in folders of one name keep their own efficiencies and rows that
+tell them apart; efficiency is there for a sweep's parent folder or some of its job folders;
+overlapping paths count a run once; --out never replaces a record being read; --where takes the
+value the table shows; `aggregate` of a job folder is refused. Hand-made run records (expected
+efficiencies computed by hand: thr(N) / (N x thr(1))), no training."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scalelab.cli import main
+from scalelab.results.record import write_json
+
+from .test_report import _rec
+
+
+def _sweep(folder, thrs, lr=0.001):
+    """FOLDER as a multirun sweep of ddp batch 16 at world 1, 2, ...: throughputs THRS, job names
+    `<folder name>/<i>` as train.py names them, Hydra's multirun.yaml in it."""
+    folder.mkdir(parents=True)
+    (folder / "multirun.yaml").write_text("hydra: {}\n")
+    for i, thr in enumerate(thrs):
+        (folder / str(i)).mkdir()
+        write_json(folder / str(i) / "run.json", _rec(i, "ddp", i + 1, 16, thr, lr=lr, job={
+            "name": f"{folder.name}/{i}", "sweep_dir": str(folder.resolve()), "group": folder.name}))
+    return folder
+
+
+@pytest.fixture()
+def two(tmp_path):
+    """A/sw: 100 then 150 samples/s at 2 ranks (150 / 200 = 0.75); B/sw: 100 then 60 (60 / 200 = 0.30)."""
+    return _sweep(tmp_path / "A" / "sw", [100.0, 150.0]), _sweep(tmp_path / "B" / "sw", [100.0, 60.0])
+
+
+def _run(argv, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    out = capsys.readouterr()
+    return done.value.code, out.out, out.err
+
+
+def _eff(argv, capsys) -> dict:
+    """{record_path: efficiency} of `scalelab compare ARGV --format json`."""
+    code, out, err = _run(["compare", *argv, "--format", "json"], capsys)
+    assert code == 0, err
+    return {r["job"]["record_path"]: r.get("scaling_efficiency") for r in json.loads(out)}
+
+
+def test_two_sweeps_named_alike_keep_their_own_efficiency(two, capsys):
+    a, b = two
+    eff = _eff([str(a), str(b)], capsys)
+    # before: A's sw/1 showed 0.30, B's (the last summary applied to every record named sw/1)
+    assert eff == pytest.approx({f"{a}/0/run.json": 1.0, f"{a}/1/run.json": 0.75,
+                                 f"{b}/0/run.json": 1.0, f"{b}/1/run.json": 0.30})
+    code, out, _ = _run(["compare", str(a), str(b), "--format", "markdown"], capsys)
+    jobs = [line.split("|")[1].strip() for line in out.splitlines()[2:] if line.startswith("|")]
+    assert sorted(jobs) == ["A/sw/0", "A/sw/1", "B/sw/0", "B/sw/1"]     # before: sw/0, sw/0, sw/1, sw/1
+
+
+def test_one_sweep_keeps_its_short_job_names(two, capsys):
+    code, out, _ = _run(["compare", str(two[0]), "--format", "markdown"], capsys)
+    assert [line.split("|")[1].strip() for line in out.splitlines()[2:] if line.startswith("|")] == ["sw/0", "sw/1"]
+
+
+def test_efficiency_of_a_parent_folder_and_of_job_folders(two, tmp_path, capsys):
+    a, b = two
+    eff = _eff([str(tmp_path)], capsys)                     # before: no efficiency at all
+    assert eff == pytest.approx({f"{a}/0/run.json": 1.0, f"{a}/1/run.json": 0.75,
+                                 f"{b}/0/run.json": 1.0, f"{b}/1/run.json": 0.30})
+    # one job folder of a sweep: its efficiency against its sweep's baseline, as sweep.json has it
+    assert _eff([str(a / "1")], capsys) == pytest.approx({f"{a}/1/run.json": 0.75})
+    code, out, err = _run(["compare", str(tmp_path), "--sort", "scaling_efficiency", "--format", "json"], capsys)
+    assert code == 0, err                                   # before: "no run has this key"
+    assert [r["scaling_efficiency"] for r in json.loads(out)] == pytest.approx([0.30, 0.75, 1.0, 1.0])
+
+
+def test_single_runs_have_no_efficiency(tmp_path, capsys):
+    """Runs outside a multirun (job.sweep_dir null) side by side: not a sweep, no efficiency."""
+    for i, thr in enumerate([100.0, 150.0]):
+        (tmp_path / "runs" / f"r{i}").mkdir(parents=True)
+        write_json(tmp_path / "runs" / f"r{i}" / "run.json",
+                   _rec(i, "ddp", i + 1, 16, thr, job={"name": f"r{i}", "sweep_dir": None}))
+    assert set(_eff([str(tmp_path / "runs" / "r0"), str(tmp_path / "runs" / "r1")], capsys).values()) == {None}
+
+
+@pytest.mark.parametrize("extra", [["0"], [""], ["0/run.json"]])
+def test_overlapping_paths_count_each_run_once(two, capsys, extra):
+    a = two[0]
+    code, out, _ = _run(["compare", str(a), *(str(a / e) for e in extra), "--format", "json"], capsys)
+    assert len(json.loads(out)) == 2                                       # before: 3, 4, 3
+
+
+@pytest.mark.parametrize("out", ["0/run.json", "sweep.json", "1/sweep.json"])
+def test_out_never_replaces_a_record_being_read(two, capsys, out):
+    a = two[0]
+    before = (a / "0" / "run.json").read_text()
+    code, stdout, err = _run(["compare", str(a), "--format", "csv", "--out", str(a / out)], capsys)
+    assert code == 2 and err.count("\n") == 1 and str(a / out) in err and str(a) in err, err
+    assert (a / "0" / "run.json").read_text() == before and not (a / "sweep.json").exists()
+
+
+def test_out_refuses_the_record_given_as_a_file_and_allows_other_names(two, capsys):
+    rec = two[0] / "0" / "run.json"
+    code, _, err = _run(["compare", str(rec), "--format", "csv", "--out", str(rec)], capsys)
+    assert code == 2 and "is one of the inputs" in err and err.count("\n") == 1
+    code, _, err = _run(["compare", str(two[0]), "--format", "csv", "--out", str(two[0] / "table.csv")], capsys)
+    assert code == 0 and (two[0] / "table.csv").read_text().startswith("status,")
+
+
+def test_where_takes_the_float_the_table_shows(tmp_path, capsys):
+    a = _sweep(tmp_path / "sw", [100.0, 150.0], lr=0.0042371)
+    code, out, _ = _run(["compare", str(a), "--format", "markdown"], capsys)
+    assert "| 0.00424 |" in out                                        # what the table shows
+    for want in ("0.00424", "4.24e-3", "0.0042", "0.0042371"):        # rounded where written; exact
+        code, out, err = _run(["compare", str(a), "--where", f"lr={want}", "--format", "json"], capsys)
+        assert code == 0 and len(json.loads(out)) == 2, (want, err)   # before: 0.00424 matched nothing
+    code, _, err = _run(["compare", str(a), "--where", "lr=0.00425"], capsys)
+    assert code == 2 and err == "error: no run matches lr=0.00425: lr is 0.0042371\n"
+    code, out, _ = _run(["compare", str(a), "--where", "world_size=2", "--format", "json"], capsys)
+    assert [r["world_size"] for r in json.loads(out)] == [2]           # integers: exact as before
+
+
+def test_aggregate_refuses_a_job_folder(two, capsys):
+    job = two[0] / "0"
+    code, out, err = _run(["aggregate", str(job)], capsys)
+    # before: exit 0, sweep.json and report.html written beside the job's run.json
+    assert code == 2 and err.count("\n") == 1 and str(job) in err and "sweep folder" in err
+    assert str(two[0].resolve()) in err
+    assert sorted(p.name for p in job.iterdir()) == ["run.json"]
+
+
+def test_efficiency_chart_of_two_sweeps_named_alike_draws_each_sweeps_selected_runs(two):
+    """A's 2-rank job alone and all of B: A's series is its one selected point; before, A's group
+    found B's job "sw/0" by name and drew a 1-rank point for a run that was not selected."""
+    from scalelab.results import charts
+    from scalelab.results.record import read_records
+    from scalelab.results.sweep import aggregate, attach_efficiency
+
+    a, b = two
+    recs = read_records([a / "1", b])
+    sums = [aggregate(a, write=False), aggregate(b, write=False)]
+    for s in sums:
+        attach_efficiency(recs, s)
+    ch = charts.efficiency(sums, recs, "strong")
+    assert {t["name"]: (t["x"], t["y"]) for t in ch["traces"]} == {
+        "A/sw: ddp b16": ([2], [pytest.approx(0.75)]), "B/sw: ddp b16": ([1, 2], [1.0, pytest.approx(0.30)]),
+        "ideal": ([1, 2], [1.0, 1.0])}
+
+
+@pytest.fixture()
+def offline_wandb(tmp_path, monkeypatch):
+    """No credentials anywhere W&B looks; its files under tmp_path (as test_report_wandb's)."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / var.lower()))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CONSOLE", "off")
+
+
+def test_re_aggregating_a_sweep_resumes_its_one_w_and_b_summary_run(two, tmp_path, offline_wandb):
+    """A rerun into the same sweep dir or `scalelab aggregate DIR --wandb offline` logs into the
+    summary run sweep.json names (offline: another offline-run-*-ID folder of the same ID); before,
+    each aggregation made a new run (a new id) and sweep.json forgot the first."""
+    from scalelab.results.callbacks import summarize_sweep
+    from scalelab.results.wandb_offline import find_runs, read_run
+
+    a = two[0]
+    logger = {"name": "wandb", "mode": "offline", "project": "scalelab-test"}
+    first = summarize_sweep(a, logger, str(tmp_path / "cache"))["wandb_run_id"]
+    second = summarize_sweep(a, logger, str(tmp_path / "cache"))["wandb_run_id"]
+    assert first and second == first
+    assert json.loads((a / "sweep.json").read_text())["wandb_run_id"] == first
+    ids = [read_run(p)["run"]["run_id"] for p in find_runs(a / "wandb")]
+    assert ids == [first, first]
