@@ -170,7 +170,7 @@ def _plan(a, job_terms=None) -> int:
     strategy. `job_terms(overrides) -> (Terms, hardware name)` builds a job from scalelab-train
     overrides (scalelab.plan_job: the training config code, which plan/ does not import)."""
     from .alternatives import SAME_STRATEGY_AND_DEVICES, nearest_fitting
-    from .hardware import load_hardware
+    from .hardware import devices_per_node_warning, load_hardware
     from .comm import collectives
     from .step_time import build_terms, plan_terms
     from .strategies import as_applied
@@ -225,12 +225,9 @@ def _plan(a, job_terms=None) -> int:
     docs, warned = [], []
     for terms, hw, command in plans:
         docs.append(plan_terms(terms, hw, a.tokens))
-        if terms.layout.devices_per_node > hw.devices_per_node:
-            # a node of this profile has fewer devices (this_cpu: cores): the prediction is for
-            # devices it does not have (8 CPU ranks on 2 cores: predicted 142k tokens/s, measured 14k)
-            what = "cores (a CPU device is a rank of its own core)" if hw.kind == "cpu" else "devices"
-            docs[-1]["warning"] = (f"{terms.layout.devices_per_node} devices per node, but a {hw.name} node has "
-                                   f"{hw.devices_per_node} {what}: the figures are for devices it does not have")
+        warning = devices_per_node_warning(terms.layout.devices_per_node, hw)
+        if warning:
+            docs[-1]["warning"] = warning
             if docs[-1]["warning"] not in warned:
                 warned.append(docs[-1]["warning"])
         if command:

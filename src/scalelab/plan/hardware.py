@@ -357,3 +357,14 @@ def probe_cpu(out_path: str | Path | None = None, threads: int = 1, budget_s: fl
         save_hardware(hw, out_path, header="# This CPU, measured by a matmul/copy probe "
                                            "(scalelab plan --probe). See `note`.")
     return hw
+
+
+def devices_per_node_warning(devices_per_node: int, hw: Hardware) -> str | None:
+    """A plan (or recommend's search) for more devices per node than a node of the profile has (this_cpu:
+    cores) predicts devices it does not have: 8 CPU ranks on 2 cores were planned at 142k tokens/s,
+    measured 14k. One wording for `plan` and `recommend`; None when the node has them."""
+    if devices_per_node <= hw.devices_per_node:
+        return None
+    what = "cores (a CPU device is a rank of its own core)" if hw.kind == "cpu" else "devices"
+    return (f"{devices_per_node} devices per node, but a {hw.name} node has {hw.devices_per_node} {what}: "
+            "the figures are for devices it does not have")

@@ -10,6 +10,7 @@ from scalelab.plan.spec import PlanError
 
 from . import lr as lr_mod
 from . import verify as V
+from scalelab.plan.hardware import devices_per_node_warning
 from scalelab.plan.report import fmt_time
 
 from .rank import PLANNER_MARGIN, SIMPLICITY, best_per_strategy, break_ties, rank, reason, score, tokens_per_s
@@ -98,6 +99,12 @@ def recommend(req: Request, *, objective: str, tokens=None, budget_s=None, verif
                        for (c, ov), r in zip(shown, predicted_rank)],
            "tie": tie, "budget": _budget(ranked, tokens, budget_s),
            "rejected_by_trainer": rejected, "verification": None, "winner": None}
+    # more devices per node than the profile's node has (this_cpu: cores): plan's warning, on stderr
+    # also under --json (recommend --devices 8 --hardware this_cpu predicted 21k tok/s without a word)
+    warning = devices_per_node_warning(req.devices, req.hardware)
+    if warning:
+        doc["warning"] = warning
+        print(f"warning: {warning}", file=sys.stderr)
     _say_ranking(doc, say)
     if not shown:
         why = "no layout fits device memory" if not cands else "the trainer refused every fitting layout"

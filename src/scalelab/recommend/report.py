@@ -107,6 +107,8 @@ def markdown(doc: dict) -> str:
     budget = (doc.get("budget") or {}).get("note")
     if budget:
         out += [f"**Budget**: {budget}.", ""]
+    if doc.get("warning"):       # more devices per node than the profile's node has (recommend.py)
+        out += [f"**Warning**: {doc['warning']}.", ""]
     if win:
         out += [f"**Run this** ({win['source']}): `{win['command']}`", "", f"Why: {win['reason']}", ""]
     else:
