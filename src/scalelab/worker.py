@@ -220,14 +220,6 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     periodic.after_save = metrics.checkpoint_saved          # a save is in no step's time
     if resumed_at is not None:      # this job's own checkpoint (not resume_from: another run's curve)
         metrics.prior = read_curve(resume, rank) or metrics.prior  # ... which its record starts with
-    callbacks.append(periodic)
-    plugins, on_signal = [], None
-    if os.environ.get(requeue.STEP_ENV) == "1":  # srun ranks of a SLURM batch job (scalelab.requeue)
-        from lightning.pytorch.plugins.environments import SLURMEnvironment
-
-        plugins = [SLURMEnvironment(auto_requeue=False)]  # requeueing is scalelab.requeue's, not Lightning's
-        on_signal = requeue.requeue_callback(job_dir, periodic)
-        callbacks.append(on_signal)
     window = _profile_window(cfg, spec, resumed=resume is not None)
     syncs = None
     if cfg.trainer.get("count_device_syncs", False):
@@ -240,6 +232,15 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         callbacks.append(syncs)
     if window is not None:
         callbacks.append(window)
+    # the savers after the window: a save at the window's last step comes once the window has closed
+    callbacks.append(periodic)
+    plugins, on_signal = [], None
+    if os.environ.get(requeue.STEP_ENV) == "1":  # srun ranks of a SLURM batch job (scalelab.requeue)
+        from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+        plugins = [SLURMEnvironment(auto_requeue=False)]  # requeueing is scalelab.requeue's, not Lightning's
+        on_signal = requeue.requeue_callback(job_dir, periodic)
+        callbacks.append(on_signal)
     logger = build_logger(cfg, job_dir, resumed=resume is not None)
     strategy = without_teardown_copies(plan.lightning_strategy(spec.run))
     if hasattr(strategy, "_timeout"):  # collectives fail after this instead of Lightning's 30 min

@@ -46,3 +46,22 @@ def test_a_checkpoint_saved_in_the_window_is_neither_step_time_nor_comm():
     r = window.result
     assert 0.009 < r["comm_s"] < 0.05, r                       # 10 ms a step, not + 100 ms of barrier
     assert 0.029 < r["step_s"] < 0.09, r                       # 30 ms a step, not + 100 ms of save
+
+
+def test_on_a_gpu_the_device_work_of_a_save_is_left_out():
+    """The CUDA path reads kernels from the trace: a save's NCCL barrier (waiting on the device while
+    rank 0 writes the file) was exposed communication, its copies device busy time."""
+    from scalelab.checkpointing import SAVE_MARK
+    from scalelab.scaling.breakdown import device_anatomy, gpu_comm, outside_saves
+
+    def x(name, cat, ts, dur):
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur}
+
+    trace = {"traceEvents": [
+        x("gemm", "kernel", 0, 800), x("ncclDevKernel_AllReduce", "kernel", 800, 200),   # the step: 1 ms
+        x(SAVE_MARK, "user_annotation", 1000, 5000), x(SAVE_MARK, "gpu_user_annotation", 1000, 5200),
+        x("ncclDevKernel_AllReduce", "kernel", 1100, 4900), x("Memcpy DtoH", "gpu_memcpy", 1050, 40)]}
+    kept = outside_saves(trace)
+    assert gpu_comm(kept)["exposed_us"] == 200 and gpu_comm(trace)["exposed_us"] == 5100
+    assert device_anatomy(kept, steps=1, step_s=0.001)["busy_s"] == 0.001
+    assert outside_saves({"traceEvents": trace["traceEvents"][:2]})["traceEvents"] == trace["traceEvents"][:2]

@@ -92,7 +92,7 @@ class ProfileWindow(L.Callback):
 
             with tempfile.NamedTemporaryFile(suffix=".json") as f:
                 self._prof.export_chrome_trace(f.name)
-                trace = json.loads(Path(f.name).read_text())
+                trace = outside_saves(json.loads(Path(f.name).read_text()))
             g = gpu_comm(trace)
             self.result = {"step_s": step_s, "comm_s": min(g["exposed_us"] / 1e6 / self.steps, step_s),
                            "comm_total_s": g["total_us"] / 1e6 / self.steps,
@@ -109,6 +109,21 @@ class ProfileWindow(L.Callback):
             self.result = {"step_s": step_s, "comm_s": min(comm_s, step_s), "steps": self.steps,
                            "source": "cpu ops"}
         self._prof = None
+
+
+def outside_saves(trace: dict) -> dict:
+    """The trace without the device work of periodic checkpoint saves (SAVE_MARK, on the host's
+    and the device's timeline): a save's NCCL barrier waits on the device while rank 0 writes, and
+    its device-to-host copies would count as busy, in no step's time."""
+    saves = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in trace.get("traceEvents", [])
+             if e.get("name") == SAVE_MARK and e.get("ph") == "X"]
+    if not saves:
+        return trace
+    device = ("kernel", "gpu_memcpy", "gpu_memset")
+    kept = [e for e in trace.get("traceEvents", []) if not (
+        e.get("ph") == "X" and str(e.get("cat", "")).lower() in device
+        and any(a <= float(e["ts"]) < b for a, b in saves))]
+    return {**trace, "traceEvents": kept}
 
 
 def gpu_comm(trace: dict) -> dict:
