@@ -10,6 +10,8 @@ or hydra.sweep.dir given) holds another job's run (scalelab.job_dir). Pass-throu
 """
 from __future__ import annotations
 
+import os
+
 import re
 from contextlib import contextmanager
 from pathlib import Path
@@ -148,24 +150,23 @@ def _job_dir(cfg, num: int, multirun: bool) -> Path | None:
 
 
 def _cannot_make(folder, what: str) -> str | None:
-    """Why the job's folder cannot be created, by creating it (and removing what was made): write
-    permission (paths.path_problem) says nothing for root, nor on /proc or /sys, where Hydra's own
-    mkdir then raised a FileNotFoundError / PermissionError traceback."""
+    """Why the job's folder cannot be created: a folder made and removed in its nearest existing
+    parent (never the job's own path, which jobs starting at once, an array's tasks, share parts
+    of). Write permission (paths.path_problem) says nothing for root, nor on /proc or /sys, where
+    Hydra's own mkdir then raised a FileNotFoundError / PermissionError traceback."""
+    import tempfile
     from pathlib import Path
 
     folder = Path(folder)
-    if folder.exists():
+    parent = folder
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if parent == folder:
         return None
-    made = [d for d in [folder, *folder.parents] if not d.exists()]
     try:
-        folder.mkdir(parents=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".scalelab-probe-", dir=parent))
     except OSError as e:
         return f"{what} {folder} cannot be created: {e.strerror or e}"
-    for d in made:   # the deepest first: nothing of the probe is left
-        try:
-            d.rmdir()
-        except OSError:
-            break
     return None
 
 

@@ -281,9 +281,12 @@ class BatchSignals:
         self.got.append(signum)
         if signum != signal.SIGUSR1:
             return
-        (self.job_dir / SIGNALLED).write_text("SIGUSR1")
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGUSR1)
+        try:   # for ranks still starting; never raise here (the main thread would end the ranks unsaved)
+            (self.job_dir / SIGNALLED).write_text("SIGUSR1")
+        except OSError:
+            pass
 
 
 def after_ranks(job_dir: Path, got: list[int], finished: bool = False) -> str | None:

@@ -333,8 +333,15 @@ def main() -> None:
     _MARKS["launcher_start"] = timing.process_start_time() or timing.now()
     if requeue.in_slurm_job():
         # Until the ranks run (scalelab.requeue takes over), a warning signal to the batch step must
-        # not kill the job (USR1's default action): it is noted and passed on to the ranks.
-        requeue.install_batch_early()
+        # not kill the job (USR1's default action): under srun it is noted and passed on to the
+        # ranks; with another launcher it is ignored, as the processes it starts inherit (a
+        # Python handler would be reset to the default action in them)
+        import signal
+
+        if "launcher=srun" in sys.argv:
+            requeue.install_batch_early()
+        else:
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     register_override_secrets(sys.argv[1:])  # `+logger.api_key=XYZ`: redacted in every file and log line
     install_log_redaction()
     on_slurm = any(a.startswith("hydra/launcher=") and a != "hydra/launcher=basic" for a in sys.argv)
