@@ -66,9 +66,10 @@ NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 def rank_env(cache_dir: Path, threads: int, job_dir: Path, verbose: bool = False,
-             launcher: str = "local") -> dict[str, str]:
+             launcher: str = "local", max_restarts: int = 0) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
-    if launcher == "torchrun_local":   # a restart's ranks must not read the failed attempt's keys
+    if launcher == "torchrun_local" and max_restarts > 0:   # a restart's ranks must not read the failed
+        # attempt's keys (only then: the per-attempt store's free port is picked before rank 0 binds it)
         env.setdefault(NO_SHARED_STORE, "1")
     if not verbose:  # Kineto (the profiler's C++ side) logs errors only; it reads this at process start
         env["KINETO_LOG_LEVEL"] = "6"

@@ -130,7 +130,8 @@ def run_job(cfg: DictConfig) -> dict:
     cmd = launch.rank_command(cfg.launcher.name, spec.run.num_nodes, spec.run.devices_per_node, job_dir,
                               list(cfg.launcher.get("extra_args") or []),
                               int(cfg.trainer.get("max_restarts", 0)), layout)  # torchrun / srun
-    env = launch.rank_env(cache, threads, job_dir, bool(cfg.get("verbose", False)), cfg.launcher.name)
+    env = launch.rank_env(cache, threads, job_dir, bool(cfg.get("verbose", False)), cfg.launcher.name,
+                          int(cfg.trainer.get("max_restarts", 0)))
     signals = None
     if slurm_batch:  # a batch job: rank layout and requeue
         env.update(requeue.master_env())
@@ -184,8 +185,10 @@ def run_job(cfg: DictConfig) -> dict:
 
             record.update(node_rank=layout["node_rank"], hostname=socket.gethostname(),
                           rdzv_endpoint=layout["endpoint"])
-            if layout["node_rank"] != 0 and not (job_dir / PROGRESS).exists():
-                record["steps"] = None   # global rank 0 (on node 0) notes the steps: unknown here, not 0
+            # global rank 0 notes the steps: on node 0 with the static rendezvous; with c10d, on any node
+            if (layout["node_rank"] != 0 or layout.get("backend") != "static") and record.get("resumed_at_step") is None \
+                    and not (job_dir / PROGRESS).exists():
+                record["steps"] = None   # unknown here, not 0
         if layout is not None and rc != 0 and not any(job_dir.glob("error-rank*.txt")):
             record["error"] = _rendezvous_error(job_dir, layout) or record.get("error")
         elif layout is not None and rc != 0 and launch.PEER_GONE.search(str(record.get("error"))):
@@ -277,11 +280,11 @@ def _collect(job_dir: Path, rc: int, resolved: dict, spec, threads: int) -> dict
                          spec.run.accelerator, threads)
     record.update(status="failed", returncode=rc, error=_error_message(job_dir, rc))
     reached = read_mark(job_dir / PROGRESS)   # rank 0's progress mark (at most ~1 s old): how far it got
-    if reached is not None:
-        record["steps"] = reached
     # as a completed record says them: where this attempt started (a SLURM requeue, a rerun after a
     # crash) and the SLURM job (its requeue count, partition)
     resumed_at = read_mark(job_dir / RESUMED)
+    if reached is not None or resumed_at:   # failed before its first step after a resume: where it was
+        record["steps"] = reached if reached is not None else resumed_at
     record["resumed_at_step"] = resumed_at
     if resumed_at and reached is not None:
         record["steps_this_attempt"] = max(0, reached - resumed_at)

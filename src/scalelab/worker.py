@@ -25,7 +25,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from scalelab import timing  # noqa: E402
-from scalelab.checkpointing import (RESUMED, note_restart, periodic_checkpoint, read_curve, resume_point,
+from scalelab.checkpointing import (RESUMED, checkpoint_step, note_restart, periodic_checkpoint, read_curve, resume_point,
                                     write_step)
 from scalelab.config import validate
 from scalelab.console import StepProgressBar, quiet_rank
@@ -209,7 +209,8 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     resume, resumed_at = _resume_point(cfg, job_dir, rank)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)   # torchrun started this attempt again
     if restart and rank == 0:   # counted here: torchrun, not scalelab, restarts the ranks (spawn counts its own)
-        note_restart(job_dir, restart, resumed_at)
+        # checkpoint.resume_from's step from its manifest or name (the worker learns it only once loaded)
+        note_restart(job_dir, restart, resumed_at if resumed_at is not None or not resume else checkpoint_step(resume))
         where = f"step {resumed_at}" if resumed_at is not None else \
             f"checkpoint.resume_from {resume}" if resume else "step 0"
         print(f"[scalelab] restart {restart} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}: every rank "
