@@ -115,15 +115,19 @@ class ScalelabSlurmLauncher(Launcher):
 
 
 def _remove_if_only_config(sweep_dir: Path) -> None:
-    """The sweep's folder when nothing but its multirun.yaml and an empty slurm/ is in it (Hydra
-    makes the folder before the launcher runs; an earlier sweep's folder has its jobs in it)."""
+    """The sweep's folder when nothing but its multirun.yaml and an empty slurm/ is in it (Hydra's
+    sweeper makes the folder and writes multirun.yaml before the launcher runs; an earlier sweep's
+    folder has its jobs in it). Never raises: the refusal's own line is what the user must see."""
     slurm_dir = sweep_dir / "slurm"
-    if {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml", "slurm"} and \
-            not (slurm_dir.is_dir() and any(slurm_dir.iterdir())):
-        (sweep_dir / "multirun.yaml").unlink(missing_ok=True)
-        for d in (slurm_dir, sweep_dir):
-            if d.is_dir():
-                d.rmdir()
+    try:
+        if {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml", "slurm"} and \
+                not (slurm_dir.is_dir() and any(slurm_dir.iterdir())):
+            (sweep_dir / "multirun.yaml").unlink(missing_ok=True)
+            for d in (slurm_dir, sweep_dir):
+                if d.is_dir():
+                    d.rmdir()
+    except OSError:
+        pass
 
 
 def check_settings(p: dict) -> None:
