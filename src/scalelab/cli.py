@@ -82,6 +82,14 @@ def _aggregate(args: argparse.Namespace) -> int:
         print(f"error: {sweep} is a job folder (it holds run.json), not a sweep folder: give its sweep folder, "
               f"e.g. {sweep.resolve().parent}", file=sys.stderr)
         return 2
+    nested = sorted(p.parent for p in sweep.rglob("multirun.yaml") if p.parent != sweep)
+    if nested and not any(sweep.glob("*/run.json")) and not (sweep / "multirun.yaml").exists():
+        # a parent of sweeps (outputs/sweeps): pooled, the same config of two sweeps was one
+        # scaling group against one baseline
+        shown = ", ".join(str(p) for p in nested[:3]) + (f" and {len(nested) - 3} more" if len(nested) > 3 else "")
+        print(f"error: {sweep} holds {len(nested)} sweep(s), not one: aggregate each sweep's folder ({shown})",
+              file=sys.stderr)
+        return 2
     from scalelab.results.record import read_records
 
     skipped: list[str] = []

@@ -142,7 +142,7 @@ PLAN_ROWS = [
     (["trainer.timeout_s=0"], "trainer.timeout_s=0 must be a number > 0"),
     (["strategy=fsdp", "trainer.devices=2", "strategy.reshard_after_forward=no"], "must be a boolean"),
     (["optim.optimizer.betas=[0.9,1.2]"], "optim.optimizer.betas=[0.9, 1.2]"),
-    (["--params", "-5", "--strategy", "ddp", "--devices", "2"], "--params must be positive"),
+    (["--params", "-5", "--strategy", "ddp", "--devices", "2"], "'-5' is not a count: valid: a finite number > 0"),
     (["--params", "7B", "--strategy", "bogus", "--devices", "2"], "unknown strategy 'bogus'"),
     (["--params", "7B", "--strategy", "ddp", "--devices", "0"], "--devices must be >= 1"),
     (["--layers", "2", "--hidden", "65", "--heads", "4", "--vocab", "256", "--seq-len", "64", "--strategy", "ddp",

@@ -175,3 +175,14 @@ def test_re_aggregating_a_sweep_resumes_its_one_w_and_b_summary_run(two, tmp_pat
     assert json.loads((a / "sweep.json").read_text())["wandb_run_id"] == first
     ids = [read_run(p)["run"]["run_id"] for p in find_runs(a / "wandb")]
     assert ids == [first, first]
+
+
+def test_aggregate_refuses_a_parent_of_sweeps(two, tmp_path, capsys):
+    """`aggregate outputs/sweeps` pooled every sweep under it: the same config of two sweeps made one
+    scaling group against one baseline (A's and B's 2-rank runs both against one 1-rank run)."""
+    code, out, err = _run(["aggregate", str(tmp_path)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "holds 2 sweep(s), not one" in err, err
+    assert str(two[0]) in err and str(two[1]) in err
+    assert not (tmp_path / "sweep.json").exists() and not (tmp_path / "report.html").exists()
+    code, out, err = _run(["aggregate", str(two[0])], capsys)          # a sweep's own folder still works
+    assert code == 0 and (two[0] / "sweep.json").exists()
