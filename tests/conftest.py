@@ -269,3 +269,15 @@ def assert_trained_from_seeded_init(state: dict, rec: dict) -> None:
     for k, v in state.items():
         assert not torch.equal(v, init[k]), f"{k} is still the initial weights"
         assert (v - init[k]).abs().max() > 1e-5, (k, float((v - init[k]).abs().max()))
+
+
+@pytest.fixture()
+def wandb_env(tmp_path, monkeypatch):
+    """No credentials anywhere W&B looks (env, ~/.netrc, its config dir); files under tmp_path."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / var.lower()))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CONSOLE", "off")
+    return tmp_path

@@ -149,18 +149,7 @@ def test_efficiency_chart_of_two_sweeps_named_alike_draws_each_sweeps_selected_r
         "ideal": ([1, 2], [1.0, 1.0])}
 
 
-@pytest.fixture()
-def offline_wandb(tmp_path, monkeypatch):
-    """No credentials anywhere W&B looks; its files under tmp_path (as test_report_wandb's)."""
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_DIR"):
-        monkeypatch.setenv(var, str(tmp_path / var.lower()))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CONSOLE", "off")
-
-
-def test_re_aggregating_a_sweep_resumes_its_one_w_and_b_summary_run(two, tmp_path, offline_wandb):
+def test_re_aggregating_a_sweep_resumes_its_one_w_and_b_summary_run(two, tmp_path, wandb_env):
     """A rerun into the same sweep dir or `scalelab aggregate DIR --wandb offline` logs into the
     summary run sweep.json names (offline: another offline-run-*-ID folder of the same ID); before,
     each aggregation made a new run (a new id) and sweep.json forgot the first."""

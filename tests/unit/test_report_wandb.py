@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from omegaconf import OmegaConf
 
 from scalelab.results.record import read_records
@@ -14,18 +13,6 @@ from scalelab.results.sweep import aggregate, attach_efficiency
 from scalelab.results.wandb_offline import _payloads, find_runs, read_run
 
 from .test_report import make_sweep
-
-
-@pytest.fixture()
-def wandb_env(tmp_path, monkeypatch):
-    """No credentials anywhere W&B looks (env, ~/.netrc, its config dir); files under tmp_path."""
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_DIR"):
-        monkeypatch.setenv(var, str(tmp_path / var.lower()))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CONSOLE", "off")
-    return tmp_path
 
 
 def _nested_config(path: Path) -> dict:
