@@ -50,17 +50,16 @@ SAME_STRATEGY_AND_DEVICES = ("micro_batch", "activation_checkpointing")
 
 def _splits(kw: dict, model, hw: Hardware) -> list[Terms]:
     """The candidate for `kw` at each micro-batch that splits its global batch over its dp (largest
-    first; a pipeline needs at least pp micro-batches, as recommend's space and the trainer's 1F1B)."""
+    first; build_terms refuses a pipeline schedule the trainer refuses, 1F1B's m >= pp among them:
+    spec.pipeline_schedule_refusal, for this path and _fitting's direct one alike)."""
     name = kw["strategy"]
-    try:
-        probe = build_terms(model, name, **_args(kw, micro_batch=1))
+    try:   # its dp, at the default micro-batches (4 pp: a schedule every rule accepts)
+        probe = build_terms(model, name, **_args(kw, micro_batch=1, global_batch=None))
     except PlanError:
         return []
     per_replica = kw["global_batch"] // probe.layout.dp if kw["global_batch"] % probe.layout.dp == 0 else 0
     out = []
     for micro in sorted((d for d in range(1, per_replica + 1) if per_replica % d == 0), reverse=True):
-        if probe.strategy.pipeline and per_replica // micro < probe.layout.pp:
-            continue
         try:
             out.append(build_terms(model, name, **_args(kw, micro_batch=micro)))
         except PlanError:

@@ -15,7 +15,7 @@ from .strategies import STRATEGIES, Strategy, _strategy_config, get_strategy, st
 __all__ = ["PlanError", "conf_dir", "STRATEGIES", "Strategy", "_strategy_config", "get_strategy", "strategy_names",
            "PRECISIONS", "normalize_precision", "compute_dtype", "activation_bytes", "OPTIMIZERS",
            "normalize_optimizer", "CHECKPOINTING", "normalize_checkpointing", "ATTENTION", "ModelSpec", "Layout",
-           "resolve_layout", "tp_indivisible", "padded_vocab", "check_tp_splits"]
+           "resolve_layout", "tp_indivisible", "padded_vocab", "check_tp_splits", "pipeline_schedule_refusal"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -272,6 +272,26 @@ def check_tp_splits(model: ModelSpec, tp: int, world: int, strategy: str) -> Non
                     f"{tp} ways); valid tp: {', '.join(map(str, valid))}{hint}")
 
 
+def pipeline_schedule_refusal(schedule: str, pp: int, m: int, v: int, n_layers: int) -> str | None:
+    """Why scalelab-train refuses a pipeline schedule (None: it runs it): its Pipeline._check_schedule
+    (strategies/pipeline.py, pipeline and nd), restated here because plan/ imports no torch;
+    tests/unit/test_plan_pipeline_schedule.py checks both agree. schedule: gpipe | 1f1b |
+    interleaved_1f1b; m: micro-batches per step; v: the configured stages_per_rank."""
+    if schedule == "1f1b" and m < pp:
+        return (f"strategy.microbatches={m} is fewer than the {pp} pipeline stages, which schedule=1f1b needs "
+                f"at least")
+    if v > 1 and pp * v > n_layers:
+        return (f"strategy.stages_per_rank={v}: {pp} x {v} = {pp * v} virtual stages but the model has "
+                f"{n_layers} layers")
+    if v > 1 and pp < 2:
+        return f"strategy.schedule=interleaved_1f1b needs >= 2 pipeline stages, got {pp}"
+    rounds = max(1, m // pp)
+    if v > 1 and m % rounds:
+        return (f"strategy.microbatches={m} with interleaved_1f1b over {pp} stages: torch's schedule runs "
+                f"max(1, m // {pp}) = {rounds} rounds, which must divide m")
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # Parallel layout
 # --------------------------------------------------------------------------------------------
@@ -365,6 +385,13 @@ def resolve_layout(strategy: Strategy, model: ModelSpec, devices: int, nodes: in
     if global_batch < 1 or global_batch % per_step:
         raise PlanError(f"--global-batch {global_batch} is not divisible by dp x micro-batch = "
                         f"{dp} x {micro_batch} = {per_step}; valid: multiples of {per_step}")
+    if strategy.pipeline:   # pipeline and nd (also at pp 1): the trainer's schedule checks
+        m = global_batch // per_step
+        why = pipeline_schedule_refusal(strategy.pipeline_schedule, pp, m, strategy.stages_per_rank, model.n_layers)
+        if why:
+            raise PlanError(f"strategy={strategy.name}: {why} (micro-batch {micro_batch} x {m} micro-batches x dp "
+                            f"{dp} = global batch {global_batch}), which scalelab-train refuses: raise "
+                            f"--global-batch, lower --micro-batch, or change --pp")
     return Layout(world, nodes, devices, dp, tp, pp, micro_batch, global_batch,
                   global_batch // per_step, split=strategy.pipeline_split,
                   stages_per_rank=strategy.stages_per_rank if pp > 1 else 1,
