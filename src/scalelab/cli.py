@@ -123,8 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--out", help="write to this file instead of stdout")
     keys = "a dotted path into run.json (throughput.tokens_per_s, config.optim.name) or a W&B metric name"
     cmp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
-                     help=f"keep runs whose KEY equals VALUE (VALUE may be a,b; a number matches a float rounded "
-                          f"at its last digit, as the table shows it: lr=0.00424); repeatable. KEY: {keys}")
+                     help=f"keep runs whose KEY equals VALUE (VALUE may be a,b; a float also matches as the table shows "
+                          f"it (--where lr=0.00424)); repeatable. KEY: {keys}")
     cmp.add_argument("--sort", metavar="KEY", help="order by KEY (--sort=-KEY: descending)")
     cmp.add_argument("--group-by", metavar="KEY", help="one section (table) / series label (html) per value of KEY")
     cmp.set_defaults(func=_compare)

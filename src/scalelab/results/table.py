@@ -288,7 +288,26 @@ def check_key(records: list[dict], key: str, option: str) -> None:
                           "metric names, e.g. strategy, world_size, throughput.tokens_per_s, config.optim.name)")
 
 
-def _matches(v, want: str) -> bool:
+# The keys a table column shows as they are (its getter returns the key's value unchanged): --where
+# matches a float as that column's cell formatter writes it. Step times (ms) and memory (MiB) are
+# scaled for the table, so only their stored value matches.
+_COLUMN_OF = {"lr": "lr", "lr/used": "lr", "world_size": "world", "global_batch_size": "batch",
+              "throughput.samples_per_s": "samples/s", "throughput.tokens_per_s": "tokens/s",
+              "loss.first": "loss first", "loss.final": "loss final", "scaling_efficiency": "efficiency"}
+
+
+def shown_as(key: str):
+    """The cell formatter ("{:.3g}") of the column that shows KEY's value as it is; None for a key
+    no column shows so."""
+    head = _COLUMN_OF.get(key) or _COLUMN_OF.get(key.replace("/", "."))
+    return next((fmt for h, _, fmt in COLUMNS if h == head), None) if head else None
+
+
+def _matches(v, want: str, fmt: str | None = None) -> bool:
+    """Whether a run's value V is WANT: a number when it is numerically equal (`world_size=2.0`
+    is 2), or when WANT is exactly how the table shows it in its column (FMT: `lr=0.00141` is
+    0.0014142, which the table shows as 0.00141; `lr=0.001` is not). Rounding V at WANT's last
+    digit matched far too much: `weight_decay=0` took 0.1, `scaling_efficiency=1` took 0.75."""
     if v is MISSING:
         return False
     if v is None:
@@ -296,27 +315,17 @@ def _matches(v, want: str) -> bool:
     if isinstance(v, bool):
         return want.lower() == str(v).lower()
     if isinstance(v, (int, float)):
+        want = want.strip()
         try:
-            return float(want) == float(v) or _rounds_to(v, want)
-        except ValueError:
+            if float(want) == float(v):
+                return True
+        except (ValueError, OverflowError):
+            pass
+        try:
+            return want == (fmt or "{}").format(v)
+        except (ValueError, TypeError):
             return False
     return (json.dumps(v) if isinstance(v, (list, dict)) else str(v)) == want
-
-
-def _rounds_to(v: float, want: str) -> bool:
-    """Whether V, rounded at the last digit WANT is written to, is WANT: the table shows
-    `lr 0.00424` for 0.0042371..., and `--where lr=0.00424` (what the user sees) matched nothing
-    but the exact float. An integer is exact anyway; a float's digits beyond WANT's do not count
-    (`lr=0.0042` matches it too, `lr=0.00425` does not)."""
-    from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
-
-    try:
-        w = Decimal(want.strip())
-        if not w.is_finite() or isinstance(v, int):
-            return False
-        return Decimal(v).quantize(Decimal(1).scaleb(w.as_tuple().exponent), rounding=ROUND_HALF_EVEN) == w
-    except (InvalidOperation, ValueError):   # not a number, or too many digits to round at
-        return False
 
 
 def filter_records(records: list[dict], wheres: list[str]) -> list[dict]:
@@ -326,7 +335,8 @@ def filter_records(records: list[dict], wheres: list[str]) -> list[dict]:
         if not eq:
             raise SelectError(f"--where {expr!r}: expected KEY=VALUE (e.g. --where strategy=ddp)")
         check_key(records, key, "--where")
-        kept = [r for r in records if any(_matches(lookup(r, key), w) for w in want.split(","))]
+        fmt = shown_as(key)
+        kept = [r for r in records if any(_matches(lookup(r, key), w, fmt) for w in want.split(","))]
         if not kept and records:   # say what the key does hold (a typo: strategy=dpp)
             values = {_show(v): v for r in records if (v := lookup(r, key)) not in (MISSING, None)}
             have = [k for k, _ in sorted(values.items(), key=lambda kv: _order(kv[1]))]
