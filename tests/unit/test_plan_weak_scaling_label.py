@@ -28,10 +28,10 @@ def test_the_efficiency_is_labelled_weak_scaling_with_the_baselines_batch(capsys
     assert doc["scaling_efficiency"] == pytest.approx(base["step_s"] / doc["time"]["step_s"])
     code, out = _run(JOB, capsys)
     line = next(ln for ln in out.out.splitlines() if "efficiency" in ln)
-    assert (f"weak-scaling efficiency (same micro-batch per device) {doc['scaling_efficiency']:.1%} vs single "
+    assert (f"weak-scaling efficiency (same micro-batch per data-parallel replica) {doc['scaling_efficiency']:.1%} vs single "
             "on 1 device at global batch 16") in line
 
 
 def test_the_strategy_table_says_weak_scaling(capsys):
     code, out = _run(["plan", "--params", "1B", "--strategy", "ddp,fsdp", "--devices", "8"], capsys)
-    assert code == 0 and "efficiency: weak-scaling efficiency (same micro-batch per device)" in out.out.splitlines()[0]
+    assert code == 0 and "efficiency: weak-scaling efficiency (same micro-batch per data-parallel replica)" in out.out.splitlines()[0]

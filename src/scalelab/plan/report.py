@@ -114,17 +114,23 @@ def render(doc: dict) -> str:
     return "\n".join(out)
 
 
-# The planner's efficiency is weak scaling (step_time.baseline); a sweep's table also has strong
-# scaling (same global batch), so the line says which, and what was held fixed.
-WEAK = "weak-scaling efficiency (same micro-batch per device)"
+# The planner's efficiency (step_time.baseline): the same micro-batch per data-parallel replica on
+# fewer devices. Weak scaling when the global batch grows with dp (TP ranks share a sample); strong
+# (the same global batch) when the job's dp is 1, as tp and pipeline at dp 1 (a sweep's kinds).
+WEAK = "weak-scaling efficiency (same micro-batch per data-parallel replica)"
+STRONG = "strong-scaling efficiency (same global batch)"
+
+
+def _kind(doc: dict) -> str:
+    return STRONG if doc.get("scaling_kind") == "strong" else WEAK
 
 
 def _efficiency(doc: dict) -> str:
     base = doc.get("baseline") or {}
     if doc.get("scaling_efficiency") is None:
-        return f"{WEAK}: none ({base.get('what', 'no baseline')})"
+        return f"{_kind(doc)}: none ({base.get('what', 'no baseline')})"
     at = f" at global batch {base['global_batch']}" if base.get("global_batch") else ""
-    return f"{WEAK} {doc['scaling_efficiency']:.1%} vs {base['what']}{at}"
+    return f"{_kind(doc)} {doc['scaling_efficiency']:.1%} vs {base['what']}{at}"
 
 
 def render_rows(docs: list[dict]) -> str:
@@ -142,13 +148,14 @@ def render_rows(docs: list[dict]) -> str:
                      f"{p['micro_batch']} x {p['micro_batches_per_step']}", fmt_bytes(m["total_bytes_per_device"]),
                      "yes" if m["fits"] else "NO", fmt_time(d["time"]["step_s"]),
                      _si(d["throughput"]["tokens_per_s"]), f"{d['mfu']:.1%}",
-                     "-" if eff is None else f"{eff:.1%}"])
+                     "-" if eff is None else f"{eff:.1%}" + (" (strong)" if d.get("scaling_kind") == "strong" else "")])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
                                    for i, (c, w) in enumerate(zip(cells, widths)))
     d0 = next(d["inputs"] for d in docs if "refused" not in d)
     return "\n".join([f"{d0['hardware']}, {d0['precision']}, {d0['optimizer']}, global batch "
-                      f"{d0['parallel']['global_batch']}; efficiency: {WEAK}, vs the smallest layout that fits",
+                      f"{d0['parallel']['global_batch']}; efficiency: {WEAK} (strong: dp 1, same global "
+                      "batch), vs the smallest layout that fits",
                       line(head), line(["-" * w for w in widths]), *map(line, rows)])
 
 

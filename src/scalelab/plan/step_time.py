@@ -278,8 +278,9 @@ def plan(model: ModelSpec, strategy: str | Strategy, hardware: Hardware | str, *
 
 
 def baseline(terms: Terms, hw: Hardware) -> tuple[Terms, str] | tuple[None, str]:
-    """The layout scaling efficiency is measured against (weak scaling, DESIGN.md): the same
-    micro-batch, micro-batches per step, precision and optimizer on fewer devices. `single` on
+    """The layout scaling efficiency is measured against (DESIGN.md): the same micro-batch,
+    micro-batches per step, precision and optimizer on fewer devices (weak scaling; strong when the
+    job's dp is 1, where the baseline runs the same global batch). `single` on
     1 device when it fits; else the same strategy (and tp x pp) on the smallest world size that
     fits. (None, why) when no smaller layout fits: an efficiency against a baseline that could
     not run would mean nothing."""
@@ -322,6 +323,9 @@ def plan_terms(terms: Terms, hw: Hardware, tokens: float | None = None) -> dict:
         base_doc = {"strategy": base.strategy.name, "world_size": base.layout.world, "what": why,
                     "step_s": base_t, "samples_per_s": base_sps, "global_batch": base.layout.global_batch,
                     "micro_batch": base.layout.micro_batch}
+    # any baseline keeps micro-batch and micro-batches, at a smaller dp unless the job's is 1
+    same_batch = base.layout.global_batch == L.global_batch if base is not None else L.dp == 1
+    scaling_kind = "strong" if same_batch else "weak"
     device_total = device_total_bytes(terms, hw)
     train = None
     if tokens:
@@ -380,11 +384,11 @@ def plan_terms(terms: Terms, hw: Hardware, tokens: float | None = None) -> dict:
         "time": times,
         "throughput": {"tokens_per_s": tokens_per_s, "samples_per_s": samples_per_s},
         "mfu": mfu,
-        # weak scaling (baseline()): throughput per device vs the baseline's at the same micro-batch
-        # per device, the global batch growing with the devices; sweeps also report strong scaling
-        # (same global batch), hence the kind beside the figure (as a sweep's scaling_kind)
+        # throughput per device vs the baseline's (baseline()): the same micro-batch per
+        # data-parallel replica. Weak scaling when the global batch grows with dp; at dp 1 (tp,
+        # pipeline) the baseline runs the job's own global batch: strong scaling (a sweep's kinds)
         "scaling_efficiency": efficiency,
-        "scaling_kind": "weak",
+        "scaling_kind": scaling_kind,
         "baseline": base_doc,
         "train": train,
     }
