@@ -15,7 +15,8 @@ from .strategies import STRATEGIES, Strategy, _strategy_config, get_strategy, st
 __all__ = ["PlanError", "conf_dir", "STRATEGIES", "Strategy", "_strategy_config", "get_strategy", "strategy_names",
            "PRECISIONS", "normalize_precision", "compute_dtype", "activation_bytes", "OPTIMIZERS",
            "normalize_optimizer", "CHECKPOINTING", "normalize_checkpointing", "ATTENTION", "ModelSpec", "Layout",
-           "resolve_layout", "tp_indivisible", "padded_vocab", "check_tp_splits", "pipeline_schedule_refusal"]
+           "resolve_layout", "tp_indivisible", "padded_vocab", "check_tp_splits", "check_sequence_length",
+           "pipeline_schedule_refusal"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,20 +257,37 @@ def padded_vocab(vocab: int, tp: int) -> int:
 def check_tp_splits(model: ModelSpec, tp: int, world: int, strategy: str) -> None:
     """The trainer refuses a TP degree that does not divide the heads, width, MLP width or vocab
     (strategy=tp with vocab 50257 at tp 8): so does the plan, with the trainer's reason, so that
-    the printed same job runs ("the plan is the run")."""
+    the printed same job runs ("the plan is the run"). The valid degrees: the world's divisors that
+    tp_indivisible passes (every dimension, as check_tp_degree's list), and those a padded
+    vocabulary adds."""
     bad = tp_indivisible(model, tp)
     if not bad:
         return
     what, v = bad[0]
-    if what == "model n_heads":     # the message the flag form always gave for the heads
-        raise PlanError(f"--tp {tp} does not divide --heads {model.heads}; valid tp: "
-                        f"{', '.join(str(d) for d in _divisors(model.heads) if world % d == 0)}")
     valid = [d for d in _divisors(world) if not tp_indivisible(model, d)]
-    hint = (f", or a vocabulary {tp} divides (padded: --vocab / model.arch.vocab_size "
-            f"{padded_vocab(v, tp)})" if what == "vocab_size" else "")
-    raise PlanError(f"strategy={strategy}: tp {tp} does not divide {what} {v} (scalelab-train refuses it: "
-                    f"it splits the {'embedding and head along the vocabulary' if what == 'vocab_size' else what} "
-                    f"{tp} ways); valid tp: {', '.join(map(str, valid))}{hint}")
+    pv = padded_vocab(model.vocab, tp)
+    padded = [d for d in _divisors(world) if not tp_indivisible(replace(model, vocab=pv), d)]
+    listed = ", ".join(map(str, valid)) + (" (no tensor parallelism)" if valid == [1] else "")
+    extra = [d for d in padded if d not in valid]
+    hint = (f", or {', '.join(map(str, extra))} with a vocabulary {'they divide' if len(extra) > 1 else 'it divides'} "
+            f"(padded: --vocab / model.arch.vocab_size {pv})" if extra else "")
+    if what == "model n_heads":     # the message the flag form always gave for the heads
+        raise PlanError(f"--tp {tp} does not divide --heads {model.heads}; valid tp: {listed}{hint}")
+    raise PlanError(f"strategy={strategy}: tp {tp} does not divide {what} {v}: scalelab-train splits the "
+                    f"{'embedding and head along the vocabulary' if what == 'vocab_size' else what} {tp} ways; "
+                    f"valid tp: {listed}{hint}")
+
+
+def check_sequence_length(model: ModelSpec, tp: int, world: int, strategy: str) -> None:
+    """Sequence parallel (the plan's default, strategy.sequence_parallel=true in its same job) cuts
+    each sequence into tp equal shards: the trainer's check_sequence_length (strategies/
+    tensor_parallel.py) refuses a seq_len tp does not divide; so does the plan, with its reason."""
+    if model.kind == "gpt" and tp > 1 and model.seq_len % tp:
+        valid = [d for d in _divisors(world) if not tp_indivisible(model, d) and model.seq_len % d == 0]
+        raise PlanError(f"strategy={strategy}: sequence parallel shards each sequence of seq_len {model.seq_len} "
+                        f"over tp {tp} ranks, which does not divide it (scalelab-train's check): valid tp: "
+                        f"{', '.join(map(str, valid))}; or a --seq-len tp divides, or --no-sequence-parallel "
+                        "(strategy.sequence_parallel=false)")
 
 
 def pipeline_schedule_refusal(schedule: str, pp: int, m: int, v: int, n_layers: int) -> str | None:
@@ -390,7 +408,7 @@ def resolve_layout(strategy: Strategy, model: ModelSpec, devices: int, nodes: in
         why = pipeline_schedule_refusal(strategy.pipeline_schedule, pp, m, strategy.stages_per_rank, model.n_layers)
         if why:
             raise PlanError(f"strategy={strategy.name}: {why} (micro-batch {micro_batch} x {m} micro-batches x dp "
-                            f"{dp} = global batch {global_batch}), which scalelab-train refuses: raise "
+                            f"{dp} = global batch {global_batch}): raise "
                             f"--global-batch, lower --micro-batch, or change --pp")
     return Layout(world, nodes, devices, dp, tp, pp, micro_batch, global_batch,
                   global_batch // per_step, split=strategy.pipeline_split,

@@ -38,7 +38,7 @@ from .model_states import ModelStates, bytes_per_param, model_states, zero3_kept
 from .peak_memory import device_total_bytes, fits, fits_host, host_node_bytes
 from .strategies import as_applied
 from .spec import (PlanError, Layout, ModelSpec, Strategy, compute_dtype, get_strategy, normalize_checkpointing,
-                   normalize_optimizer, normalize_precision, resolve_layout)
+                   normalize_optimizer, normalize_precision, resolve_layout, check_sequence_length)
 
 
 @dataclass
@@ -102,6 +102,8 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
     ckpt = normalize_checkpointing(activation_checkpointing)
     layout = resolve_layout(strat, model, devices, nodes, tp, pp, micro_batch, global_batch, micro_batches)
     layout = replace(layout, sequence_parallel=sequence_parallel)
+    if strat.tensor_parallel and sequence_parallel:
+        check_sequence_length(model, layout.tp, layout.world, strat.name)
     ran = as_applied(strat, layout.dp)      # nd at dp 1 applies no FSDP (Terms keeps the configured one)
     states = model_states(model, ran, layout, prec, opt)
     per_rank = act_mod.activation_bytes_per_rank(model, layout, prec, ckpt, weights_16bit=ran.family == "deepspeed",
