@@ -266,7 +266,8 @@ def _refused(name: str | None, exc: PlanError, listed: int) -> dict:
     error; in a listing, a row saying so instead of figures for a job that cannot run."""
     if listed == 1:
         raise exc
-    return {"inputs": {"strategy": name}, "refused": str(exc)}
+    # the figures' keys of a planned row, null: a reader of the list finds them on every row
+    return {"inputs": {"strategy": name}, "refused": str(exc), "memory": None, "time": None}
 
 
 def _fits_with_note(docs: list[dict]) -> str:
