@@ -71,6 +71,53 @@ def _plan(args: argparse.Namespace) -> int:
     return plan_cli.run(args, job_terms)
 
 
+def _listed(items, n: int = 3) -> str:
+    return ", ".join(map(str, items[:n])) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def _job_folder_hint(job: Path) -> str:
+    """What to aggregate instead of the job folder JOB: its record's own sweep (job.sweep_dir), or
+    that it is a single run with no sweep."""
+    from scalelab.results.record import BadRecord, load_record
+    from scalelab.results.sweep import has_job_section
+
+    try:
+        rec = load_record(job / "run.json")
+    except BadRecord:
+        rec = {}
+    if not has_job_section(rec) or "sweep_dir" not in rec["job"]:
+        # unreadable, a very old record, or slurm.finalize's (a task that ended before its record)
+        return f"give its sweep folder, e.g. {job.resolve().parent}"
+    if not rec["job"].get("sweep_dir"):
+        return "its run.json is of a single run, with no sweep to aggregate (scalelab compare shows it)"
+    return f"give its sweep folder, {rec['job']['sweep_dir']}"
+
+
+def _not_one_sweep(folder: Path, records: list[dict]) -> str | None:
+    """Why FOLDER is not one sweep's folder, by what its records name (job.sweep_dir): none (single
+    runs: nothing to aggregate, and pooled they got efficiencies against each other), several (a
+    parent of sweeps: pooled against one baseline), or another folder (a parent of one sweep).
+    None where they name FOLDER (or a folder of its name: a moved sweep), and where no record says
+    either (very old records without a job section; slurm.finalize's records of tasks that ended
+    before train.py wrote one)."""
+    from scalelab.results.sweep import has_job_section
+
+    with_job = [r for r in records if has_job_section(r)]
+    if not with_job:
+        return None
+    named = list(dict.fromkeys(str(r["job"]["sweep_dir"]) for r in with_job if r["job"].get("sweep_dir")))
+    if not named and any("sweep_dir" in r["job"] for r in with_job):   # train.py's single runs (null)
+        return (f"{folder} holds single runs only (their run.json names no sweep_dir): no sweep to aggregate; "
+                f"compare them with scalelab compare {folder}")
+    if not named:
+        return None
+    if len(named) > 1:
+        return f"{folder} holds runs of {len(named)} sweeps, not one: aggregate each sweep's folder ({_listed(named)})"
+    if Path(named[0]).resolve() != folder.resolve() and Path(named[0]).name != folder.resolve().name:
+        return f"{folder} is not its runs' sweep folder: aggregate {named[0]}"
+    return None
+
+
 def _aggregate(args: argparse.Namespace) -> int:
     from scalelab.results.callbacks import summarize_sweep
 
@@ -79,24 +126,28 @@ def _aggregate(args: argparse.Namespace) -> int:
         print(f"error: {sweep} holds no run.json (give a sweep dir, e.g. outputs/sweeps/<time>)", file=sys.stderr)
         return 2
     if (sweep / "run.json").is_file():   # a job folder: its sweep.json and report.html landed beside run.json
-        print(f"error: {sweep} is a job folder (it holds run.json), not a sweep folder: give its sweep folder, "
-              f"e.g. {sweep.resolve().parent}", file=sys.stderr)
+        print(f"error: {sweep} is a job folder (it holds run.json), not a sweep folder: {_job_folder_hint(sweep)}",
+              file=sys.stderr)
         return 2
     nested = sorted(p.parent for p in sweep.rglob("multirun.yaml") if p.parent != sweep)
     if nested and not any(sweep.glob("*/run.json")) and not (sweep / "multirun.yaml").exists():
         # a parent of sweeps (outputs/sweeps): pooled, the same config of two sweeps was one
         # scaling group against one baseline
-        shown = ", ".join(str(p) for p in nested[:3]) + (f" and {len(nested) - 3} more" if len(nested) > 3 else "")
-        print(f"error: {sweep} holds {len(nested)} sweep(s), not one: aggregate each sweep's folder ({shown})",
-              file=sys.stderr)
+        print(f"error: {sweep} holds {len(nested)} sweep(s), not one: aggregate each sweep's folder "
+              f"({_listed(nested)})", file=sys.stderr)
         return 2
     from scalelab.results.record import read_records
 
     skipped: list[str] = []
-    if not read_records([sweep], skipped):  # only unusable run.json files: say which, and stop
+    records = read_records([sweep], skipped)
+    if not records:  # only unusable run.json files: say which, and stop
         for line in skipped:
             print(f"skipped {line}", file=sys.stderr)
         print(f"error: {sweep} holds no readable run.json ({len(skipped)} skipped)", file=sys.stderr)
+        return 2
+    problem = _not_one_sweep(sweep, records)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     logger = {"name": "wandb", "project": args.project, "mode": args.wandb} if args.wandb != "disabled" else None
     summarize_sweep(sweep, logger)

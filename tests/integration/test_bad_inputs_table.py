@@ -207,11 +207,11 @@ def test_compare_missing_path_is_one_line(tmp_path, capsys):
 @pytest.fixture()
 def mixed_sweep(tmp_path):
     sweep = tmp_path / "sweep"
-    _write(sweep / "0" / "run.json", json.dumps({**GOOD, "job": {"name": "s/0"}}))
+    _write(sweep / "0" / "run.json", json.dumps({**GOOD, "job": {"name": "s/0", "sweep_dir": str(sweep)}}))
     _write(sweep / "1" / "run.json", json.dumps({**GOOD, "world_size": 2, "parallel": {"dp": 2},
                                                  "throughput": {"samples_per_s": 150.0, "tokens_per_s": None},
                                                  "config": {"strategy": {"name": "ddp"}, "trainer": {"devices": 2}},
-                                                 "job": {"name": "s/1"}}))
+                                                 "job": {"name": "s/1", "sweep_dir": str(sweep)}}))
     for i, (name, text, _) in enumerate(BAD_RECORDS[:3], start=2):
         _write(sweep / str(i) / "run.json", text)
     return sweep

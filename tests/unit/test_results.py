@@ -26,6 +26,7 @@ def sweep(tmp_path):
             _rec("s/3", "ddp", 4, 16, 200.0), _rec("s/4", "fsdp", 2, 16, 0.0, status="failed")]
     for i, r in enumerate(runs):
         (tmp_path / str(i)).mkdir()
+        r["job"]["sweep_dir"] = str(tmp_path.resolve())   # a multirun's job, as train.py records it
         write_json(tmp_path / str(i) / "run.json", r)
     return tmp_path
 

@@ -156,28 +156,52 @@ def attach_efficiency(records: list[dict], summary: dict) -> None:
 SWEEP_MARKS = ("multirun.yaml", SWEEP_FILE)
 
 
+def has_job_section(rec: dict) -> bool:
+    """Whether the record has the `job` section train.py (or slurm.finalize) writes: every record
+    since sweeps were recorded. read_records adds job.record_path to every record, so that key
+    alone is no section: a very old record."""
+    return any(k != "record_path" for k in (rec.get("job") or {}))
+
+
+def recorded_sweep(job_dir: Path, sweep_dir: str | None) -> Path | None:
+    """The sweep folder of a job in JOB_DIR (resolved) whose record names SWEEP_DIR: that folder
+    where it is above JOB_DIR; where the sweep was moved, the nearest folder above JOB_DIR of the
+    same name. None for a single run (no sweep_dir) and for a record outside its sweep (a copied
+    run.json): no folder that happens to hold it is its sweep."""
+    if not sweep_dir:
+        return None
+    recorded = Path(sweep_dir)
+    if recorded.is_absolute() and recorded.resolve() in job_dir.parents:   # train.py records it resolved
+        return recorded.resolve()
+    return next((folder for folder in job_dir.parents if recorded.name and folder.name == recorded.name), None)
+
+
 def sweep_of_record(rec: dict, given: set[str] = frozenset()) -> Path | None:
-    """The sweep folder a record belongs to, as `scalelab aggregate SWEEP_DIR` would be given it:
-    its job folder's parent where the user named that folder (GIVEN, resolved); else the nearest
-    folder above its job folder that holds multirun.yaml or sweep.json; else its job folder's
-    parent where the record is from a multirun (job.sweep_dir). None for a single run: it has no
-    sweep, so no scaling efficiency."""
+    """The sweep folder a record belongs to: its job.sweep_dir where that is above its job folder
+    (recorded_sweep), whatever folder the user named; None for a single run (job.sweep_dir null or
+    missing: no sweep, so no scaling efficiency) and for a record away from its sweep. Only a very
+    old record without a job section is placed by folders: its job folder's parent where the user
+    named that folder (GIVEN, resolved) or where it holds multirun.yaml or sweep.json. Before,
+    those folder rules came first for every record: `compare outputs/slurm` pooled a SLURM array's
+    tasks and a single run beside them against another array's baseline."""
     key = job_key(rec)
     if key is None:
         return None
     job_dir = Path(key)
-    if str(job_dir.parent) in given:   # `compare DIR`: DIR is the sweep, as for `aggregate DIR`
-        return job_dir.parent
-    for folder in job_dir.parents:
-        if any((folder / mark).is_file() for mark in SWEEP_MARKS):
-            return folder
-    return job_dir.parent if (rec.get("job") or {}).get("sweep_dir") else None
+    if has_job_section(rec):
+        return recorded_sweep(job_dir, rec["job"].get("sweep_dir"))
+    parent = job_dir.parent
+    if str(parent) in given or any((parent / mark).is_file() for mark in SWEEP_MARKS):
+        return parent
+    return None
 
 
 def summaries_for(records: list[dict], given: list[str | Path] = ()) -> list[dict]:
-    """Each sweep the records come from (sweep_of_record), aggregated in full (not written) and
-    its efficiencies attached to the records: a run shows the efficiency its sweep's sweep.json
-    holds, whether the sweep, its parent folder or some of its job folders were named."""
+    """Each sweep the records come from (sweep_of_record: the sweep folder their job.sweep_dir
+    names), aggregated in full (not written) and its efficiencies attached to the records: a run
+    shows the efficiency its sweep's sweep.json holds, whether the sweep, its parent folder or some
+    of its job folders were named. A record with no sweep (a single run, a copied run.json) causes
+    no folder to be read."""
     named = {str(Path(p).resolve()) for p in given if Path(p).is_dir()}
     sweeps = list(dict.fromkeys(s for r in records if (s := sweep_of_record(r, named)) is not None))
     summaries = []
