@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from scalelab.results.sweep import job_key, run_key
-from scalelab.results.table import _show, flatten, lookup
+from scalelab.results.table import _show, flatten, job_labels, lookup
 
 MIB = 2**20
 
@@ -24,7 +24,11 @@ def chart(id_: str, title: str, x_title: str, y_title: str, traces: list[dict], 
             "traces": traces, "notes": notes or []}
 
 
-def job_name(rec: dict) -> str:
+def job_name(rec: dict, labels: dict | None = None) -> str:
+    """The run's job name; where LABELS (table.job_labels) has a longer one (a name runs of two
+    sweeps share, "A/sw/0" and "B/sw/0"), that one, as the table shows it."""
+    if labels and id(rec) in labels:
+        return labels[id(rec)]
     return str((rec.get("job") or {}).get("name") or (rec.get("job") or {}).get("record_path") or "?")
 
 
@@ -203,16 +207,17 @@ def memory(records: list[dict]) -> dict:
     parts = ("params", "grads", "optimizer")
     names = ("params", "grads", "optimizer state", "activations + runtime")
     x, ys, text, skipped = [], [[] for _ in names], [], []
+    labels = job_labels(records)   # one bar per run: two runs named alike stacked into one before
     for r in completed(records):
         mem = r.get("memory") or {}
         states = mem.get("model_state_breakdown_per_rank") or []
         device = mem.get("peak_device_bytes_per_rank") or []
         peaks, what = (device, "device") if device else (mem.get("peak_rss_bytes_per_rank") or [], "RSS")
         if not states or len(peaks) != len(states):
-            skipped.append((job_name(r), "no per-rank model-state breakdown in run.json"))
+            skipped.append((job_name(r, labels), "no per-rank model-state breakdown in run.json"))
             continue
         for i, (st, peak) in enumerate(zip(states, peaks)):
-            x.append(f"{job_name(r)} r{i}")
+            x.append(f"{job_name(r, labels)} r{i}")
             text.append(f"{r.get('strategy')} x{r.get('world_size')}: peak {what} {peak / MIB:.1f} MiB")
             vals = [st.get(p) or 0 for p in parts]
             for j, v in enumerate(vals + [max(0, peak - sum(vals))]):
@@ -227,7 +232,7 @@ def memory(records: list[dict]) -> dict:
 
 def loss_curves(records: list[dict]) -> dict:
     """Training loss per optimizer step, one trace per run, named with the LR it used."""
-    traces = []
+    traces, labels = [], job_labels(records)
     for r in completed(records):
         curve = (r.get("loss") or {}).get("curve") or []
         if not curve:
@@ -235,7 +240,7 @@ def loss_curves(records: list[dict]) -> dict:
         lr = f"lr {r['lr']:.3g}" if isinstance(r.get("lr"), (int, float)) else "lr ?"
         if isinstance(r.get("lr_final"), (int, float)) and r["lr_final"] != r.get("lr"):
             lr += f"->{r['lr_final']:.3g}"
-        traces.append({"name": f"{job_name(r)} {r.get('strategy')} x{r.get('world_size')} "
+        traces.append({"name": f"{job_name(r, labels)} {r.get('strategy')} x{r.get('world_size')} "
                                f"b{r.get('global_batch_size')} {lr}",
                        "x": [p[0] for p in curve], "y": [p[1] for p in curve], "strategy": str(r.get("strategy"))})
     return chart("loss", "Loss curves (legend: LR peak -> final)", "optimizer step", "training loss", traces,
@@ -268,10 +273,10 @@ def lr_scaling(records: list[dict], names: dict | None = None) -> dict:
 def breakdown(records: list[dict]) -> dict:
     """Per rank of each profiled run: compute, transfer and wait (ms per step), stacked."""
     keys = (("compute", "compute_s"), ("transfer", "transfer_s"), ("wait", "wait_s"))
-    x, ys = [], [[] for _ in keys]
+    x, ys, labels = [], [[] for _ in keys], job_labels(records)
     for r in completed(records):
         for i, pr in enumerate((r.get("breakdown") or {}).get("per_rank") or []):
-            x.append(f"{job_name(r)} r{i}")
+            x.append(f"{job_name(r, labels)} r{i}")
             for j, (_, k) in enumerate(keys):
                 ys[j].append((pr.get(k) or 0.0) * 1e3)
     traces = [{"name": n, "x": x, "y": y} for (n, _), y in zip(keys, ys)] if x else []
@@ -291,22 +296,23 @@ def predictions(records: list[dict], cache: str | Path | None = None) -> tuple[l
     from scalelab.plan.step_time import step_time
 
     modelled, skipped, profiles = [], [], {}
+    labels = job_labels(records)   # planner bars: one per run, named as the table names it
     for r in completed(records):
         name = (r.get("mfu") or {}).get("hardware_profile")
         step = (r.get("step_time_s") or {}).get("median")
         if not name or not step:
-            skipped.append((job_name(r), "no hardware profile (mfu) or no step time in run.json"))
+            skipped.append((job_name(r, labels), "no hardware profile (mfu) or no step time in run.json"))
             continue
         run_cache = cache or (r.get("config") or {}).get("cache_dir")
         if name == HOST_CPU and not host_cpu_profile_path(run_cache).is_file():
-            skipped.append((job_name(r), "this host's CPU profile is not probed yet (a run here probes it)"))
+            skipped.append((job_name(r, labels), "this host's CPU profile is not probed yet (a run here probes it)"))
             continue
         try:
             if (name, run_cache) not in profiles:
                 profiles[(name, run_cache)] = load_hardware(name, run_cache)
             modelled.append((dict(r), terms_from_run(r), profiles[(name, run_cache)]))   # a copy: smoothed below
         except PlanError as exc:
-            skipped.append((job_name(r), str(exc).splitlines()[0]))
+            skipped.append((job_name(r, labels), str(exc).splitlines()[0]))
     # the host speed plan --validate predicts at: the median probe of the sweep's neighbouring jobs
     # (one run's own probe is noisier than its step time: the chart and --validate differed by 64%)
     smooth_host_speeds([(None, run, terms) for run, terms, _ in modelled])
@@ -315,7 +321,7 @@ def predictions(records: list[dict], cache: str | Path | None = None) -> tuple[l
         try:
             pred_step = step_time(terms, hw)["step_s"] / speed_factor(r, terms, hw)
         except PlanError as exc:
-            skipped.append((job_name(r), str(exc).splitlines()[0]))
+            skipped.append((job_name(r, labels), str(exc).splitlines()[0]))
             continue
         mem = r.get("memory") or {}
         device = mem.get("peak_device_bytes_per_rank") or []
@@ -324,7 +330,7 @@ def predictions(records: list[dict], cache: str | Path | None = None) -> tuple[l
         else:       # CPU: host and device are one RAM (plan --validate's comparison)
             rss = mem.get("peak_rss_bytes_per_rank") or []
             meas_mem, pred_mem = (max(rss) if rss else None), model_bytes_in_ram(terms) + hw.runtime_memory_bytes
-        rows.append({"job": job_name(r), "hardware": hw.name, "measured_step_s": float(r["step_time_s"]["median"]),
+        rows.append({"job": job_name(r, labels), "hardware": hw.name, "measured_step_s": float(r["step_time_s"]["median"]),
                      "predicted_step_s": pred_step, "measured_bytes": meas_mem, "predicted_bytes": float(pred_mem),
                      "memory_kind": "device" if device else "RSS"})
     return rows, skipped
@@ -363,7 +369,8 @@ def all_charts(records: list[dict], summaries: list[dict], group_by: str | None 
 
 
 def failed(records: list[dict]) -> list[dict]:
-    return [{"job": job_name(r), "strategy": r.get("strategy"), "world_size": r.get("world_size"),
+    labels = job_labels(records)
+    return [{"job": job_name(r, labels), "strategy": r.get("strategy"), "world_size": r.get("world_size"),
              "status": r.get("status"), "error": str(r.get("error") or "")}
             for r in records if r.get("status") != "completed"]
 

@@ -14,7 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from scalelab.results import charts as C
-from scalelab.results.table import _cells, _columns, flatten, lookup, _show
+from scalelab.results.table import _cells, _columns, _show, flatten, job_labels, lookup
 
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
        "font-src data:; connect-src 'none'; base-uri 'none'; form-action 'none'")
@@ -138,7 +138,9 @@ def tables(records: list[dict], group_by: str | None = None) -> tuple[str, str]:
     cols = _columns(records)
     heads = ([group_by] if group_by else []) + [c[0] for c in cols]
     lead = [[_show(lookup(r, group_by))] if group_by else [] for r in records]
-    summary = _table("runs", heads, [g + _cells(r, cols) for g, r in zip(lead, records)], bad, errs)
+    labels = job_labels(records)   # a job name runs of two sweeps share: "A/sw/0", "B/sw/0" (as compare's table)
+    summary = _table("runs", heads, [g + _cells(r, cols, labels.get(id(r))) for g, r in zip(lead, records)],
+                     bad, errs)
     flat = [flatten(r) for r in records]
     keys = list(dict.fromkeys(k for f in flat for k in f))
     full = _table("fields", keys, [[_field(f.get(k)) for k in keys] for f in flat], bad, errs)
