@@ -134,7 +134,8 @@ def _aggregate(args: argparse.Namespace) -> int:
         # a parent of sweeps (outputs/sweeps): pooled, the same config of two sweeps was one
         # scaling group against one baseline
         print(f"error: {sweep} holds {len(nested)} sweep(s), not one: aggregate each sweep's folder "
-              f"({_listed(nested)})", file=sys.stderr)
+              f"({_listed(nested)})" if len(nested) > 1 else
+              f"error: {sweep} is not a sweep folder: aggregate the sweep it holds, {nested[0]}", file=sys.stderr)
         return 2
     from scalelab.results.record import read_records
 

@@ -114,3 +114,12 @@ def test_aggregate_of_a_job_folder_names_its_own_sweep_or_says_it_has_none(slurm
     code, out, err = _run(["aggregate", str(slurm / "102-c")], capsys)
     # before: "give its sweep folder, e.g. outputs/slurm" (a folder of other runs)
     assert code == 2 and err.count("\n") == 1 and "single run, with no sweep" in err and str(slurm) + "\n" not in err, err
+
+
+def test_aggregate_of_a_parent_of_one_sweep_names_that_sweep(tmp_path, capsys):
+    from .test_compare_sweeps import _sweep
+
+    sw = _sweep(tmp_path / "sweeps" / "sw", [100.0, 150.0])
+    code, out, err = _run(["aggregate", str(tmp_path / "sweeps")], capsys)
+    # before: "holds 1 sweep(s), not one"
+    assert code == 2 and err == f"error: {tmp_path / 'sweeps'} is not a sweep folder: aggregate the sweep it holds, {sw}\n"
