@@ -348,7 +348,8 @@ def finalize(job_dir: Path, st: dict, job_id: str, meta: dict | None = None) -> 
         rec = {"status": "failed", "strategy": meta.get("strategy", "?"), "world_size": meta.get("world_size", 1),
                "global_batch_size": meta.get("global_batch_size", 1),
                "throughput": {"samples_per_s": None, "tokens_per_s": None},
-               "job": {"name": meta.get("name", job_dir.name), "dir": str(job_dir)},
+               "job": {"name": meta.get("name", job_dir.name), "dir": str(job_dir),
+                       "sweep_dir": meta.get("sweep_dir")},   # its sweep's efficiency (results.sweep) finds it
                "error": f"SLURM job {job_id} ended {st.get('state_detail') or st['state']} (reason {st.get('reason')}, "
                         f"exit {st.get('exit_code')}) without a run record; see the job's sbatch log"}
     if st["state"] != "COMPLETED" and rec.get("status") == "completed":
@@ -370,7 +371,8 @@ def _meta_from(job_dir: Path) -> dict:
 
         c = OmegaConf.to_container(OmegaConf.load(job_dir / "config_resolved.yaml"))
         return {"strategy": c["strategy"]["name"], "world_size": c["trainer"]["devices"] * c["trainer"]["num_nodes"],
-                "global_batch_size": c["data"]["global_batch_size"], "name": c["job"]["name"]}
+                "global_batch_size": c["data"]["global_batch_size"], "name": c["job"]["name"],
+                "sweep_dir": c["job"].get("sweep_dir")}
     except Exception:  # noqa: BLE001 - nothing saved: the record says so with what it has
         return {}
 

@@ -101,7 +101,8 @@ class ScalelabSlurmLauncher(Launcher):
         for num, overrides, cfg, job_dir, job_id in jobs:
             st = states.get(job_id, {"state": "UNKNOWN", "reason": "not in accounting"})
             meta = {"strategy": str(cfg.strategy.name), "world_size": int(cfg.trainer.devices) * int(cfg.trainer.num_nodes),
-                    "global_batch_size": int(cfg.data.global_batch_size), "name": f"{sweep_dir.name}/{num}"}
+                    "global_batch_size": int(cfg.data.global_batch_size), "name": f"{sweep_dir.name}/{num}",
+                    "sweep_dir": str(sweep_dir)}
             rec = slurm.finalize(job_dir, st, job_id, meta)
             if rec.get("status") != "completed":
                 launch.FAILED_JOBS.append(f"{meta['name']} (SLURM job {job_id}): {scrub(rec.get('error'))}")
