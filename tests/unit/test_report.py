@@ -86,6 +86,7 @@ def make_sweep(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for i, r in enumerate(fixture_records()):
         (root / str(i)).mkdir()
+        r["job"]["sweep_dir"] = str(root.resolve())   # a multirun's job, as train.py records it
         write_json(root / str(i) / "run.json", r)
     return root
 
