@@ -167,7 +167,7 @@ def rank_command(launcher: str, nodes: int, devices: int, job_dir: Path, extra: 
     worker = [sys.executable, "-m", "scalelab.worker", str(job_dir)]
     if launcher == "srun":
         return ["srun", f"--nodes={nodes}", f"--ntasks={nodes * devices}", f"--ntasks-per-node={devices}",
-                "--kill-on-bad-exit=1", *extra, *worker]
+                "--kill-on-bad-exit=1", "--unbuffered", *extra, *worker]   # unbuffered: the step line is live
     if launcher == "torchrun":  # one node of a multi-node job (layout: torchrun_layout's, resolved)
         lay = layout or {}
         static = lay.get("backend", "static") == "static"
@@ -321,7 +321,22 @@ def _started_a_rank(pid: int) -> bool:
     return False
 
 
+# The rank launcher (torchrun, srun) in its own session gets SIGTERM when this process dies, even by
+# SIGKILL (the OOM killer, `kill -9`), and ends its ranks: they kept training as orphans (a node of a
+# multi-node run went on with the other node). Set by a tiny exec wrapper, not preexec_fn (unsafe
+# in a process with threads); Linux only (prctl PR_SET_PDEATHSIG = 1), elsewhere the command as is.
+_DEATHSIG = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
+             "os.getppid() == int(sys.argv[1]) or os._exit(143); os.execvp(sys.argv[2], sys.argv[2:])")
+
+
+def with_parent_death_signal(cmd: list[str]) -> list[str]:
+    if not sys.platform.startswith("linux"):
+        return list(cmd)
+    return [sys.executable, "-c", _DEATHSIG, str(os.getpid()), *cmd]
+
+
 def _run_ranks(cmd, env, log_path, timeout_s, on_start, console, start_by) -> int:
+    cmd = with_parent_death_signal(cmd)
     with open(log_path, "ab", buffering=0) as log:  # unbuffered: the log is live while ranks run
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
