@@ -370,13 +370,20 @@ def main() -> None:
         print(f"error: {redact_text(str(e))}", file=sys.stderr)
         spawn.stop_server()
         sys.exit(2)
+    if not requeue.in_slurm_job():   # (a SLURM batch step's SIGTERM is scalelab.requeue's)
+        import signal
+
+        # SIGTERM (`timeout`, `docker stop`, a pod's eviction) as Ctrl-C: the ranks are ended, one line
+        # says how to go on; before, the command died silently, no line, its ranks on a broken pipe
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         _hydra_main()
-    except KeyboardInterrupt:   # the ranks were ended with it (spawn / launch kill their groups)
+    except KeyboardInterrupt as e:   # the ranks were ended with it (spawn / launch kill their groups)
         # on a terminal, the progress bar's line is still open (it rewrites itself with \r)
-        print(("\n" if sys.stderr.isatty() else "") + _interrupted(_MARKS.get("job_dir"), _MARKS.get("sweep_dir")),
+        how = "SIGTERM" if isinstance(e, _Terminated) else "Ctrl-C"
+        print(("\n" if sys.stderr.isatty() else "") + _interrupted(_MARKS.get("job_dir"), _MARKS.get("sweep_dir"), how),
               file=sys.stderr)
-        _fast_exit(130)
+        _fast_exit(143 if how == "SIGTERM" else 130)
     code = 0
     if _FAILED:  # the sweep went on past them; the command still says so
         print(f"error: {len(_FAILED)} job(s) failed:\n  " + "\n  ".join(_FAILED), file=sys.stderr)
@@ -384,11 +391,19 @@ def main() -> None:
     _fast_exit(code)
 
 
-def _interrupted(job_dir: Path | None, sweep_dir: Path | None = None) -> str:
-    """One line for Ctrl-C: which job it stopped and how to go on (checkpoint.resume=auto resumes
-    from the job's newest checkpoint when the same command runs again into the same folder)."""
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be."""
+
+
+def _terminated(signum, frame) -> None:
+    raise _Terminated()
+
+
+def _interrupted(job_dir: Path | None, sweep_dir: Path | None = None, signame: str = "Ctrl-C") -> str:
+    """One line for Ctrl-C (or SIGTERM): which job it stopped and how to go on (checkpoint.resume=auto
+    resumes from the job's newest checkpoint when the same command runs again into the same folder)."""
     if job_dir is None:
-        return "[scalelab] interrupted (Ctrl-C) before any job started"
+        return f"[scalelab] interrupted ({signame}) before any job started"
     # where checkpoint.resume=auto goes on from (the one before a checkpoint at max_steps, to redo its interval)
     saved = resume_point(job_dir, _MARKS["max_steps"])[0] if _MARKS.get("max_steps") else find_resume(job_dir)[0]
     again = (f"hydra.sweep.dir={sweep_dir} (its completed jobs are kept; this one resumes)" if sweep_dir
@@ -402,7 +417,7 @@ def _interrupted(job_dir: Path | None, sweep_dir: Path | None = None) -> str:
         how = "it saved no checkpoint (checkpoint.every_n_steps=N saves one every N steps)"
     if not saved and sweep_dir:   # what a rerun still keeps: the default folder is new each time
         how += f"; the same command with hydra.sweep.dir={sweep_dir} keeps the jobs that completed"
-    return f"[scalelab] interrupted (Ctrl-C) in {job_dir}: {how}"
+    return f"[scalelab] interrupted ({signame}) in {job_dir}: {how}"
 
 
 def _fast_exit(code: int) -> None:

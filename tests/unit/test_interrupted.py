@@ -2,6 +2,8 @@
 KeyboardInterrupt traceback through Hydra and the fork server's watch loop)."""
 import json
 
+import pytest
+
 from scalelab.train import _interrupted
 
 
@@ -53,3 +55,11 @@ def test_before_the_first_checkpoint_it_says_so_and_how_to_keep_the_sweep(tmp_pa
     monkeypatch.setitem(train._MARKS, "every_n_steps", None)
     assert _interrupted(job) == (f"[scalelab] interrupted (Ctrl-C) in {job}: it saved no checkpoint "
                                  "(checkpoint.every_n_steps=N saves one every N steps)")
+
+
+def test_sigterm_is_raised_as_an_interrupt_and_named():
+    from scalelab import train
+
+    with pytest.raises(KeyboardInterrupt):            # main's Ctrl-C path ends the ranks and says how to go on
+        train._terminated(15, None)
+    assert train._interrupted(None, signame="SIGTERM") == "[scalelab] interrupted (SIGTERM) before any job started"
