@@ -300,8 +300,12 @@ def after_ranks(job_dir: Path, got: list[int], finished: bool = False) -> str | 
             return None
         # The ranks were ended before they could save (within KillWait; a W&B service process in
         # the step gets SIGTERM too and its rank fails on the next log call).
-        return (f"SIGTERM: ranks ended without a new checkpoint; if SLURM requeues job {info.get('job_id')}, "
-                "it resumes from the newest periodic checkpoint (checkpoint.every_n_steps)")
+        from scalelab.checkpointing import find_resume
+
+        newest = find_resume(job_dir)[0]
+        then = (f"it resumes from the newest periodic checkpoint ({newest.name})" if newest else
+                "it starts over: there is no checkpoint yet (checkpoint.every_n_steps=N saves one every N steps)")
+        return f"SIGTERM: ranks ended without a new checkpoint; if SLURM requeues job {info.get('job_id')}, {then}"
     step, _, name = marker.read_text().partition(" ")
     # an array task by its ARRAY_TASK id: its raw SLURM_JOB_ID is the whole array's for one of the
     # tasks, and `scontrol requeue` of that requeued (and killed) every task of the array

@@ -153,8 +153,20 @@ def run_job(cfg: DictConfig) -> dict:
                                            on_start=lambda p: setattr(signals, "proc", p),
                                            console=None if cfg.get("verbose", False) else launch.TracebackFilter()), {}
         stopped = requeue.after_ranks(job_dir, signals.got, finished=rc == 0 and (job_dir / RUN_FILE).exists())
-        if stopped:  # saved for a requeue: this attempt writes no run record, the next one will
+        if stopped:  # saved for a requeue: the next attempt writes the run record
             log.info(f"[scalelab] {resolved['job']['name']}: {stopped}")
+            if stopped.startswith("SIGTERM"):
+                # SLURM ends (scancel, the time limit) or requeues the job itself: a record of how far
+                # it got, which a requeued attempt replaces (scalelab slurm's finalize adds the state)
+                record = _collect(job_dir, 1, resolved, spec, threads)
+                record.update(status="failed", returncode=143, error=f"stopped by {stopped}")
+                marker = job_dir / requeue.PREEMPTED   # "STEP SIGNAL": the step the ranks stopped at
+                saved = int(marker.read_text().split()[0]) if marker.exists() else None
+                if saved is not None:
+                    record["steps"] = saved
+                    if record.get("resumed_at_step"):
+                        record["steps_this_attempt"] = saved - record["resumed_at_step"]
+                write_json(job_dir / RUN_FILE, scrub(record))
             return {"status": "requeued", "job": resolved["job"]}
     else:  # torchrun (one node of several, or torchrun_local): its tracebacks stay in ranks.log
         console = launch.TracebackFilter() if not cfg.get("verbose", False) else None

@@ -74,3 +74,12 @@ def test_the_save_line_starts_on_its_own_line_and_says_what_follows(tmp_path, ha
     assert out.startswith("\n[scalelab] SIGUSR1: checkpoint ") and out.rstrip().endswith("stopping for the requeue")
     out = stop(signal.SIGTERM)     # scancel ends the job; a requeue or preemption is SLURM's own
     assert out.rstrip().endswith("saved at step 3; stopping (SLURM requeues or ends the job)")
+
+
+def test_a_sigterm_before_any_checkpoint_says_a_requeue_starts_over(tmp_path, monkeypatch):
+    """The line promised 'it resumes from the newest periodic checkpoint' for a job cancelled while
+    its ranks were starting, with no checkpoint at all (walkthrough: jobs 669, 682)."""
+    monkeypatch.setenv("SLURM_JOB_ID", "669")
+    line = requeue.after_ranks(tmp_path, [signal.SIGTERM])
+    assert line.endswith("if SLURM requeues job 669, it starts over: there is no checkpoint yet "
+                         "(checkpoint.every_n_steps=N saves one every N steps)"), line
