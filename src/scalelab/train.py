@@ -243,7 +243,8 @@ def _node_record(resolved: dict, spec, threads: int, layout: dict) -> dict:
     record = base_record(resolved, spec.batch, spec.lr, spec.run.world_size,
                          spec.plan.parallel_degrees(spec.run.world_size), spec.run.model_arch, None,
                          spec.run.accelerator, threads)
-    record.update(status="completed", returncode=0, node_rank=layout["node_rank"], hostname=socket.gethostname(),
+    record.update(status="completed", returncode=0, steps=int(resolved["trainer"]["max_steps"]),   # all of them, not 0
+                  node_rank=layout["node_rank"], hostname=socket.gethostname(),
                   record_on_node=0, rdzv_endpoint=layout["endpoint"],
                   note="this node's ranks completed; the run record (figures, losses, placement) is written by "
                        "global rank 0's node")

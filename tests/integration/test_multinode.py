@@ -107,6 +107,7 @@ def test_two_nodes_ddp_equal_one_node(tmp_path, local4):
     assert rec["devices_per_node"] == 2
     # node 1 holds no rank 0: its record says so and points at node 0's
     assert other["status"] == "completed" and other["record_on_node"] == 0 and other["node_rank"] == 1
+    assert other["steps"] == STEPS                    # the run's, not 0
     assert "node 1's ranks completed; the run record (figures, losses) is on node 0" in outs[1], outs[1][-2000:]
     assert "loss final" in outs[0]   # node 0 prints the comparison table
     assert [(p["rank"], p["node_rank"], p["local_rank"]) for p in rec["placement"]] == \
