@@ -281,3 +281,12 @@ def wandb_env(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_CONSOLE", "off")
     return tmp_path
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, object]:
+    """`scalelab ARGV` in this process: (exit code, pytest's captured out/err)."""
+    from scalelab.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    return done.value.code, capsys.readouterr()

@@ -4,13 +4,13 @@ must be. Before: NotADirectoryError / IsADirectoryError tracebacks (compare, slu
 Hydra's traceback (scalelab-train), after the work was done. Missing parent folders are created."""
 import pytest
 
-from scalelab.cli import main
 from scalelab.errors import ConfigError
 from scalelab.paths import path_problem
 from scalelab.preflight import preflight
 from scalelab.results.record import write_json
 
 from .test_results import _rec
+from ..conftest import run_cli as _run
 
 
 @pytest.fixture()
@@ -26,12 +26,6 @@ def test_path_problem_names_the_file_in_the_way(tmp_path, a_file):
     assert path_problem(a_file, "--log-dir", folder=True) == f"--log-dir {a_file} is a file: give a folder path"
     assert path_problem(tmp_path / "new" / "deeper" / "x.csv", "--out") is None      # created when written
     assert path_problem(tmp_path / "new", "--log-dir", folder=True) is None
-
-
-def _run(argv, capsys):
-    with pytest.raises(SystemExit) as done:
-        main(argv)
-    return done.value.code, capsys.readouterr()
 
 
 def test_compare_slurm_and_k8s_refuse_an_unwritable_out_in_one_line(tmp_path, a_file, capsys):

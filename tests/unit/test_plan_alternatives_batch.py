@@ -6,17 +6,11 @@ import json
 
 import pytest
 
-from scalelab.cli import main
+from ..conftest import run_cli as _run
 
 # vocab 50304 (a multiple of 128): the trainer lets tp split it, so tp and fsdp_tp are suggestions
 BASE = ["plan", "--params", "7B", "--vocab", "50304", "--devices", "8", "--global-batch", "64",
         "--hardware", "h100_sxm"]
-
-
-def _run(argv, capsys):
-    with pytest.raises(SystemExit) as done:
-        main(argv)
-    return done.value.code, capsys.readouterr()
 
 
 def test_every_suggestion_keeps_the_global_batch_and_prints_its_split(capsys):

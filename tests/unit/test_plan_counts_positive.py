@@ -2,13 +2,7 @@
 (exit 0) and `recommend --tokens=-1e11 --objective time-to-tokens` a negative prediction."""
 import pytest
 
-from scalelab.cli import main
-
-
-def _run(argv, capsys):
-    with pytest.raises(SystemExit) as done:
-        main(argv)
-    return done.value.code, capsys.readouterr()
+from ..conftest import run_cli as _run
 
 
 @pytest.mark.parametrize("argv, value", [

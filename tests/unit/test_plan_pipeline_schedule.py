@@ -8,19 +8,13 @@ from itertools import product
 
 import pytest
 
-from scalelab.cli import main
 from scalelab.plan.spec import ModelSpec, PlanError, get_strategy, pipeline_schedule_refusal
 from scalelab.plan.step_time import build_terms
+from ..conftest import run_cli as _run
 
 CMD = ["plan", "--params", "34B", "--vocab", "50304", "--seq-len", "8192", "--strategy", "tp", "--devices", "8",
        "--micro-batch", "1", "--global-batch", "1", "--hardware", "h100_sxm"]
 MODEL = ModelSpec.trainer_gpt(8, 256, 4, 512, 64)
-
-
-def _run(argv, capsys):
-    with pytest.raises(SystemExit) as done:
-        main(argv)
-    return done.value.code, capsys.readouterr()
 
 
 def test_no_suggestion_is_a_pipeline_the_trainer_refuses(capsys):

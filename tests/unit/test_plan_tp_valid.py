@@ -2,17 +2,10 @@
 1, 2, 4" (the heads' divisors) though check_tp_degree refuses 2 and 4 (vocab 50257 is odd); and plan
 applies the trainer's sequence-length check (sequence parallel is on in the plan's same job):
 `--seq-len 1000 --tp 3 --devices 6` planned a job the trainer refuses."""
-import pytest
 
-from scalelab.cli import main
+from ..conftest import run_cli as _run
 
 SHAPE = ["plan", "--layers", "12", "--hidden", "768", "--heads", "12", "--hardware", "h100_sxm"]
-
-
-def _run(argv, capsys):
-    with pytest.raises(SystemExit) as done:
-        main(argv)
-    return done.value.code, capsys.readouterr()
 
 
 def test_heads_refusal_lists_only_degrees_every_dimension_takes(capsys):

@@ -7,18 +7,12 @@ import shlex
 
 import pytest
 
-from scalelab.cli import main
 from scalelab.plan.hardware import load_hardware
 from scalelab.plan.spec import ModelSpec, PlanError
 from scalelab.recommend.space import Request, enumerate_candidates
+from ..conftest import run_cli as _run
 
 BASE = ["plan", "--params", "7B", "--devices", "8", "--global-batch", "64", "--hardware", "h100_sxm"]
-
-
-def _run(argv, capsys):
-    with pytest.raises(SystemExit) as done:
-        main(argv)
-    return done.value.code, capsys.readouterr()
 
 
 @pytest.mark.parametrize("strategy, tp", [("tp", 8), ("fsdp_tp", 2)])

@@ -5,16 +5,10 @@ import json
 
 import pytest
 
-from scalelab.cli import main
+from ..conftest import run_cli as _run
 
 JOB = ["plan", "strategy=zero3", "model=gpt_small", "trainer.devices=8", "trainer.num_nodes=4",
        "data.global_batch_size=512", "trainer.precision=bf16-mixed", "hardware_profile=h100_sxm"]
-
-
-def _run(argv, capsys):
-    with pytest.raises(SystemExit) as done:
-        main(argv)
-    return done.value.code, capsys.readouterr()
 
 
 def test_the_efficiency_is_labelled_weak_scaling_with_the_baselines_batch(capsys):

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from scalelab.cli import main
 from scalelab.plan.hardware import parse_hardware
+from ..conftest import run_cli as _run
 
 WARNING = ("warning: 8 devices per node, but a two_core_cpu node has 2 cores (a CPU device is a rank of its own "
            "core): the figures are for devices it does not have\n")
@@ -24,12 +24,6 @@ def two_cores(tmp_path):
     path = tmp_path / "two_core_cpu.yaml"
     path.write_text(yaml.safe_dump(prof))
     return path
-
-
-def _run(argv, capsys):
-    with pytest.raises(SystemExit) as done:
-        main(argv)
-    return done.value.code, capsys.readouterr()
 
 
 def test_recommend_warns_as_plan_does(capsys, tmp_path, two_cores):
