@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 # src/scalelab/paths.py -> repo root (the project is installed editable; see Makefile).
@@ -35,6 +36,14 @@ def path_problem(path: str | Path, what: str, folder: bool = False) -> str | Non
         return f"{what} {path} cannot be created: {parent} is a file, not a folder"
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{what} {path} cannot be written: no write permission in {parent}"
+    if not p.exists():
+        # write permission says nothing for root, nor on /proc or /sys (Hydra's own mkdir of a job
+        # folder there raised a traceback): a folder made and removed where the path's would go,
+        # never the path itself (jobs starting at once, an array's tasks, share parts of it)
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".scalelab-probe-", dir=parent))
+        except OSError as e:
+            return f"{what} {path} cannot be created: {e.strerror or e}"
     return None
 
 

@@ -10,8 +10,6 @@ or hydra.sweep.dir given) holds another job's run (scalelab.job_dir). Pass-throu
 """
 from __future__ import annotations
 
-import os
-
 import re
 from contextlib import contextmanager
 from pathlib import Path
@@ -149,27 +147,6 @@ def _job_dir(cfg, num: int, multirun: bool) -> Path | None:
         return None
 
 
-def _cannot_make(folder, what: str) -> str | None:
-    """Why the job's folder cannot be created: a folder made and removed in its nearest existing
-    parent (never the job's own path, which jobs starting at once, an array's tasks, share parts
-    of). Write permission (paths.path_problem) says nothing for root, nor on /proc or /sys, where
-    Hydra's own mkdir then raised a FileNotFoundError / PermissionError traceback."""
-    import tempfile
-    from pathlib import Path
-
-    folder = Path(folder)
-    parent = folder
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if parent == folder:
-        return None
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".scalelab-probe-", dir=parent))
-    except OSError as e:
-        return f"{what} {folder} cannot be created: {e.strerror or e}"
-    return None
-
-
 def preflight(args: list[str], data: bool = True) -> int:
     """Validate all jobs; returns how many. Raises ConfigError on the first bad one.
     data: also prepare each job's data (cached) and check it is enough for the run."""
@@ -193,9 +170,9 @@ def preflight(args: list[str], data: bool = True) -> int:
                 with open_dict(cfg):
                     cfg.pop("hydra")
                 checked.append((job, cfg, validate(cfg)))
-                what = "the job's folder (hydra.sweep.dir/subdir)" if multirun else "hydra.run.dir"
                 refused = where is not None and (
-                    path_problem(where, what, folder=True) or _cannot_make(where, what)
+                    path_problem(where, "the job's folder (hydra.sweep.dir/subdir)" if multirun else "hydra.run.dir",
+                                 folder=True)
                     or refusal(where, OmegaConf.to_container(cfg, resolve=True)))
                 if refused:
                     raise ConfigError(refused)
