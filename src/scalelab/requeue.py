@@ -289,13 +289,22 @@ class BatchSignals:
             pass
 
 
+def stopped_at(job_dir: Path) -> tuple[int, str] | None:
+    """(step, signal name) of this attempt's stop for a signal (JOB_DIR/.preempted), else None."""
+    try:
+        step, _, name = (job_dir / PREEMPTED).read_text().partition(" ")
+        return int(step), name.strip()
+    except (OSError, ValueError):
+        return None
+
+
 def after_ranks(job_dir: Path, got: list[int], finished: bool = False) -> str | None:
     """After the ranks exited: None when they did not stop for a signal (or finished the run
     anyway: `finished`); else what was done, in one line. Requeues the job unless SLURM is already
     requeueing or ending it (SIGTERM)."""
-    marker = job_dir / PREEMPTED
+    stop = stopped_at(job_dir)
     info = slurm_info() or {}
-    if not marker.exists():
+    if stop is None:
         if signal.SIGTERM not in got or finished:
             return None
         # The ranks were ended before they could save (within KillWait; a W&B service process in
@@ -306,7 +315,7 @@ def after_ranks(job_dir: Path, got: list[int], finished: bool = False) -> str | 
         then = (f"it resumes from the newest periodic checkpoint ({newest.name})" if newest else
                 "it starts over: there is no checkpoint yet (checkpoint.every_n_steps=N saves one every N steps)")
         return f"SIGTERM: ranks ended without a new checkpoint; if SLURM requeues job {info.get('job_id')}, {then}"
-    step, _, name = marker.read_text().partition(" ")
+    step, name = stop
     # an array task by its ARRAY_TASK id: its raw SLURM_JOB_ID is the whole array's for one of the
     # tasks, and `scontrol requeue` of that requeued (and killed) every task of the array
     job = info.get("job_id") or os.environ.get("SLURM_JOB_ID", "")

@@ -160,12 +160,11 @@ def run_job(cfg: DictConfig) -> dict:
                 # it got, which a requeued attempt replaces (scalelab slurm's finalize adds the state)
                 record = _collect(job_dir, 1, resolved, spec, threads)
                 record.update(status="failed", returncode=143, error=f"stopped by {stopped}")
-                marker = job_dir / requeue.PREEMPTED   # "STEP SIGNAL": the step the ranks stopped at
-                saved = int(marker.read_text().split()[0]) if marker.exists() else None
-                if saved is not None:
-                    record["steps"] = saved
+                stop = requeue.stopped_at(job_dir)   # the step the ranks saved and stopped at
+                if stop is not None:
+                    record["steps"] = stop[0]
                     if record.get("resumed_at_step"):
-                        record["steps_this_attempt"] = saved - record["resumed_at_step"]
+                        record["steps_this_attempt"] = stop[0] - record["resumed_at_step"]
                 write_json(job_dir / RUN_FILE, scrub(record))
             return {"status": "requeued", "job": resolved["job"]}
     else:  # torchrun (one node of several, or torchrun_local): its tracebacks stay in ranks.log

@@ -210,7 +210,8 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)   # torchrun started this attempt again
     if restart and rank == 0:   # counted here: torchrun, not scalelab, restarts the ranks (spawn counts its own)
         # checkpoint.resume_from's step from its manifest or name (the worker learns it only once loaded)
-        note_restart(job_dir, restart, resumed_at if resumed_at is not None or not resume else checkpoint_step(resume))
+        started = resumed_at if resumed_at is not None else checkpoint_step(resume) if resume else None
+        note_restart(job_dir, restart, started)
         where = f"step {resumed_at}" if resumed_at is not None else \
             f"checkpoint.resume_from {resume}" if resume else "step 0"
         print(f"[scalelab] restart {restart} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}: every rank "
