@@ -60,7 +60,7 @@ def test_interleaved_rules():
 
 
 def test_plan_and_trainer_agree():
-    """The restated rule against the trainer's own, over gpipe, 1f1b and interleaved_1f1b."""
+    """The rule plan applies against the trainer's check (one rule, plan.spec), over gpipe, 1f1b and interleaved_1f1b."""
     from scalelab.errors import ConfigError
     from scalelab.strategies.pipeline import Pipeline
 

@@ -290,23 +290,28 @@ def check_sequence_length(model: ModelSpec, tp: int, world: int, strategy: str) 
                         "(strategy.sequence_parallel=false)")
 
 
-def pipeline_schedule_refusal(schedule: str, pp: int, m: int, v: int, n_layers: int) -> str | None:
-    """Why scalelab-train refuses a pipeline schedule (None: it runs it): its Pipeline._check_schedule
-    (strategies/pipeline.py, pipeline and nd), restated here because plan/ imports no torch;
-    tests/unit/test_plan_pipeline_schedule.py checks both agree. schedule: gpipe | 1f1b |
-    interleaved_1f1b; m: micro-batches per step; v: the configured stages_per_rank."""
+def pipeline_schedule_refusal(schedule: str, pp: int, m: int, v: int, n_layers: int,
+                              what: str = "pipeline stages") -> str | None:
+    """Why scalelab-train refuses a pipeline schedule (None: it runs it), for the trainer
+    (strategies.pipeline.Pipeline._check_schedule, pipeline and nd) and the plan alike: the
+    constraints of torch.distributed.pipelining's schedules. schedule: gpipe | 1f1b |
+    interleaved_1f1b; m: micro-batches per step; v: the configured stages_per_rank; what: the
+    stages, as the message names them."""
     if schedule == "1f1b" and m < pp:
-        return (f"strategy.microbatches={m} is fewer than the {pp} pipeline stages, which schedule=1f1b needs "
-                f"at least")
+        return (f"strategy.microbatches={m} is fewer than the {pp} {what}, which schedule=1f1b needs "
+                f"at least: use >= {pp} micro-batches or schedule=gpipe")
     if v > 1 and pp * v > n_layers:
         return (f"strategy.stages_per_rank={v}: {pp} x {v} = {pp * v} virtual stages but the model has "
-                f"{n_layers} layers")
+                f"{n_layers} layers: use stages_per_rank <= {max(n_layers // pp, 1)} or raise model.arch.n_layers")
     if v > 1 and pp < 2:
-        return f"strategy.schedule=interleaved_1f1b needs >= 2 pipeline stages, got {pp}"
+        return f"strategy.schedule=interleaved_1f1b needs >= 2 {what}, got {pp}"
     rounds = max(1, m // pp)
     if v > 1 and m % rounds:
-        return (f"strategy.microbatches={m} with interleaved_1f1b over {pp} stages: torch's schedule runs "
-                f"max(1, m // {pp}) = {rounds} rounds, which must divide m")
+        # ScheduleInterleaved1F1B: rounds = max(1, m // pp) must divide m
+        ok = [x for x in range(1, 4 * pp + 1) if x % max(1, x // pp) == 0]
+        return (f"strategy.microbatches={m} with interleaved_1f1b over {pp} {what}: torch's schedule runs "
+                f"max(1, m // {pp}) = {rounds} rounds, which must divide m: choose one of "
+                f"{', '.join(map(str, ok))} (or another multiple of {pp})")
     return None
 
 

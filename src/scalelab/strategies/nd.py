@@ -144,7 +144,7 @@ class ND(Pipeline):
             raise ConfigError(f"strategy.pp={pp} pipeline stages but the model has {arch.n_layers} layers: use "
                               f"pp <= {arch.n_layers} or raise model.arch.n_layers")
         self._check_batch(run.batch, "data-parallel rank")
-        self._check_schedule(pp, arch.n_layers, "stages (strategy.pp)")
+        self._check_schedule(pp, arch.n_layers, "pipeline stages (strategy.pp)")
         if run.precision not in PRECISIONS:
             raise ConfigError(f"trainer.precision={run.precision} is not supported by strategy=nd (the pipeline "
                               f"schedule's backward bypasses a loss scaler): choose one of {', '.join(PRECISIONS)}")

@@ -133,30 +133,19 @@ class Pipeline(PipelineRecord, StrategyPlan):
                               f"model has {n_layers} layers: use at most {n_layers * self.dp} devices, or raise "
                               "strategy.dp or model.arch.n_layers")
         self._check_batch(run.batch, "pipeline replica")
-        self._check_schedule(pp, n_layers, "stages")
+        self._check_schedule(pp, n_layers, "pipeline stages")
         if run.precision == "16-mixed":
             raise ConfigError("trainer.precision=16-mixed needs a loss scaler, which the pipeline schedule's own "
                               "backward bypasses: use bf16-mixed, bf16-true or 32-true with strategy=pipeline")
 
     def _check_schedule(self, pp: int, n_layers: int, what: str) -> None:
-        """The schedule's own constraints (torch.distributed.pipelining.schedules), before spawn."""
-        m, v = self.microbatches, self.stages_per_rank
-        if self.schedule == "1f1b" and m < pp:
-            raise ConfigError(f"strategy.microbatches={m} is fewer than the {pp} {what}, which "
-                              f"schedule=1f1b needs at least: use >= {pp} micro-batches or schedule=gpipe")
-        if v > 1 and pp * v > n_layers:
-            raise ConfigError(f"strategy.stages_per_rank={v}: {pp} x {v} = {pp * v} virtual stages but the model "
-                              f"has {n_layers} layers: use stages_per_rank <= {max(n_layers // pp, 1)} or raise "
-                              "model.arch.n_layers")
-        if v > 1 and pp < 2:
-            raise ConfigError(f"strategy.schedule=interleaved_1f1b needs >= 2 pipeline {what}, got {pp}")
-        rounds = max(1, m // pp)
-        if v > 1 and m % rounds:
-            # ScheduleInterleaved1F1B: rounds = max(1, m // pp) must divide m
-            ok = [x for x in range(1, 4 * pp + 1) if x % max(1, x // pp) == 0]
-            raise ConfigError(f"strategy.microbatches={m} with interleaved_1f1b over {pp} {what}: torch's schedule "
-                              f"runs max(1, m // {pp}) = {rounds} rounds, which must divide m: choose one of "
-                              f"{', '.join(map(str, ok))} (or another multiple of {pp})")
+        """The schedule's own constraints (torch.distributed.pipelining.schedules), before spawn:
+        plan.spec's rule, which the planner applies to the same job."""
+        from scalelab.plan.spec import pipeline_schedule_refusal
+
+        why = pipeline_schedule_refusal(self.schedule, pp, self.microbatches, self.stages_per_rank, n_layers, what)
+        if why:
+            raise ConfigError(why)
 
     def _check_batch(self, batch, per: str) -> None:
         """Accumulation is the schedule's own micro-batches, which must divide the batch `per`
