@@ -104,8 +104,7 @@ def tp_degrees(model: ModelSpec, devices: int) -> list[int]:
     """TP degrees > 1 the trainer accepts: inside a node, dividing heads, width, MLP width, vocab."""
     if model.kind != "gpt":
         return []
-    return [t for t in _divisors(devices) if t > 1 and not (model.heads % t or model.hidden % t
-                                                             or model.ffn % t or model.vocab % t)]
+    return [t for t in _divisors(devices) if t > 1 and not tp_indivisible(model, t)]
 
 
 def no_degree_reason(strategy: str, model: ModelSpec, devices: int, nodes: int) -> str:
