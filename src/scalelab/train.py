@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -16,11 +15,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from scalelab import job_dir as job_dir_check
 from scalelab import launch, requeue, same_job, spawn, timing
-from scalelab.checkpointing import (PROGRESS, RESTARTS, RESUMED, find_resume, goes_on_from, read_mark,
+from scalelab.checkpointing import (PROGRESS, RESTARTS, RESUMED, find_resume, goes_on_from,
                                     read_restarts, resume_point)
 from scalelab.errors import ConfigError
+from scalelab.job_outcome import RERUN_MARK, collect, failed_on_node, mark_attempt, node_record, one_line
 from scalelab.paths import conf_dir
-from scalelab.results.record import (RUN_FILE, BadRecord, base_record, install_log_redaction, load_record,
+from scalelab.results.record import (RUN_FILE, BadRecord, install_log_redaction, load_record,
                                      redact_text, register_override_secrets, scrub, scrub_file, write_json)
 
 # Light imports only at the top: main() starts the ranks' fork server before anything imports
@@ -33,8 +33,6 @@ _FAILED: list[str] = launch.FAILED_JOBS
 _MARKS: dict = {}  # this command's own marks (launcher_start, preflight_done)
 # Set by scalelab.slurm for a job of a sweep or array that runs as its own SLURM job (Hydra run mode)
 SWEEP_ENV, NUM_ENV = "SCALELAB_SWEEP_DIR", "SCALELAB_JOB_NUM"
-ATTEMPT_MARK = "[scalelab] SLURM attempt: job"
-RERUN_MARK = "[scalelab] run again in this folder at"   # ranks.log: a rerun outside SLURM (unix time)
 
 
 def run_job(cfg: DictConfig) -> dict:
@@ -97,7 +95,7 @@ def run_job(cfg: DictConfig) -> dict:
     except BadRecord:                        # none yet (or unusable): nothing to keep
         done = None
     if requeue.completed_earlier(done, resolved["job"]["overrides"]):  # requeued after it finished: keep it
-        _mark_attempt(job_dir, f": the run completed in requeue {done['slurm'].get('requeues', 0)}; its record is kept")
+        mark_attempt(job_dir, f": the run completed in requeue {done['slurm'].get('requeues', 0)}; its record is kept")
         log.info(f"[scalelab] {resolved['job']['name']}: completed in an earlier attempt of SLURM job "
                  f"{done['slurm']['job_id']} (requeue {done['slurm'].get('requeues', 0)}); record kept, nothing to run")
         return done
@@ -110,7 +108,7 @@ def run_job(cfg: DictConfig) -> dict:
         # the same command run again into this folder (a sweep rerun after a crash or Ctrl-C)
         log.info(f"[scalelab] {resolved['job']['name']}: completed earlier in {job_dir}; record kept, nothing to "
                  "run (checkpoint.resume=never runs it again)")
-        log.info(_one_line(done) if multirun else render([done]))
+        log.info(one_line(done) if multirun else render([done]))
         return done
     OmegaConf.save(OmegaConf.create(scrub(resolved)), job_dir / job_dir_check.CONFIG_FILE)
     (job_dir / RUN_FILE).unlink(missing_ok=True)
@@ -139,7 +137,7 @@ def run_job(cfg: DictConfig) -> dict:
             cmd.insert(1, f"--cpus-per-task={os.environ['SLURM_CPUS_PER_TASK']}")
         signals = requeue.BatchSignals(job_dir)
         (job_dir / requeue.PREEMPTED).unlink(missing_ok=True)  # an earlier attempt's
-        _mark_attempt(job_dir)
+        mark_attempt(job_dir)
     spawned = timing.now()
     if cfg.launcher.name == "local":   # forks of a pre-imported server (scalelab.spawn)
         auto, start = cfg.checkpoint.get("resume", "auto") == "auto", cfg.checkpoint.resume_from
@@ -158,7 +156,7 @@ def run_job(cfg: DictConfig) -> dict:
             if stopped.startswith("SIGTERM"):
                 # SLURM ends (scancel, the time limit) or requeues the job itself: a record of how far
                 # it got, which a requeued attempt replaces (scalelab slurm's finalize adds the state)
-                record = _collect(job_dir, 1, resolved, spec, threads)
+                record = collect(job_dir, 1, resolved, spec, threads)
                 record.update(status="failed", returncode=143, error=f"stopped by {stopped}")
                 stop = requeue.stopped_at(job_dir)   # the step the ranks saved and stopped at
                 if stop is not None:
@@ -185,26 +183,14 @@ def run_job(cfg: DictConfig) -> dict:
         elastic = read_restarts(job_dir) if layout is None or (job_dir / RESTARTS).exists() else {}
     exited = timing.now()
     if layout is not None and rc == 0 and not (job_dir / RUN_FILE).exists():
-        record = _node_record(resolved, spec, threads, layout)  # global rank 0 ran on another node
+        record = node_record(resolved, spec, threads, layout)  # global rank 0 ran on another node
         from scalelab.results.callbacks import OTHER_NODE
 
         OTHER_NODE.append(layout["node_rank"])
     else:
-        record = _collect(job_dir, rc, resolved, spec, threads)
-        if layout is not None and rc != 0:   # which node this failed record is from
-            import socket
-
-            record.update(node_rank=layout["node_rank"], hostname=socket.gethostname(),
-                          rdzv_endpoint=layout["endpoint"])
-            # global rank 0 notes the steps: on node 0 with the static rendezvous; with c10d, on any node
-            if (layout["node_rank"] != 0 or layout.get("backend") != "static") and record.get("resumed_at_step") is None \
-                    and not (job_dir / PROGRESS).exists():
-                record["steps"] = None   # unknown here, not 0
-        if layout is not None and rc != 0 and not any(job_dir.glob("error-rank*.txt")):
-            record["error"] = _rendezvous_error(job_dir, layout) or record.get("error")
-        elif layout is not None and rc != 0 and launch.PEER_GONE.search(str(record.get("error"))):
-            record["error"] += (" (a peer's connection ended: the rank that failed first may be on another node, "
-                                "whose ranks.log says why)")
+        record = collect(job_dir, rc, resolved, spec, threads)
+        if layout is not None and rc != 0:   # one node of a multi-node job (launcher=torchrun) failed
+            failed_on_node(record, job_dir, layout)
     record.update(elastic)                   # restarts and steps redone (launcher=local, torchrun)
     t = record.setdefault("timing", {})
     # The whole command's start for the first job of a command; later jobs of a sweep start at
@@ -223,117 +209,8 @@ def run_job(cfg: DictConfig) -> dict:
         _FAILED.append(f"{resolved['job']['name']}: {record.get('error')}")
         log.error(f"[scalelab] job {resolved['job']['name']} FAILED: {record.get('error')}")
     # To the console and the job's train.log (Hydra's job logging): a sweep prints its table at the end.
-    log.info(_one_line(record) if multirun or record.get("record_on_node") is not None else render([record]))
+    log.info(one_line(record) if multirun or record.get("record_on_node") is not None else render([record]))
     return record
-
-
-def _mark_attempt(job_dir: Path, what: str = "") -> None:
-    """A line in ranks.log for this SLURM attempt: ranks.log keeps every attempt; errors are read
-    from the last one (after the last ATTEMPT_MARK)."""
-    with open(job_dir / "ranks.log", "a") as f:
-        f.write(f"{ATTEMPT_MARK} {os.environ['SLURM_JOB_ID']} requeue {requeue.requeue_count()}{what}\n")
-
-
-def _node_record(resolved: dict, spec, threads: int, layout: dict) -> dict:
-    """A node whose ranks exited 0 but did not hold global rank 0: it has only its logs; the run
-    record is on rank 0's node."""
-    import socket
-
-    record = base_record(resolved, spec.batch, spec.lr, spec.run.world_size,
-                         spec.plan.parallel_degrees(spec.run.world_size), spec.run.model_arch, None,
-                         spec.run.accelerator, threads)
-    record.update(status="completed", returncode=0, steps=int(resolved["trainer"]["max_steps"]),   # all of them, not 0
-                  node_rank=layout["node_rank"], hostname=socket.gethostname(),
-                  record_on_node=0, rdzv_endpoint=layout["endpoint"],
-                  note="this node's ranks completed; the run record (figures, losses, placement) is written by "
-                       "global rank 0's node")
-    return record
-
-
-def _rendezvous_error(job_dir: Path, layout: dict) -> str | None:
-    """launcher=torchrun whose ranks never started: the rendezvous failed (a node did not join in
-    time, the endpoint is unreachable). One line naming the endpoint, the node and the cause."""
-    log = job_dir / "ranks.log"
-    text = log.read_text(errors="replace") if log.exists() else ""
-    causes = [ln.strip() for ln in text.splitlines()
-              if re.match(r"\s*(torch\.distributed\.\S*(Dist\w*Error|Rendezvous\w*Error)|\S*TimeoutError)\b", ln)]
-    if not causes:
-        return None
-    if re.search(r"EADDRINUSE|address already in use", causes[-1], re.I):  # node 0 could not host the store
-        hint = (f"port {layout['endpoint'].rpartition(':')[2]} is taken on this host: give every node another "
-                "port in launcher.rdzv_endpoint")
-    else:
-        hint = (f"every node must run the same command with its own launcher.node_rank within "
-                f"launcher.rdzv_timeout_s={layout['timeout_s']:g}")
-    return f"rendezvous at {layout['endpoint']} failed on node {layout['node_rank']}: {causes[-1][:300]} ({hint})"
-
-
-def _one_line(record: dict) -> str:
-    if record["status"] != "completed":
-        return f"[scalelab] {record['job']['name']}: {record['status']}"
-    if record.get("record_on_node") is not None:  # launcher=torchrun, a node without global rank 0
-        return (f"[scalelab] {record['job']['name']}: node {record.get('node_rank')}'s ranks completed; the run "
-                f"record (figures, losses) is on node {record['record_on_node']}")
-    thr, st, loss = record["throughput"], record["step_time_s"], record["loss"]["final"]
-    return (f"[scalelab] {record['job']['name']}: completed, {thr.get('samples_per_s') or 0:.1f} samples/s, "
-            f"step {(st.get('median') or 0) * 1e3:.1f} ms (median of {st.get('measured_steps')}), "
-            f"loss {loss if loss is None else round(loss, 4)}")
-
-
-def _collect(job_dir: Path, rc: int, resolved: dict, spec, threads: int) -> dict:
-    """The rank-0 record when the job succeeded; otherwise a failed record with the error."""
-    path = job_dir / RUN_FILE
-    if rc == 0 and path.exists():
-        import json
-
-        return json.loads(path.read_text())
-    record = base_record(resolved, spec.batch, spec.lr, spec.run.world_size,
-                         spec.plan.parallel_degrees(spec.run.world_size), spec.run.model_arch, None,
-                         spec.run.accelerator, threads)
-    record.update(status="failed", returncode=rc, error=_error_message(job_dir, rc))
-    reached = read_mark(job_dir / PROGRESS)   # rank 0's progress mark (at most ~1 s old): how far it got
-    # as a completed record says them: where this attempt started (a SLURM requeue, a rerun after a
-    # crash) and the SLURM job (its requeue count, partition)
-    resumed_at = read_mark(job_dir / RESUMED)
-    if reached is not None or resumed_at:   # failed before its first step after a resume: where it was
-        record["steps"] = reached if reached is not None else resumed_at
-    record["resumed_at_step"] = resumed_at
-    if resumed_at and reached is not None:
-        record["steps_this_attempt"] = max(0, reached - resumed_at)
-    record["slurm"] = requeue.slurm_info()
-    return record
-
-
-def _error_message(job_dir: Path, rc: int) -> str:
-    """The first failure: the rank the launcher saw fail first (scalelab.spawn notes it in
-    ranks.log; its peers were ended after it and their errors are consequences), else the rank
-    whose error file says why (launch.cause_rank: not a peer's connection ending, the oldest),
-    else the exit code and the log's last line."""
-    if rc == 124:   # the launcher ended the ranks: their errors (SIGTERM, a lost peer) are its doing
-        return "timed out (trainer.timeout_s)"
-    log = job_dir / "ranks.log"
-    text = re.split(f"{re.escape(ATTEMPT_MARK)}|{re.escape(RERUN_MARK)}",   # this attempt's part
-                    log.read_text(errors="replace") if log.exists() else "")[-1]
-    first = spawn.FAILED_FIRST.findall(text)
-    # srun names the first task that exited badly first (its peers are ended after it)
-    first = first or re.findall(r"srun: error: [^:\s]+: tasks? (\d+)[\d,-]*: (Exited with exit code \d+|[A-Z]\w+)", text)[:1]
-    written = sorted(int(m.group(1)) for f in job_dir.glob("error-rank*.txt")
-                     if (m := re.fullmatch(r"error-rank(\d+)\.txt", f.name)))
-    cause = launch.cause_rank(job_dir, written)
-    cause_line = launch.last_error_line(job_dir, cause) if cause is not None else None
-    if first:
-        rank, how = first[-1]
-        line = launch.last_error_line(job_dir, int(rank))
-        if (cause is not None and cause != int(rank) and line is not None and launch.PEER_GONE.search(line)
-                and not launch.PEER_GONE.search(cause_line or "")):
-            # srun saw this rank exit first, but it only lost its connection to the one that raised
-            return f"rank {cause} failed: {cause_line} (rank {rank} exited first: {how})"
-        return f"rank {rank} failed first ({how})" + (f": {line}" if line else "; its peers were ended")
-    if cause is not None:
-        return f"error-rank{cause}: {cause_line}"
-    tail = [ln for ln in text.splitlines() if ln.strip()][-1:]
-    signal_note = f" (killed by signal {-rc if rc < 0 else rc - 128})" if rc < 0 or rc > 128 else ""
-    return f"ranks exited with code {rc}{signal_note}" + (f": {tail[0][:300]}" if tail else "")
 
 
 @hydra.main(config_path=str(conf_dir()), config_name="train", version_base="1.3")

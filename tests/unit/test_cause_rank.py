@@ -5,7 +5,7 @@ exit 1 at once, so exit order does not tell them apart; the job's error must nam
 import os
 
 from scalelab.launch import cause_rank
-from scalelab.train import _error_message
+from scalelab.job_outcome import error_message as _error_message
 
 RAISED = "Traceback (most recent call last):\n  File \"w.py\"\nRuntimeError: injected rank crash at step 3\n"
 LOST = ("Traceback (most recent call last):\n  File \"w.py\"\nRuntimeError: [../gloo/transport/tcp/pair.cc:537] "

@@ -2,7 +2,7 @@
 so the launcher marks where this one starts, and an earlier run's error-rank files are removed
 before it (train.run_job); the job's error is read from this run's part only."""
 from scalelab import spawn
-from scalelab.train import ATTEMPT_MARK, RERUN_MARK, _error_message
+from scalelab.job_outcome import ATTEMPT_MARK, RERUN_MARK, error_message as _error_message
 
 EARLIER = "[scalelab] rank 1 failed first (killed by signal 9)\n"
 

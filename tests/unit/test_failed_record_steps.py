@@ -6,7 +6,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from scalelab import train
+from scalelab import job_outcome
 from scalelab.checkpointing import PROGRESS, RESUMED
 from scalelab.config import validate
 from scalelab.paths import conf_dir
@@ -26,7 +26,7 @@ def _failed(tmp_path, job, progress=None, resumed=None):
         (tmp_path / mark).unlink(missing_ok=True)
         if value is not None:
             (tmp_path / mark).write_text(str(value))
-    return train._collect(tmp_path, 1, *job, 1)
+    return job_outcome.collect(tmp_path, 1, *job, 1)
 
 
 def test_a_failed_record_says_where_its_attempt_started(tmp_path, job, monkeypatch):

@@ -1,0 +1,141 @@
+"""A job's outcome once its ranks exited: rank 0's record, or a failed record that says why
+(the first failure, how far the run got, the SLURM attempt), or a node's own record where global
+rank 0 ran on another node (launcher=torchrun); and the one-line summary a sweep prints per job."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from scalelab import launch, requeue, spawn
+from scalelab.checkpointing import PROGRESS, RESUMED, read_mark
+from scalelab.results.record import RUN_FILE, base_record
+
+ATTEMPT_MARK = "[scalelab] SLURM attempt: job"
+RERUN_MARK = "[scalelab] run again in this folder at"   # ranks.log: a rerun outside SLURM (unix time)
+
+
+def mark_attempt(job_dir: Path, what: str = "") -> None:
+    """A line in ranks.log for this SLURM attempt: ranks.log keeps every attempt; errors are read
+    from the last one (after the last ATTEMPT_MARK)."""
+    with open(job_dir / "ranks.log", "a") as f:
+        f.write(f"{ATTEMPT_MARK} {os.environ['SLURM_JOB_ID']} requeue {requeue.requeue_count()}{what}\n")
+
+
+def node_record(resolved: dict, spec, threads: int, layout: dict) -> dict:
+    """A node whose ranks exited 0 but did not hold global rank 0: it has only its logs; the run
+    record is on rank 0's node."""
+    import socket
+
+    record = base_record(resolved, spec.batch, spec.lr, spec.run.world_size,
+                         spec.plan.parallel_degrees(spec.run.world_size), spec.run.model_arch, None,
+                         spec.run.accelerator, threads)
+    record.update(status="completed", returncode=0, steps=int(resolved["trainer"]["max_steps"]),   # all of them, not 0
+                  node_rank=layout["node_rank"], hostname=socket.gethostname(),
+                  record_on_node=0, rdzv_endpoint=layout["endpoint"],
+                  note="this node's ranks completed; the run record (figures, losses, placement) is written by "
+                       "global rank 0's node")
+    return record
+
+
+def rendezvous_error(job_dir: Path, layout: dict) -> str | None:
+    """launcher=torchrun whose ranks never started: the rendezvous failed (a node did not join in
+    time, the endpoint is unreachable). One line naming the endpoint, the node and the cause."""
+    log = job_dir / "ranks.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    causes = [ln.strip() for ln in text.splitlines()
+              if re.match(r"\s*(torch\.distributed\.\S*(Dist\w*Error|Rendezvous\w*Error)|\S*TimeoutError)\b", ln)]
+    if not causes:
+        return None
+    if re.search(r"EADDRINUSE|address already in use", causes[-1], re.I):  # node 0 could not host the store
+        hint = (f"port {layout['endpoint'].rpartition(':')[2]} is taken on this host: give every node another "
+                "port in launcher.rdzv_endpoint")
+    else:
+        hint = (f"every node must run the same command with its own launcher.node_rank within "
+                f"launcher.rdzv_timeout_s={layout['timeout_s']:g}")
+    return f"rendezvous at {layout['endpoint']} failed on node {layout['node_rank']}: {causes[-1][:300]} ({hint})"
+
+
+def one_line(record: dict) -> str:
+    if record["status"] != "completed":
+        return f"[scalelab] {record['job']['name']}: {record['status']}"
+    if record.get("record_on_node") is not None:  # launcher=torchrun, a node without global rank 0
+        return (f"[scalelab] {record['job']['name']}: node {record.get('node_rank')}'s ranks completed; the run "
+                f"record (figures, losses) is on node {record['record_on_node']}")
+    thr, st, loss = record["throughput"], record["step_time_s"], record["loss"]["final"]
+    return (f"[scalelab] {record['job']['name']}: completed, {thr.get('samples_per_s') or 0:.1f} samples/s, "
+            f"step {(st.get('median') or 0) * 1e3:.1f} ms (median of {st.get('measured_steps')}), "
+            f"loss {loss if loss is None else round(loss, 4)}")
+
+
+def collect(job_dir: Path, rc: int, resolved: dict, spec, threads: int) -> dict:
+    """The rank-0 record when the job succeeded; otherwise a failed record with the error."""
+    path = job_dir / RUN_FILE
+    if rc == 0 and path.exists():
+        import json
+
+        return json.loads(path.read_text())
+    record = base_record(resolved, spec.batch, spec.lr, spec.run.world_size,
+                         spec.plan.parallel_degrees(spec.run.world_size), spec.run.model_arch, None,
+                         spec.run.accelerator, threads)
+    record.update(status="failed", returncode=rc, error=error_message(job_dir, rc))
+    reached = read_mark(job_dir / PROGRESS)   # rank 0's progress mark (at most ~1 s old): how far it got
+    # as a completed record says them: where this attempt started (a SLURM requeue, a rerun after a
+    # crash) and the SLURM job (its requeue count, partition)
+    resumed_at = read_mark(job_dir / RESUMED)
+    if reached is not None or resumed_at:   # failed before its first step after a resume: where it was
+        record["steps"] = reached if reached is not None else resumed_at
+    record["resumed_at_step"] = resumed_at
+    if resumed_at and reached is not None:
+        record["steps_this_attempt"] = max(0, reached - resumed_at)
+    record["slurm"] = requeue.slurm_info()
+    return record
+
+
+def error_message(job_dir: Path, rc: int) -> str:
+    """The first failure: the rank the launcher saw fail first (scalelab.spawn notes it in
+    ranks.log; its peers were ended after it and their errors are consequences), else the rank
+    whose error file says why (launch.cause_rank: not a peer's connection ending, the oldest),
+    else the exit code and the log's last line."""
+    if rc == 124:   # the launcher ended the ranks: their errors (SIGTERM, a lost peer) are its doing
+        return "timed out (trainer.timeout_s)"
+    log = job_dir / "ranks.log"
+    text = re.split(f"{re.escape(ATTEMPT_MARK)}|{re.escape(RERUN_MARK)}",   # this attempt's part
+                    log.read_text(errors="replace") if log.exists() else "")[-1]
+    first = spawn.FAILED_FIRST.findall(text)
+    # srun names the first task that exited badly first (its peers are ended after it)
+    first = first or re.findall(r"srun: error: [^:\s]+: tasks? (\d+)[\d,-]*: (Exited with exit code \d+|[A-Z]\w+)", text)[:1]
+    written = sorted(int(m.group(1)) for f in job_dir.glob("error-rank*.txt")
+                     if (m := re.fullmatch(r"error-rank(\d+)\.txt", f.name)))
+    cause = launch.cause_rank(job_dir, written)
+    cause_line = launch.last_error_line(job_dir, cause) if cause is not None else None
+    if first:
+        rank, how = first[-1]
+        line = launch.last_error_line(job_dir, int(rank))
+        if (cause is not None and cause != int(rank) and line is not None and launch.PEER_GONE.search(line)
+                and not launch.PEER_GONE.search(cause_line or "")):
+            # srun saw this rank exit first, but it only lost its connection to the one that raised
+            return f"rank {cause} failed: {cause_line} (rank {rank} exited first: {how})"
+        return f"rank {rank} failed first ({how})" + (f": {line}" if line else "; its peers were ended")
+    if cause is not None:
+        return f"error-rank{cause}: {cause_line}"
+    tail = [ln for ln in text.splitlines() if ln.strip()][-1:]
+    signal_note = f" (killed by signal {-rc if rc < 0 else rc - 128})" if rc < 0 or rc > 128 else ""
+    return f"ranks exited with code {rc}{signal_note}" + (f": {tail[0][:300]}" if tail else "")
+
+
+def failed_on_node(record: dict, job_dir: Path, layout: dict) -> None:
+    """launcher=torchrun, this node's ranks failed: which node the failed record is from, the steps
+    only where this node knows them, and the rendezvous's or a peer's part in the error."""
+    import socket
+
+    record.update(node_rank=layout["node_rank"], hostname=socket.gethostname(), rdzv_endpoint=layout["endpoint"])
+    # global rank 0 notes the steps: on node 0 with the static rendezvous; with c10d, on any node
+    if ((layout["node_rank"] != 0 or layout.get("backend") != "static") and record.get("resumed_at_step") is None
+            and not (job_dir / PROGRESS).exists()):
+        record["steps"] = None   # unknown here, not 0
+    if not any(job_dir.glob("error-rank*.txt")):
+        record["error"] = rendezvous_error(job_dir, layout) or record.get("error")
+    elif launch.PEER_GONE.search(str(record.get("error"))):
+        record["error"] += (" (a peer's connection ended: the rank that failed first may be on another node, "
+                            "whose ranks.log says why)")
