@@ -34,115 +34,15 @@ from scalelab.launch import host_cores
 from scalelab.models.gpt import num_params
 from scalelab.models.lit import LitModule
 from scalelab.strategies.base import without_teardown_copies
-from scalelab.results.record import RUN_FILE, base_record, lr_rule_label, scrub, write_json
+from scalelab.results.record import RUN_FILE, base_record, write_json
+from scalelab.results.run_logger import build_logger, global_rank, log_summary
 from scalelab.scaling.breakdown import ProfileWindow, combine
 from scalelab.scaling.mfu import compute_mfu, load_profile
 from scalelab.scaling.metrics import MIN_MEASURED_STEPS, StepMetrics, gather_all, summarize
 
 
-def _global_rank() -> int:
-    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
-
-
 def _local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", 0)))
-
-
-def build_logger(cfg, job_dir: Path, resumed: bool = False):
-    kind = cfg.logger.name
-    if kind == "none":
-        return False
-    if kind == "csv":
-        from lightning.pytorch.loggers import CSVLogger
-
-        # a resumed attempt writes csv/attempt-N/metrics.csv: in csv/ itself Lightning deletes the
-        # earlier attempts' metrics.csv ("Previous log files ... will be deleted": a resume at step
-        # 500 left steps 500-600 of 600)
-        version = ""
-        if resumed and (job_dir / "csv" / "metrics.csv").exists():
-            version = f"attempt-{2 + len(list((job_dir / 'csv').glob('attempt-*')))}"
-        return CSVLogger(save_dir=str(job_dir), name="csv", version=version)
-    from scalelab.results.wandb_logger import TolerantWandbLogger
-
-    job, config = cfg.job, logged_config(cfg)
-    # group = the sweep, job_type = the strategy, tags and flat config keys to filter and chart by:
-    # a W&B workspace groups and compares the runs with no editing.
-    tags = [*cfg.logger.tags, cfg.strategy.name, *(f"{k}={config[k]}" for k in ("world_size", "global_batch_size",
-                                                                                  "lr_rule") if k in config)]
-    kw = dict(project=cfg.logger.project, entity=cfg.logger.entity, name=job.name, group=job.group,
-              job_type=cfg.strategy.name, tags=list(dict.fromkeys(map(str, tags))), save_dir=str(job_dir),
-              config=config, **_wandb_identity(job_dir, resumed))
-    def make(mode):
-        lg = TolerantWandbLogger(mode=mode, **kw)
-        # Lightning always passes `anonymous` (None), and wandb 0.31 warns that it has no effect on every run.
-        getattr(lg, "_wandb_init", {}).pop("anonymous", None)
-        return lg
-
-    logger = make(cfg.logger.mode)
-    # Lightning's WandbLogger creates its run lazily and on global rank 0 only (rank_zero_experiment:
-    # other ranks get a DummyExperiment), so a job is one W&B run. Online, rank 0 creates it here,
-    # before training: no API key, no network (after WANDB_INIT_TIMEOUT, W&B's default 90 s) or any
-    # init error then costs the live sync, never the run: it logs offline, and says how to sync.
-    if cfg.logger.mode != "online" or _global_rank() != 0:
-        return logger
-    try:
-        logger.experiment  # noqa: B018 - wandb.init
-        return logger
-    except Exception as exc:  # noqa: BLE001 - wandb raises UsageError, CommError, AuthenticationError, ...
-        import wandb
-
-        try:
-            wandb.finish()
-        except Exception:  # noqa: BLE001 - nothing was started
-            pass
-        why = (str(exc).strip().splitlines() or [""])[0][:200]
-        print(f"[scalelab] warning: W&B online init failed ({type(exc).__name__}: {why}); logging offline "
-              f"instead: sync later with `wandb sync {job_dir}/wandb/offline-run-*`", flush=True)
-        # W&B's service keeps the failed run's id ("run ID ... is in use"): the offline run gets a
-        # new one, saved in the job dir for this job's resumptions.
-        kw.pop("resume", None)
-        kw.update(_wandb_identity(job_dir, resumed=False))
-        return make("offline")
-
-
-WANDB_ID = ".wandb_run_id"  # JOB_DIR/.wandb_run_id: the job's W&B run, continued when the job resumes
-
-
-def _wandb_identity(job_dir: Path, resumed: bool) -> dict:
-    """A job resumed from its own checkpoint (requeued, restarted) continues its W&B run: the same
-    id, resume="allow"; a fresh job gets a new id, saved for its resumptions. Only rank 0 creates
-    the run (Lightning), so only rank 0 reads or writes the id."""
-    if _global_rank() != 0:
-        return {}
-    path = job_dir / WANDB_ID
-    if resumed and path.exists() and path.read_text().strip():
-        return {"id": path.read_text().strip(), "resume": "allow"}
-    import uuid
-
-    run_id = uuid.uuid4().hex[:12]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(run_id)
-    return {"id": run_id}
-
-
-def logged_config(cfg) -> dict:
-    """The W&B config: the resolved config (nested; W&B shows it as dotted columns such as
-    `optim.lr`) plus flat keys to group and chart by (world_size, global_batch_size, lr_rule, ...).
-    No secret reaches it: keys that look like a token, secret or password are redacted (scrub), and
-    so is the value of WANDB_API_KEY wherever it appears."""
-    c = OmegaConf.to_container(cfg, resolve=True)
-    job = c.pop("job", None) or {}
-    trainer, data, optim = c.get("trainer") or {}, c.get("data") or {}, c.get("optim") or {}
-    flat = {"global_batch_size": data.get("global_batch_size"), "lr_rule": lr_rule_label(c.get("lr_scaling") or {}),
-            "base_lr": optim.get("lr"), "optimizer": optim.get("name"), "model_name": (c.get("model") or {}).get("name"),
-            "precision": str(trainer.get("precision")), "sweep": job.get("group"),
-            "num_nodes": trainer.get("num_nodes"), "devices_per_node": trainer.get("devices")}
-    try:
-        flat["world_size"] = int(trainer["devices"]) * int(trainer["num_nodes"])
-    except (KeyError, TypeError, ValueError):
-        pass
-    # scrub also redacts the values of secret-named env variables (WANDB_API_KEY) inside strings
-    return scrub({**c, **{k: v for k, v in flat.items() if v is not None and k not in c}})
 
 
 def pins_batches(setting, accelerator: str) -> bool:
@@ -164,11 +64,11 @@ def shutdown_process_group() -> None:
 def run(job_dir: Path, marks: dict | None = None) -> int:
     marks = marks if marks is not None else {}
     cfg = OmegaConf.load(job_dir / "config_resolved.yaml")
-    quiet_rank(_global_rank(), bool(cfg.get("verbose", False)))
+    quiet_rank(global_rank(), bool(cfg.get("verbose", False)))
     spec = validate(cfg)
     torch.set_num_threads(int(cfg.job.threads_per_rank))
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # same initial weights on every rank
-    rank, world = _global_rank(), spec.run.world_size
+    rank, world = global_rank(), spec.run.world_size
     if cfg.launcher.name == "torchrun" and spec.run.num_nodes > 1:  # nodes started by hand: the same command?
         from scalelab import same_job
 
@@ -332,7 +232,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
                               else trainer.optimizers[0].param_groups[0]["lr"])
         record["val"] = val_curve.record() if val_curve is not None else None
         write_json(job_dir / RUN_FILE, record)
-        _log_summary(logger, record)
+        log_summary(logger, record)
     del trainer, module, data, metrics, callbacks, logger
     if os.environ.get("SCALELAB_UNSAFE_EXIT") != "1":  # diagnostic switch: see tests/integration/test_stability.py
         shutdown_process_group()
@@ -376,42 +276,16 @@ def _profile_window(cfg, spec, resumed: bool = False) -> ProfileWindow | None:
     return ProfileWindow(cfg.trainer.max_steps - steps, steps, spec.batch.accumulate_grad_batches)
 
 
-def _log_summary(logger, record: dict) -> None:
-    if not logger:
-        return
-    summary = {"throughput/samples_per_s": record["throughput"]["samples_per_s"],
-               "step_time/median_s": record["step_time_s"]["median"],
-               "step_time/p90_s": record["step_time_s"]["p90"],
-               "memory/peak_rss_bytes_max": max(record["memory"]["peak_rss_bytes_per_rank"]),
-               "memory/model_state_bytes_max": max(record["memory"]["model_state_bytes_per_rank"]),
-               "loss/final": record["loss"]["final"], "lr/used": record["lr"]}
-    if record.get("mfu"):
-        summary["mfu"] = record["mfu"]["value"]
-    if record.get("breakdown"):
-        b = record["breakdown"]
-        summary.update({"breakdown/comm_fraction": b["comm_fraction"], "breakdown/wait_fraction": b["wait_fraction"],
-                        "breakdown/compute_imbalance": b["compute_imbalance"]})
-        for i, r in enumerate(b["per_rank"]):
-            summary.update({f"breakdown/rank{i}/{k}": r[k] for k in ("compute_s", "transfer_s", "wait_s")})
-    if record["throughput"]["tokens_per_s"]:
-        summary["throughput/tokens_per_s"] = record["throughput"]["tokens_per_s"]
-    logger.log_metrics(summary, step=record["steps"])
-    if hasattr(logger, "finish"):  # TolerantWandbLogger
-        logger.finish(summary)     # one W&B run per job, closed by the job
-    else:
-        logger.save()
-
-
 def main() -> int:
     """A rank started as a fresh interpreter (torchrun, srun)."""
     job_dir = Path(sys.argv[1])
     marks = {"rank_process_start": timing.process_start_time(), "imports_done": timing.now()}
     # an earlier attempt's (a torchrun restart), which would be read as this attempt's error
-    (job_dir / f"error-rank{_global_rank()}.txt").unlink(missing_ok=True)
+    (job_dir / f"error-rank{global_rank()}.txt").unlink(missing_ok=True)
     try:
         return run(job_dir, marks)
     except BaseException as exc:
-        (job_dir / f"error-rank{_global_rank()}.txt").write_text(traceback.format_exc())
+        (job_dir / f"error-rank{global_rank()}.txt").write_text(traceback.format_exc())
         requeue.end_by_sigterm(exc)
         raise
 
@@ -420,11 +294,11 @@ def rank_entry(job_dir: Path) -> int:
     """A rank forked from the launcher's pre-imported server (scalelab.spawn): no imports to pay.
     Returns the exit code; a failure is written to error-rank<R>.txt, as in main()."""
     now = timing.now()
-    (job_dir / f"error-rank{_global_rank()}.txt").unlink(missing_ok=True)   # an earlier attempt's (a restart)
+    (job_dir / f"error-rank{global_rank()}.txt").unlink(missing_ok=True)   # an earlier attempt's (a restart)
     try:
         return run(job_dir, {"rank_process_start": now, "imports_done": now})
     except BaseException as exc:
-        (job_dir / f"error-rank{_global_rank()}.txt").write_text(traceback.format_exc())
+        (job_dir / f"error-rank{global_rank()}.txt").write_text(traceback.format_exc())
         traceback.print_exc()
         requeue.end_by_sigterm(exc)
         return 1

@@ -3,7 +3,7 @@ rerun after a crash) writes csv/attempt-N/metrics.csv. In csv/ itself Lightning 
 attempts' metrics.csv: a run cut at step 524 and resumed at 500 kept only steps 500-600."""
 from omegaconf import OmegaConf
 
-from scalelab.worker import build_logger
+from scalelab.results.run_logger import build_logger
 
 CFG = OmegaConf.create({"logger": {"name": "csv"}})
 

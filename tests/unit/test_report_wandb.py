@@ -72,7 +72,7 @@ def _cfg(tmp_path, mode="offline", **logger):
 
 
 def test_logged_config_is_flat_enough_and_has_no_secret(tmp_path, monkeypatch):
-    from scalelab.worker import logged_config
+    from scalelab.results.run_logger import logged_config
 
     monkeypatch.setenv("WANDB_API_KEY", "sk-live-123")
     c = logged_config(_cfg(tmp_path, api_key="sk-live-123"))
@@ -89,7 +89,7 @@ def test_logged_config_is_flat_enough_and_has_no_secret(tmp_path, monkeypatch):
 def test_online_without_a_key_falls_back_to_offline_once(tmp_path, wandb_env, monkeypatch, capsys):
     import wandb
 
-    from scalelab.worker import build_logger
+    from scalelab.results.run_logger import build_logger
 
     monkeypatch.setenv("RANK", "0")
     logger = build_logger(_cfg(tmp_path, mode="online"), tmp_path / "job")

@@ -241,7 +241,7 @@ def rich_table(records: list[dict], group_by: str | None = None, sort: str | Non
 # Selection: keys, --where, --sort, --group-by
 # ---------------------------------------------------------------------------------------------
 MISSING = object()
-# W&B metric names (worker._log_summary, the sweep summary) that are not a run.json path as written.
+# W&B metric names (results.run_logger.log_summary, the sweep summary) that are not a run.json path as written.
 WANDB_KEYS = {
     "step_time/median_s": lambda r: _path(r, "step_time_s.median"),
     "step_time/p90_s": lambda r: _path(r, "step_time_s.p90"),

@@ -60,7 +60,7 @@ def log_sweep(sweep_dir: Path, summary: dict, records: list[dict], project: str,
                          ("WANDB_DATA_DIR", "wandb-data")):
             os.environ.setdefault(var, str(Path(cache_dir) / sub))
     os.environ.setdefault("WANDB_SILENT", "true")
-    # the W&B group its job runs are in (train.py's job.group, which worker.py logs them with), so
+    # the W&B group its job runs are in (train.py's job.group, which results.run_logger logs them with), so
     # the summary sits beside them whatever that group is; the folder's name where no record says
     groups = {(r.get("job") or {}).get("group") for r in records} - {None, ""}
     group = groups.pop() if len(groups) == 1 else Path(sweep_dir).name
