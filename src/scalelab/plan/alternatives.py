@@ -51,7 +51,7 @@ SAME_STRATEGY_AND_DEVICES = ("micro_batch", "activation_checkpointing")
 def _splits(kw: dict, model, hw: Hardware) -> list[Terms]:
     """The candidate for `kw` at each micro-batch that splits its global batch over its dp (largest
     first; build_terms refuses a pipeline schedule the trainer refuses, 1F1B's m >= pp among them:
-    spec.pipeline_schedule_refusal, for this path and _fitting's direct one alike)."""
+    splits.pipeline_schedule_refusal, for this path and _fitting's direct one alike)."""
     name = kw["strategy"]
     try:   # its dp, at the default micro-batches (4 pp: a schedule every rule accepts)
         probe = build_terms(model, name, **_args(kw, micro_batch=1, global_batch=None))

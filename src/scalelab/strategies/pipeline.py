@@ -141,7 +141,7 @@ class Pipeline(PipelineRecord, StrategyPlan):
     def _check_schedule(self, pp: int, n_layers: int, what: str) -> None:
         """The schedule's own constraints (torch.distributed.pipelining.schedules), before spawn:
         plan.spec's rule, which the planner applies to the same job."""
-        from scalelab.plan.spec import pipeline_schedule_refusal
+        from scalelab.plan.splits import pipeline_schedule_refusal
 
         why = pipeline_schedule_refusal(self.schedule, pp, self.microbatches, self.stages_per_rank, n_layers, what)
         if why:
