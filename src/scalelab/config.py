@@ -245,4 +245,13 @@ def _validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
     warmup_steps(ls.warmup_steps, max_steps)
     lr = scaled_lr(float(cfg.optim.lr), int(ls.base_batch_size), batch.global_batch_size, ls.rule)
     build_optimizer(cfg, lr)
+    clip = cfg.trainer.get("gradient_clip_val")
+    if (cfg.optim.optimizer.get("fused") is True and clip and str(cfg.trainer.precision) in ("bf16-mixed", "16-mixed")
+            and not plan.clips_gradients_itself):
+        # Lightning's MixedPrecision.clip_gradients raises at the first step for a fused optimizer
+        # (it unscales gradients itself), bf16 too; ranks would start only to fail
+        raise ConfigError(f"optim.optimizer.fused=true with trainer.gradient_clip_val={clip} under "
+                          f"trainer.precision={cfg.trainer.precision}: Lightning's mixed precision cannot clip the "
+                          f"gradients of a fused optimizer (strategy={cfg.strategy.name}); set "
+                          "optim.optimizer.fused=null (torch's foreach kernels) or trainer.gradient_clip_val=null")
     return JobSpec(plan=plan, run=run, batch=batch, lr=lr, seq_len=int(seq_len))

@@ -34,6 +34,10 @@ TRAIN_ROWS = [
     (["optim=sgd", "optim.optimizer.momentum=0", "+optim.optimizer.nesterov=true"],
      "torch.optim.SGD) refused its arguments: Nesterov momentum requires a momentum"),
     (["+optim.optimizer.foo=1"], "unexpected keyword argument 'foo'"),
+    # Lightning's mixed precision raised at the first step (after the ranks started)
+    (["strategy=ddp", "optim.optimizer.fused=true", "trainer.gradient_clip_val=1.0", "trainer.precision=bf16-mixed"],
+     "optim.optimizer.fused=true with trainer.gradient_clip_val=1.0 under trainer.precision=bf16-mixed: Lightning's "
+     "mixed precision cannot clip"),
     (["model.arch.n_heads=5"], "model.arch.n_heads=5 does not divide model.arch.d_model=64"),
     (["model.arch.n_heads=0"], "model.arch.n_heads=0 must be an integer >= 1"),
     (["model.arch.d_model=0"], "model.arch.d_model=0 must be an integer >= 1"),

@@ -138,12 +138,19 @@ class LitModule(L.LightningModule):
         to foreach; the fused kernel is a few launches instead of a chain of foreach ops (same
         update, to rounding), as torchtitan's default and the hand-written reference loop of
         benchmarks/gpu_check.py. Measured on an H200 (86M GPT, `single`): 36.1 ms/step fused vs
-        35.9 foreach, the same within noise; it is the default for the fewer launches."""
+        35.9 foreach, the same within noise; it is the default for the fewer launches.
+        Not with trainer.gradient_clip_val under Lightning's mixed precision (bf16-mixed, 16-mixed
+        on single, the ddp family, fsdp, tp): its MixedPrecision.clip_gradients refuses a fused
+        optimizer (it unscales gradients itself), bf16 included, and failed the first step of every
+        such GPU run (found by review; CPU ranks never ask for fused): foreach there."""
         import torch
+        from lightning.pytorch.plugins.precision import MixedPrecision
 
         kw = getattr(self.make_optimizer, "keywords", {}) or {}
         if not self.fused_on_gpu or self.device.type != "cuda" or kw.get("fused") is not None \
                 or kw.get("foreach") is not None:
+            return {}
+        if self.trainer.gradient_clip_val and isinstance(self.trainer.precision_plugin, MixedPrecision):
             return {}
         if getattr(self.make_optimizer, "func", None) not in (torch.optim.Adam, torch.optim.AdamW):
             return {}

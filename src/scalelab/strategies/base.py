@@ -79,6 +79,10 @@ class StrategyPlan:
     #: (strategies.materialize; FSDP, TP, fsdp_tp, nd, pipeline). ZeRO-3 rebuilds it under
     #: deepspeed.zero.Init in its parallelize instead. No rank ever holds the whole model.
     meta_init: bool = False
+    #: trainer.gradient_clip_val is applied by the strategy (DeepSpeed's engine; a pipeline's plan,
+    #: across stages), not by Lightning's precision plugin, whose mixed precision cannot clip for a
+    #: fused optimizer (config.validate refuses that pair where Lightning would clip)
+    clips_gradients_itself: bool = False
 
     def __init__(self, name: str | None = None, **options: Any):
         if name:

@@ -65,6 +65,7 @@ class ZeRO(StrategyPlan):
     offloads), nvme_path, and cpu_adam (see ScaleLabDeepSpeedStrategy._init_optimizers)."""
 
     name = "zero"
+    clips_gradients_itself = True   # DeepSpeed's gradient_clipping (Lightning's DeepSpeedPrecision clips nothing)
 
     def __init__(self, name: str = "zero", stage: int = 2, offload_optimizer: str = "none",
                  offload_params: str = "none", pin_memory: bool = True, nvme_path: str | None = None,

@@ -73,6 +73,7 @@ def merge_on_rank0(trainer: Any, local: dict) -> dict | None:
 class Pipeline(PipelineRecord, StrategyPlan):
     name = "pipeline"
     meta_init = True  # parallelize() trims the meta model; configure_model fills this stage only
+    clips_gradients_itself = True   # _clip_gradients: the norm over every stage (manual optimization)
 
     def __init__(self, name: str = "pipeline", schedule: str = "1f1b", microbatches: int = 4, dp: int = 1,
                  stages_per_rank: int = 1, split: str = "uniform", **options):
