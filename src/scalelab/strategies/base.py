@@ -153,7 +153,12 @@ class StrategyPlan:
 
     def consolidated_state_dict(self, trainer: Any, pl_module: Any) -> dict | None:
         """The plain model's full state_dict on rank 0 (None elsewhere). Collective: every
-        rank calls it. Sharded strategies gather their shards here."""
-        state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu()
-                 for k, v in pl_module.net.state_dict().items()}
-        return state if trainer.global_rank == 0 else None
+        rank calls it. Sharded strategies gather their shards here (full_tensor: collective), one
+        tensor at a time; only rank 0 copies them to the host (every rank's fp32 copy of the whole
+        model was 8 x the model in one node's RAM)."""
+        rank0, state = trainer.global_rank == 0, {}
+        for k, v in pl_module.net.state_dict().items():
+            full = v.full_tensor() if hasattr(v, "full_tensor") else v
+            if rank0:
+                state[k] = full.detach().cpu()
+        return state if rank0 else None

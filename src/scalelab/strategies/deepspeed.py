@@ -321,10 +321,12 @@ class ZeRO(StrategyPlan):
         net = pl_module.net
         params = dict(net.named_parameters())
         state: dict[str, torch.Tensor] = {}
+        rank0 = trainer.global_rank == 0   # the only host copy (not one per rank: 8 x the model per node)
         for key, value in net.state_dict(keep_vars=True).items():
             p = params.get(key)
             if p is None:  # a buffer: replicated, never partitioned
-                state[key] = value.detach().cpu().clone()
+                if rank0:
+                    state[key] = value.detach().cpu().clone()
                 continue
             full = safe_get_full_fp32_param(p)
             if full is None:  # no ZeRO mapping (frozen parameter): gather it if ZeRO-3 partitioned it
@@ -332,8 +334,9 @@ class ZeRO(StrategyPlan):
 
                 with deepspeed.zero.GatheredParameters([p], enabled=hasattr(p, "ds_id")):
                     full = p.detach().clone()
-            state[key] = full.detach().float().cpu().reshape(p.ds_shape if hasattr(p, "ds_shape") else p.shape)
-        return state if trainer.global_rank == 0 else None
+            if rank0:
+                state[key] = full.detach().float().cpu().reshape(p.ds_shape if hasattr(p, "ds_shape") else p.shape)
+        return state if rank0 else None
 
 
 def fetch_units(net: Any) -> dict[str, int]:

@@ -252,10 +252,15 @@ class ND(Pipeline):
 
     def consolidated_state_dict(self, trainer: Any, pl_module: Any) -> dict | None:
         """Every stage's full tensors (gathered over its dp x tp mesh), merged on rank 0 under the
-        plain GPT's names. Collective: every rank calls it."""
-        full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu()
-                for k, v in pl_module.net.state_dict().items()}
-        return merge_on_rank0(trainer, full if self._coords[1:] == (0, 0) else {})
+        plain GPT's names. Collective: every rank calls it. Only the stage's (dp 0, tp 0) rank keeps
+        the full tensors (on the host, one at a time off the device), and sends them to rank 0."""
+        keeps = self._coords[1:] == (0, 0)
+        full = {}
+        for k, v in pl_module.net.state_dict().items():
+            t = v.full_tensor() if hasattr(v, "full_tensor") else v   # collective over the stage's mesh
+            if keeps:
+                full[k] = t.detach().cpu()
+        return merge_on_rank0(trainer, full)
 
     # -- run.json ----------------------------------------------------------------------------
     def rank_metrics(self) -> dict:
