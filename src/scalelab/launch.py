@@ -22,8 +22,7 @@ FAILED_JOBS: list[str] = []  # this command's failed jobs ("name: error"), for i
 _LAUNCH_VARS = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                 "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "PL_GLOBAL_SEED",
                 "PL_TRAINER_GPUS", "PL_EXP_VERSION", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-                "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-                "OMP_NUM_THREADS")
+                "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "OMP_NUM_THREADS")
 
 
 def threads_per_rank(requested, ranks_per_node: int, accelerator: str = "cpu") -> int:

@@ -69,6 +69,48 @@ def master_env(environ=None) -> dict[str, str]:
             STEP_ENV: "1"}
 
 
+def interface_to(host: str | None) -> str | None:
+    """The name of this node's network interface whose address routes to `host` (MASTER_ADDR),
+    IPv4; None if it does not resolve or no interface holds the address (Linux: SIOCGIFADDR)."""
+    import fcntl
+    import socket
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((socket.gethostbyname(host or ""), 9))   # UDP: picks the route, sends nothing
+            ip = s.getsockname()[0]
+            for _, name in socket.if_nameindex():
+                try:
+                    packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+                except OSError:   # no IPv4 address on it
+                    continue
+                if socket.inet_ntoa(packed[20:24]) == ip:
+                    return name
+    except OSError:
+        return None
+    return None
+
+
+def gloo_interface(num_nodes: int, environ=None) -> None:
+    """GLOO_SOCKET_IFNAME, where unset on a multi-node job, = the interface that reaches MASTER_ADDR.
+    Gloo (this module's flag group on an NCCL job) binds to the address the hostname resolves to,
+    and falls back to loopback where that is a loopback one (Debian/Ubuntu's `127.0.1.1 host` in
+    /etc/hosts): the other nodes then cannot connect, and the job waits out the collective timeout
+    at its first step, though NCCL (which picks its interface itself) would have run.
+    On MASTER_ADDR's own node, whose name may resolve to loopback there, the job's other nodes are
+    asked instead."""
+    env = os.environ if environ is None else environ
+    if num_nodes <= 1 or env.get("GLOO_SOCKET_IFNAME"):
+        return
+    nodes = expand_nodelist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "")
+    for host in [env.get("MASTER_ADDR"), *nodes]:
+        name = interface_to(host) if host else None
+        if name and name != "lo":
+            env["GLOO_SOCKET_IFNAME"] = name
+            return
+
+
 def slurm_info(environ=None) -> dict | None:
     """What run.json records about the SLURM job (None outside SLURM)."""
     env = os.environ if environ is None else environ
@@ -170,6 +212,7 @@ class RequeueOnSignal:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized() and dist.get_backend() != "gloo":
+            gloo_interface(trainer.num_nodes)
             # every rank runs on_train_start, so every rank creates the group (a collective)
             self._group = dist.new_group(backend="gloo")
 
