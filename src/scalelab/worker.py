@@ -37,7 +37,7 @@ from scalelab.strategies.base import without_teardown_copies
 from scalelab.results.record import RUN_FILE, base_record, write_json
 from scalelab.results.run_logger import build_logger, global_rank, log_summary
 from scalelab.scaling.breakdown import ProfileWindow, combine
-from scalelab.scaling.mfu import compute_mfu, load_profile
+from scalelab.scaling.mfu import compute_mfu, load_profile, no_profile_note
 from scalelab.scaling.metrics import MIN_MEASURED_STEPS, StepMetrics, gather_all, summarize
 
 
@@ -215,6 +215,8 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         record["mfu"] = compute_mfu(record, spec.run.model_arch,
                                     load_profile(cfg.get("hardware_profile", "auto"), spec.run.accelerator,
                                                  cfg.get("cache_dir")))
+        if record["mfu"] is None and (note := no_profile_note(cfg.get("hardware_profile", "auto"), spec.run.accelerator)):
+            print(note, flush=True)
         record["resumed_from"] = str(resume) if resume else None
         record["resumed_at_step"] = resumed_at
         if resumed_at:  # `steps` counts the whole run (as trainer.max_steps does); the figures above are this attempt's

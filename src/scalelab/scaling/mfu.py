@@ -29,6 +29,28 @@ FORMULA_MLP = "6*N per sample (N params)"
 _GPU_BY_NAME = (("H200", "h200"), ("H100", "h100_sxm"), ("A100", "a100_80g_nvlink"))
 
 
+def gpu_profile(device_name: str) -> str | None:
+    """The profile whose peak FLOP/s is this GPU's (torch.cuda.get_device_name), else None. The
+    Hopper PCIe and NVL parts run at lower clocks than the SXM ones the profiles describe (dense
+    bf16: H100 PCIe 756 TFLOP/s, H100 NVL and H200 NVL 835, SXM 989; NVIDIA's datasheets), so the
+    SXM peak would understate their MFU by 15-24 %: no profile for them. A100 PCIe has the SXM's
+    peak (312); GH200's GPU the H200's (989)."""
+    name = device_name.upper()
+    if ("H100" in name or "H200" in name) and ("PCIE" in name or "NVL" in name):
+        return None
+    return next((p for key, p in _GPU_BY_NAME if key in name), None)
+
+
+def no_profile_note(requested: str, accelerator: str) -> str | None:
+    """The line a GPU run without MFU prints: which GPU has no profile and how to give one."""
+    if accelerator == "cpu" or profile_name(requested, accelerator) is not None:
+        return None
+    import torch
+
+    return (f"[scalelab] no MFU: no hardware profile has the peak FLOP/s of {torch.cuda.get_device_name(0)!r}; "
+            "set hardware_profile=NAME (conf/hardware/) or a path to a .yaml profile with its peak_flops")
+
+
 def profile_name(requested: str, accelerator: str) -> str | None:
     """The hardware profile for MFU (None: an unknown GPU; set hardware_profile=NAME)."""
     if requested not in (None, "auto"):
@@ -40,8 +62,7 @@ def profile_name(requested: str, accelerator: str) -> str | None:
         return HOST_CPU
     import torch
 
-    name = torch.cuda.get_device_name(0)
-    return next((p for key, p in _GPU_BY_NAME if key in name), None)
+    return gpu_profile(torch.cuda.get_device_name(0))
 
 
 def _dtype(precision: str) -> str:

@@ -1,0 +1,33 @@
+"""Which hardware profile a GPU's MFU divides by, from torch.cuda.get_device_name: the SXM parts'
+profiles, never for the Hopper PCIe / NVL parts whose peak is lower (NVIDIA datasheets, dense
+bf16: H100 PCIe 756 TFLOP/s, H100 NVL and H200 NVL 835, H100/H200 SXM 989); such a run says why it
+has no MFU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scalelab.scaling import mfu
+
+
+@pytest.mark.parametrize("name,profile", [
+    ("NVIDIA H100 80GB HBM3", "h100_sxm"), ("NVIDIA H200", "h200"), ("NVIDIA GH200 480GB", "h200"),
+    ("NVIDIA A100-SXM4-80GB", "a100_80g_nvlink"), ("NVIDIA A100-SXM4-40GB", "a100_80g_nvlink"),
+    ("NVIDIA A100 80GB PCIe", "a100_80g_nvlink"),   # A100 PCIe: the SXM's 312 TFLOP/s
+    ("NVIDIA H100 PCIe", None), ("NVIDIA H100 NVL", None), ("NVIDIA H200 NVL", None),
+    ("NVIDIA L40S", None), ("Tesla V100-SXM2-32GB", None),
+])
+def test_profile_by_device_name(name, profile):
+    assert mfu.gpu_profile(name) == profile
+
+
+def test_a_gpu_without_a_profile_says_so(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 PCIe")
+    assert mfu.profile_name("auto", "gpu") is None
+    note = mfu.no_profile_note("auto", "gpu")
+    assert note.startswith("[scalelab] no MFU: no hardware profile has the peak FLOP/s of 'NVIDIA H100 PCIe'")
+    assert "hardware_profile=NAME" in note
+    assert mfu.no_profile_note("h100_sxm", "gpu") is None    # named: the user's choice
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
+    assert mfu.no_profile_note("auto", "gpu") is None
+    assert mfu.no_profile_note("auto", "cpu") is None
