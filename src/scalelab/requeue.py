@@ -58,15 +58,20 @@ def expand_nodelist(nodelist: str) -> list[str]:
 
 
 def master_env(environ=None) -> dict[str, str]:
-    """MASTER_ADDR = the allocation's first node, MASTER_PORT from the job id: every rank of every
-    node derives the same pair with no exchange, and a requeued job (same id) reuses it. The port
-    is Lightning's SLURMEnvironment formula (15000 + the id's last 4 digits), stated explicitly so
-    the ranks do not depend on it."""
+    """MASTER_ADDR = the allocation's first node, where the batch step runs (sbatch(1): "on the
+    first node in the set of allocated nodes") and global rank 0 with it; MASTER_PORT a port free
+    there now, picked per attempt by the batch step, which gives every rank of every node the same
+    pair. Not Lightning's 15000 + the job id's last 4 digits: two jobs whose ids agree there (one
+    a day apart on a busy cluster, or any Lightning job) could not both bind it on a shared node,
+    and a requeue kept the clash."""
+    import socket
+
     env = os.environ if environ is None else environ
     nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
-    job = env.get("SLURM_JOB_ID") or "0"  # an array task's own id: tasks on one node get distinct ports
-    return {"MASTER_ADDR": expand_nodelist(nodes)[0], "MASTER_PORT": str(15000 + int(str(job)[-4:] or 0)),
-            STEP_ENV: "1"}
+    with socket.socket() as s:
+        s.bind(("", 0))   # every interface, as rank 0's store binds it
+        port = s.getsockname()[1]
+    return {"MASTER_ADDR": expand_nodelist(nodes)[0], "MASTER_PORT": str(port), STEP_ENV: "1"}
 
 
 def interface_to(host: str | None) -> str | None:
@@ -94,10 +99,11 @@ def interface_to(host: str | None) -> str | None:
 
 def gloo_interface(num_nodes: int, environ=None) -> None:
     """GLOO_SOCKET_IFNAME, where unset on a multi-node job, = the interface that reaches MASTER_ADDR.
-    Gloo (this module's flag group on an NCCL job) binds to the address the hostname resolves to,
-    and falls back to loopback where that is a loopback one (Debian/Ubuntu's `127.0.1.1 host` in
-    /etc/hosts): the other nodes then cannot connect, and the job waits out the collective timeout
-    at its first step, though NCCL (which picks its interface itself) would have run.
+    Gloo (a CPU job's process group; this module's flag group on an NCCL job) binds to the address
+    the hostname resolves to, and falls back to loopback where that is a loopback one
+    (Debian/Ubuntu's `127.0.1.1 host` in /etc/hosts): the other nodes then cannot connect, and the
+    job waits out the collective timeout at its start, though NCCL (which picks its interface
+    itself) would have run. Called by each rank (worker.py) before Lightning makes any group.
     On MASTER_ADDR's own node, whose name may resolve to loopback there, the job's other nodes are
     asked instead."""
     env = os.environ if environ is None else environ
@@ -212,7 +218,6 @@ class RequeueOnSignal:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized() and dist.get_backend() != "gloo":
-            gloo_interface(trainer.num_nodes)
             # every rank runs on_train_start, so every rank creates the group (a collective)
             self._group = dist.new_group(backend="gloo")
 

@@ -143,6 +143,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         plugins = [SLURMEnvironment(auto_requeue=False)]  # requeueing is scalelab.requeue's, not Lightning's
         on_signal = requeue.requeue_callback(job_dir, periodic)
         callbacks.append(on_signal)
+    requeue.gloo_interface(spec.run.num_nodes)   # before any gloo group: not the loopback one on several nodes
     logger = build_logger(cfg, job_dir, resumed=resume is not None)
     strategy = without_teardown_copies(plan.lightning_strategy(spec.run))
     if hasattr(strategy, "_timeout"):  # collectives fail after this instead of Lightning's 30 min
