@@ -206,7 +206,9 @@ def _validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
     accelerator = target or resolve_accelerator(cfg.trainer.accelerator)
     from scalelab.scaling.mfu import profile_name
 
-    profile_name(cfg.get("hardware_profile", "auto"), accelerator)
+    if target is None or cfg.get("hardware_profile", "auto") not in (None, "auto"):
+        # (auto on another machine's GPU: its name is read there, by the ranks)
+        profile_name(cfg.get("hardware_profile", "auto"), accelerator)
     if accelerator == "gpu" and target is None:
         import torch
 

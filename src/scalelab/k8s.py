@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
                    f"trainer.devices={args.devices}", f"launcher.rdzv_endpoint=master:{args.port}",
                    "launcher.node_rank=0", *(["trainer.accelerator=cpu"] if args.cpu else []),
                    *([f"launcher.rdzv_timeout_s={args.rdzv_timeout}"] if args.rdzv_timeout is not None else [])],
-                  data=False)
+                  data=False, elsewhere=True)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

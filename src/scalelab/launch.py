@@ -165,8 +165,12 @@ def rank_command(launcher: str, nodes: int, devices: int, job_dir: Path, extra: 
                  max_restarts: int = 0, layout: dict | None = None) -> list[str]:
     worker = [sys.executable, "-m", "scalelab.worker", str(job_dir)]
     if launcher == "srun":
+        # --unbuffered: the step line is live. --export=ALL: the step gets the environment this
+        # process built (rank_env: MASTER_*, threads, the requeue mark), whatever the batch job's
+        # export setting: srun takes sbatch's --export=NONE (or SBATCH_EXPORT=NONE, some sites'
+        # default) from SLURM_EXPORT_ENV, and its ranks then had only SLURM_* variables (sbatch(1))
         return ["srun", f"--nodes={nodes}", f"--ntasks={nodes * devices}", f"--ntasks-per-node={devices}",
-                "--kill-on-bad-exit=1", "--unbuffered", *extra, *worker]   # unbuffered: the step line is live
+                "--kill-on-bad-exit=1", "--unbuffered", "--export=ALL", *extra, *worker]
     if launcher == "torchrun":  # one node of a multi-node job (layout: torchrun_layout's, resolved)
         lay = layout or {}
         static = lay.get("backend", "static") == "static"

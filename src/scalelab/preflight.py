@@ -147,9 +147,13 @@ def _job_dir(cfg, num: int, multirun: bool) -> Path | None:
         return None
 
 
-def preflight(args: list[str], data: bool = True) -> int:
+def preflight(args: list[str], data: bool = True, elsewhere: bool = False) -> int:
     """Validate all jobs; returns how many. Raises ConfigError on the first bad one.
-    data: also prepare each job's data (cached) and check it is enough for the run."""
+    data: also prepare each job's data (cached) and check it is enough for the run.
+    elsewhere: the jobs run on other machines (a SLURM allocation, Kubernetes pods), which the
+    command asks for GPUs unless trainer.accelerator=cpu: each job is validated for that device,
+    not this one's (a login node without GPUs refused trainer.accelerator=gpu, hardware=h200 and
+    DeepSpeed fp16 as if the job were to run on its CPU)."""
     modes = [a.split("=")[0] for a in args if a.split("=")[0] in _MODES]
     if len({_MODES[m] for m in modes}) > 1:   # Hydra's own refusal is a ValueError traceback
         raise ConfigError(f"{' and '.join(dict.fromkeys(modes))} cannot be combined: --cfg job prints one job's "
@@ -169,7 +173,8 @@ def preflight(args: list[str], data: bool = True) -> int:
                 where = _job_dir(cfg, num, multirun)
                 with open_dict(cfg):
                     cfg.pop("hydra")
-                checked.append((job, cfg, validate(cfg)))
+                target = ("cpu" if str(cfg.trainer.accelerator) == "cpu" else "gpu") if elsewhere else None
+                checked.append((job, cfg, validate(cfg, target)))
                 refused = where is not None and (
                     path_problem(where, "the job's folder (hydra.sweep.dir/subdir)" if multirun else "hydra.run.dir",
                                  folder=True)

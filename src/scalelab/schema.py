@@ -168,7 +168,7 @@ GROUPS: dict[str, dict[str, Field]] = {
         "val_batches": Int("global batches per validation", lo=1),
         "enable_progress_bar": Bool(),
         "count_device_syncs": Bool("CUDA: count torch's synchronizing calls per steady step (run.json device_syncs)"),
-        "timeout_s": Float("seconds for the whole job, launch to exit", lo=0, lo_open=True),
+        "timeout_s": Float("seconds for the whole job, launch to exit; null: no limit", lo=0, lo_open=True, null=True),
         "max_restarts": Int("times a failed job's ranks are restarted (they resume from the newest checkpoint)", lo=0),
         "collective_timeout_s": Float("seconds a collective may wait for its peers", lo=0, lo_open=True),
     },

@@ -130,11 +130,11 @@ def run(args: argparse.Namespace) -> int:
     overrides = [o for o in args.overrides if not o.startswith(layout_keys)]
     sets = [[o for o in s if not o.startswith(layout_keys)] for s in sets]
     try:  # the same validation as a local run, for the SLURM layout (each array set)
-        # (GPU count is not checked here: the login node may have none.)
+        # (for the allocation's devices, not this login node's, which may have no GPU)
         # No data preparation here: the batch job prepares it on the cluster.
         for s in sets or [[]]:
             preflight([*overrides, *s, "launcher=srun", f"trainer.devices={devices}", f"trainer.num_nodes={nodes}",
-                       *(["trainer.accelerator=cpu"] if args.cpu else [])], data=False)
+                       *(["trainer.accelerator=cpu"] if args.cpu else [])], data=False, elsewhere=True)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

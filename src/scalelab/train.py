@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -142,15 +143,18 @@ def run_job(cfg: DictConfig) -> dict:
     if cfg.launcher.name == "local":   # forks of a pre-imported server (scalelab.spawn)
         auto, start = cfg.checkpoint.get("resume", "auto") == "auto", cfg.checkpoint.resume_from
         rc, elastic = spawn.run_job(job_dir, spec.run.devices_per_node, env, job_dir / "ranks.log",
-                                    float(cfg.trainer.timeout_s), int(cfg.trainer.get("max_restarts", 0)),
+                                    job_timeout(cfg), int(cfg.trainer.get("max_restarts", 0)),
                                     lambda: goes_on_from(job_dir, cfg.trainer.max_steps, auto, start),
                                     tracebacks=bool(cfg.get("verbose", False)))
     elif signals is not None:
         with signals:   # the job's .out as a console: each exception line, not 100+ lines per rank (ranks.log has them)
-            rc, elastic = launch.run_ranks(cmd, env, job_dir / "ranks.log", float(cfg.trainer.timeout_s),
+            rc, elastic = launch.run_ranks(cmd, env, job_dir / "ranks.log", job_timeout(cfg),
                                            on_start=lambda p: setattr(signals, "proc", p),
                                            console=None if cfg.get("verbose", False) else launch.TracebackFilter()), {}
-        stopped = requeue.after_ranks(job_dir, signals.got, finished=rc == 0 and (job_dir / RUN_FILE).exists())
+        # rc 124: trainer.timeout_s ended the ranks (they may have saved on its SIGTERM): a failed
+        # job, not SLURM's preemption, which requeues or ends the job itself
+        stopped = None if rc == 124 else requeue.after_ranks(job_dir, signals.got,
+                                                             finished=rc == 0 and (job_dir / RUN_FILE).exists())
         if stopped:  # saved for a requeue: the next attempt writes the run record
             log.info(f"[scalelab] {resolved['job']['name']}: {stopped}")
             if stopped.startswith("SIGTERM"):
@@ -176,7 +180,7 @@ def run_job(cfg: DictConfig) -> dict:
             start_by = (float(layout["timeout_s"]) + margin, f"no rank started within launcher.rdzv_timeout_s="
                         f"{layout['timeout_s']:g} + {margin:g} s: is {layout['endpoint']} node 0's scalelab-train "
                         "(or another program's port)?")
-        rc = launch.run_ranks(cmd, env, job_dir / "ranks.log", float(cfg.trainer.timeout_s), console=console,
+        rc = launch.run_ranks(cmd, env, job_dir / "ranks.log", job_timeout(cfg), console=console,
                               start_by=start_by)
         # torchrun restarts the ranks itself (--max-restarts): a restarted global rank 0 counted them
         # (launcher=torchrun: in the job folder of the node that ran it)
@@ -211,6 +215,14 @@ def run_job(cfg: DictConfig) -> dict:
     # To the console and the job's train.log (Hydra's job logging): a sweep prints its table at the end.
     log.info(one_line(record) if multirun or record.get("record_on_node") is not None else render([record]))
     return record
+
+
+def job_timeout(cfg: DictConfig) -> float:
+    """trainer.timeout_s, the whole job's limit (launch to exit); null (the default): none. A hung
+    peer is bounded by trainer.collective_timeout_s and a SLURM job by its --time; a fixed default
+    here (1800 s, until found by review) killed every longer run, SLURM jobs with hours of --time too."""
+    t = cfg.trainer.get("timeout_s")
+    return math.inf if t is None else float(t)
 
 
 @hydra.main(config_path=str(conf_dir()), config_name="train", version_base="1.3")
@@ -253,7 +265,7 @@ def main() -> None:
                 raise ConfigError(str(e)) from None
         # a sweep on SLURM: every job runs launcher=srun there (its layout is checked as such)
         preflight([*sys.argv[1:], *(["launcher=srun"] if on_slurm and not any(
-            a.startswith("launcher=") for a in sys.argv) else [])])
+            a.startswith("launcher=") for a in sys.argv) else [])], elsewhere=on_slurm)
         _MARKS["preflight_done"] = timing.now()
     except ConfigError as e:
         print(f"error: {redact_text(str(e))}", file=sys.stderr)

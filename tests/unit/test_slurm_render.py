@@ -3,13 +3,17 @@ layout, the srun line the batch step runs, and the rank environment (MASTER_ADDR
 node, MASTER_PORT from the job id, Lightning's requeue off). The same paths run for real
 against the local cluster in tests/slurm/."""
 import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from scalelab import launch, requeue, slurm
 
-from ..conftest import env
+from ..conftest import env, run_cli
 
 
 def test_two_nodes_four_gpus_render_srun_line_and_environment(tmp_path):
@@ -26,11 +30,15 @@ def test_two_nodes_four_gpus_render_srun_line_and_environment(tmp_path):
     assert script.splitlines()[-1].startswith("exec ")   # the batch step is the Hydra job (gets --batch signals)
     cmd = launch.rank_command("srun", 2, 4, Path("/jobs/j"))
     assert cmd[:5] == ["srun", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--kill-on-bad-exit=1"]
+    assert "--export=ALL" in cmd   # whatever the batch job's --export (NONE: the ranks had only SLURM_*)
     assert cmd[-3:] == ["-m", "scalelab.worker", "/jobs/j"]
     job = {"SLURM_JOB_ID": "4711234", "SLURM_JOB_NODELIST": "gpu-[07-08]", "SLURM_RESTART_COUNT": "2",
            "SLURM_ARRAY_JOB_ID": "4711200", "SLURM_ARRAY_TASK_ID": "3"}
-    assert requeue.master_env(job) == {"MASTER_ADDR": "gpu-07", "MASTER_PORT": str(15000 + 1234),
-                                       "SCALELAB_SLURM_STEP": "1"}
+    master = requeue.master_env(job)
+    assert master["MASTER_ADDR"] == "gpu-07" and master["SCALELAB_SLURM_STEP"] == "1"
+    # a port free on this (the batch) host now, not Lightning's 15000 + the id's last 4 digits
+    with socket.socket() as s:
+        s.bind(("", int(master["MASTER_PORT"])))
     info = requeue.slurm_info(job)
     assert info["job_id"] == "4711200_3" and info["nodes"] == ["gpu-07", "gpu-08"] and info["requeues"] == 2
     assert requeue.expand_nodelist("n[1-2,010],login") == ["n1", "n2", "n010", "login"]
@@ -45,3 +53,26 @@ def test_hostile_values_are_quoted_or_refused(tmp_path):
                            "x\n#SBATCH --wrap=id", "trainer.devices=1"], cwd=tmp_path, env=env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--job-name" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("args", [["trainer.accelerator=gpu"], ["hardware=h200"],
+                                  ["strategy=zero2", "trainer.precision=16-mixed"]])
+def test_a_gpu_job_is_validated_for_the_allocation_s_gpus_not_the_login_node(args, capsys, tmp_path):
+    """The login node (this CPU machine) has no GPU; the job asks the allocation for 8 per node.
+    Each of these was refused as if the job were to run here ("no CUDA device is visible", "a GPU
+    profile but this run is on CPU", "DeepSpeed fp16 needs a GPU")."""
+    assert not torch.cuda.is_available()
+    out = tmp_path / "job.sbatch"
+    code, cap = run_cli(["slurm", "render", "--nodes", "2", "--devices", "8", "--out", str(out), *args], capsys)
+    assert code == 0, cap.err
+    assert "#SBATCH --gpus-per-node=8" in out.read_text()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--cpu", "hardware=h200"], "is a GPU profile but this run is on CPU"),       # --cpu: CPU ranks there
+    (["--cpu", "strategy=zero2", "trainer.precision=16-mixed"], "needs a GPU"),
+    (["trainer.accelerator=tpu"], "trainer.accelerator='tpu' is not valid"),
+])
+def test_what_the_allocation_could_not_run_is_still_refused(args, needle, capsys):
+    code, cap = run_cli(["slurm", "render", "--nodes", "1", "--devices", "2", *args], capsys)
+    assert code == 2 and needle in cap.err and cap.err.count("\n") == 1, cap.err

@@ -1,0 +1,33 @@
+"""trainer.timeout_s: no limit by default (it was 1800 s for the whole job, which ended every
+longer run, SLURM jobs with hours of --time included: found by review); when given, the job is
+ended at it and fails saying so."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from scalelab.paths import conf_dir
+from scalelab.train import job_timeout
+
+from ..conftest import FAST, train
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_default_is_no_limit():
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = compose("train")
+    assert cfg.trainer.timeout_s is None and job_timeout(cfg) == float("inf")
+
+
+def test_a_given_limit_ends_the_job_and_fails_it(tmp_path):
+    t0 = time.monotonic()
+    proc = train([*FAST, "strategy=ddp", "trainer.devices=2", "trainer.max_steps=1000000", "logger=none",
+                  "trainer.timeout_s=10", f"hydra.run.dir={tmp_path / 'j'}"], tmp_path, timeout=120, check=False)
+    took = time.monotonic() - t0
+    rec = json.loads((tmp_path / "j" / "run.json").read_text())
+    assert proc.returncode == 1 and rec["status"] == "failed", proc.stderr[-2000:]
+    assert rec["error"] == "timed out (trainer.timeout_s)" and 10 < took < 60, (rec["error"], took)
