@@ -36,6 +36,17 @@ def threads_per_rank(requested, ranks_per_node: int, accelerator: str = "cpu") -
     return max(1, host_cores() // ranks_per_node)
 
 
+def too_few_gpus(visible: int, devices_per_node: int, launcher: str) -> str | None:
+    """Why a GPU rank cannot have its device: it sees fewer GPUs than the node's ranks (each rank
+    uses cuda:LOCAL_RANK of all of its node's GPUs, as Lightning does). Under srun that is
+    per-task binding (--gpus-per-task=1, --gpu-bind, a site's cli_filter): each task sees one GPU."""
+    if visible >= devices_per_node:
+        return None
+    why = (" (srun binds GPUs per task: --gpus-per-task or --gpu-bind; ask for --gpus-per-node instead, "
+           "so every rank sees all of its node's GPUs)" if launcher == "srun" else "")
+    return f"this rank sees {visible} GPU(s) but trainer.devices={devices_per_node} ranks run on its node{why}"
+
+
 def host_cores() -> int:
     """The cores this process may run on (its affinity: a SLURM allocation's, a container's)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -131,10 +131,13 @@ def run(args: argparse.Namespace) -> int:
     sets = [[o for o in s if not o.startswith(layout_keys)] for s in sets]
     try:  # the same validation as a local run, for the SLURM layout (each array set)
         # (for the allocation's devices, not this login node's, which may have no GPU)
-        # No data preparation here: the batch job prepares it on the cluster.
+        # submit prepares the data here, as a hydra/launcher=slurm sweep does: compute nodes often
+        # have no internet for data=hub (the job would fail after its queue wait), and the tasks of
+        # an array would all prepare it at once. The cache must be on a file system the nodes share.
         for s in sets or [[]]:
             preflight([*overrides, *s, "launcher=srun", f"trainer.devices={devices}", f"trainer.num_nodes={nodes}",
-                       *(["trainer.accelerator=cpu"] if args.cpu else [])], data=False, elsewhere=True)
+                       *(["trainer.accelerator=cpu"] if args.cpu else [])], data=args.action == "submit",
+                      elsewhere=True)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -30,7 +30,7 @@ from scalelab.checkpointing import (RESUMED, checkpoint_step, note_restart, peri
 from scalelab.config import validate
 from scalelab.console import StepProgressBar, quiet_rank
 from scalelab.data.datamodule import ByteCorpusDataModule, ValidationCurve, validation_trainer_args
-from scalelab.launch import host_cores
+from scalelab.launch import host_cores, too_few_gpus
 from scalelab.models.gpt import num_params
 from scalelab.models.lit import LitModule
 from scalelab.strategies.base import without_teardown_copies
@@ -66,6 +66,9 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     cfg = OmegaConf.load(job_dir / "config_resolved.yaml")
     quiet_rank(global_rank(), bool(cfg.get("verbose", False)))
     spec = validate(cfg)
+    if spec.run.accelerator == "gpu" and (few := too_few_gpus(torch.cuda.device_count(), spec.run.devices_per_node,
+                                                               cfg.launcher.name)):
+        raise RuntimeError(few)   # not Lightning's "invalid device ordinal" after the queue wait
     torch.set_num_threads(int(cfg.job.threads_per_rank))
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # same initial weights on every rank
     rank, world = global_rank(), spec.run.world_size

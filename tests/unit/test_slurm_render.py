@@ -76,3 +76,13 @@ def test_a_gpu_job_is_validated_for_the_allocation_s_gpus_not_the_login_node(arg
 def test_what_the_allocation_could_not_run_is_still_refused(args, needle, capsys):
     code, cap = run_cli(["slurm", "render", "--nodes", "1", "--devices", "2", *args], capsys)
     assert code == 2 and needle in cap.err and cap.err.count("\n") == 1, cap.err
+
+
+def test_per_task_gpu_binding_is_named_not_an_invalid_device_ordinal():
+    """`--gpus-per-task=1` (or --gpu-bind) leaves each srun task one GPU, cuda:0: ranks 1-7 of a
+    node asked for cuda:1..7 and failed with "invalid device ordinal" after the queue wait."""
+    assert launch.too_few_gpus(8, 8, "srun") is None and launch.too_few_gpus(8, 4, "local") is None
+    msg = launch.too_few_gpus(1, 8, "srun")
+    assert msg.startswith("this rank sees 1 GPU(s) but trainer.devices=8 ranks run on its node")
+    assert "--gpus-per-task" in msg and "--gpus-per-node" in msg and "\n" not in msg
+    assert "srun" not in launch.too_few_gpus(1, 2, "torchrun")
