@@ -65,3 +65,23 @@ def test_explicit_fused_with_clipping_is_refused_where_lightning_clips():
 @pytest.mark.parametrize("strategy", ["zero2", "pipeline"])
 def test_strategies_that_clip_themselves_are_not_refused(strategy):
     validate(_cfg(f"strategy={strategy}", "data.global_batch_size=16"), target="cpu")
+
+
+def test_zero_skips_the_gradient_norm_only_where_deepspeed_allows_and_nothing_reads_it():
+    """ZeRO-1/2's per-step gradient norm (compute_grad_norm) is off only without clipping, without
+    optimizer offload, and not for ZeRO-1's BF16 optimizer (bf16 + fp32 accumulation): DeepSpeed
+    0.19.8 raises for each of those (stage_1_and_2.py, engine.py)."""
+    from scalelab.strategies.deepspeed_lightning import skips_grad_norm
+
+    def cfg(stage, **kw):
+        zero = {"stage": stage, **kw.pop("zero", {})}
+        return {"zero_optimization": zero, "gradient_clipping": 0.0, **kw}
+
+    assert skips_grad_norm(cfg(1)) and skips_grad_norm(cfg(2)) and skips_grad_norm(cfg(2, bf16={"enabled": True}))
+    assert not skips_grad_norm(cfg(3))                                    # stage 3 has no such option
+    assert not skips_grad_norm(cfg(2, gradient_clipping=1.0))             # clipping reads the norm
+    assert not skips_grad_norm(cfg(2, zero={"offload_optimizer": {"device": "cpu"}}))
+    assert skips_grad_norm(cfg(2, zero={"offload_optimizer": {"device": "none"}}))
+    assert not skips_grad_norm(cfg(2, zero={"compute_grad_norm": True}))  # the user's own setting
+    assert not skips_grad_norm(cfg(1, bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"}))
+    assert skips_grad_norm(cfg(2, bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"}))

@@ -162,6 +162,10 @@ class ZeRO(StrategyPlan):
             "zero_allow_untested_optimizer": True,  # any torch optimizer (SGD too); DeepSpeed warns otherwise
             "steps_per_print": 2**31 - 1,  # the run record measures; no DeepSpeed step logs
             "wall_clock_breakdown": False,
+            # DeepSpeed's throughput timer (on by default, report interval unset: nothing reads it)
+            # synchronizes the device at every forward and step (utils/timer.py): two drains per
+            # step on CUDA (found by review; the CPU accelerator's synchronize is a no-op)
+            "timers": {"throughput": {"enabled": False}},
         }
         if run.batch is not None:  # DeepSpeed checks train_batch = micro x accumulation x dp
             config["train_micro_batch_size_per_gpu"] = run.batch.per_device_batch_size
@@ -247,6 +251,14 @@ class ZeRO(StrategyPlan):
         opt = _zero_optimizer(trainer)
         if self.stage == 3:
             self._fetch = dict(unit=self.stage3_fetch_unit or "module", **fetch_units(pl_module.net))
+        engine = getattr(trainer.strategy, "model", None)
+        # what the engine ran with (run.json `deepspeed`), read from it: the per-step device drains
+        # the config turns off (throughput timer, ZeRO-1/2's unread gradient norm) and clipping
+        self._engine = {"throughput_timer": bool(getattr(getattr(engine, "tput_timer", None), "config", None)
+                                                 and engine.tput_timer.config.enabled),
+                        "compute_grad_norm": getattr(opt, "compute_grad_norm", None),
+                        "gradient_clipping": float(engine.gradient_clipping()) if hasattr(engine, "gradient_clipping")
+                        else None}
         if opt is None:
             return super().state_bytes(trainer, pl_module)
         inner = getattr(opt, "optimizer", opt)
@@ -266,11 +278,14 @@ class ZeRO(StrategyPlan):
         return {"params": params, "optimizer": moments + master}
 
     def rank_metrics(self) -> Any:
-        return getattr(self, "_fetch", None)
+        return {"fetch": getattr(self, "_fetch", None), "engine": getattr(self, "_engine", None)}
 
     def record_fields(self, per_rank: list[Any], warmup_steps: int, profiled_steps: int = 0) -> dict:
-        """ZeRO-3: run.json `zero3_fetch`, rank 0's fetch units as DeepSpeed registered them."""
-        return {"zero3_fetch": per_rank[0]} if per_rank and per_rank[0] else {}
+        """run.json `deepspeed` (rank 0's engine settings) and, ZeRO-3, `zero3_fetch` (rank 0's
+        fetch units as DeepSpeed registered them)."""
+        first = (per_rank or [None])[0] or {}
+        out = {"deepspeed": first["engine"]} if first.get("engine") else {}
+        return {**out, "zero3_fetch": first["fetch"]} if first.get("fetch") else out
 
     def grad_bytes(self, trainer: Any, pl_module: Any) -> int:
         """Gradient bytes this rank holds after backward, just before the step: the reduced

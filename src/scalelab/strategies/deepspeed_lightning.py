@@ -33,6 +33,11 @@ class ScaleLabDeepSpeedStrategy(DeepSpeedStrategy):
         kwargs.setdefault("scale_wrt_gas", False)  # fix 1: Lightning already divided by accumulate_grad_batches
         return super().backward(closure_loss, optimizer, *args, **kwargs)
 
+    def _format_batch_size_and_grad_accum_config(self) -> None:
+        super()._format_batch_size_and_grad_accum_config()   # sets gradient_clipping from the trainer
+        if self.config is not None and self.lightning_module is not None and skips_grad_norm(self.config):
+            self.config["zero_optimization"]["compute_grad_norm"] = False
+
     @property
     def offloads_optimizer(self) -> bool:
         zero = (self.config or {}).get("zero_optimization", {})
@@ -66,6 +71,22 @@ class ScaleLabDeepSpeedStrategy(DeepSpeedStrategy):
                 print(f"[scalelab] ZeRO-Offload optimizer step on CPU: {type(optimizer).__name__}"
                       + ("" if swapped else " (zero_force_ds_cpu_optimizer: false)"), flush=True)
         return optimizer, scheduler_cfg
+
+
+def skips_grad_norm(config: dict) -> bool:
+    """ZeRO-1/2 compute the global gradient norm every step, clipping or not: every gradient cast
+    to fp64 and reduced, an all-reduce, and a blocking host-to-device copy in its NaN mask (a
+    device drain per step on CUDA; found by review, DeepSpeed 0.19.8 stage_1_and_2.py). Nothing
+    reads it without clipping, and zero_optimization.compute_grad_norm=false skips it where
+    DeepSpeed allows: no gradient_clipping, no optimizer offload, not ZeRO-1's BF16 optimizer (bf16
+    with fp32 gradient accumulation), and not set by the user."""
+    zero = config.get("zero_optimization") or {}
+    stage = int(zero.get("stage", 0))
+    bf16_fp32_accum = (config.get("bf16", {}).get("enabled") and
+                       str(config.get("data_types", {}).get("grad_accum_dtype", "")).lower() in ("fp32", "float32"))
+    return (stage in (1, 2) and "compute_grad_norm" not in zero and not config.get("gradient_clipping")
+            and (zero.get("offload_optimizer") or {}).get("device", "none") in ("none", None)
+            and not (stage == 1 and bf16_fp32_accum))
 
 
 def _to_ds_cpu_adam(opt: torch.optim.Optimizer):
