@@ -460,3 +460,28 @@ def test_unreachable_hub_is_one_error_line_with_the_offline_way(monkeypatch, cap
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and "owner/name from the Hugging Face Hub" in err
     assert not [r for r in caplog.records if "Retrying" in r.getMessage()]   # the retries: not logged
+
+
+def test_a_split_is_read_in_place_from_its_memory_map(tmp_path):
+    """BlockDataset keeps one zero-copy view of the map per Arrow chunk: every block's bytes lie
+    inside the memory-mapped files (combine_chunks() copied the whole split into each rank's
+    memory: 800 GB per 8-rank node for a 100 GB corpus), and blocks read back as written."""
+    from scalelab.data.datamodule import BlockDataset
+    from scalelab.data.prepare import _save
+
+    rng = np.random.default_rng(0)
+    blocks = rng.integers(0, 256, size=(2500, 17), dtype=np.uint8)   # save_to_disk: 1000-row batches
+    _save(blocks, 17, tmp_path / "split")
+    ds = BlockDataset(tmp_path / "split")
+    assert len(ds._parts) >= 3 and len(ds) == 2500
+    for m in ds._maps:
+        m.seek(0)
+    maps = [m.read_buffer() for m in ds._maps]   # the whole map, zero-copy: its address range
+    inside = [(b.address, b.address + b.size) for b in maps]
+    for part in ds._parts:
+        addr = part.__array_interface__["data"][0]
+        assert any(lo <= addr and addr + part.nbytes <= hi for lo, hi in inside), "a copy, not the map"
+    for i in (0, 999, 1000, 1001, 2499):
+        assert np.array_equal(ds[i].numpy(), blocks[i])
+    with pytest.raises(IndexError):
+        ds[2500]
