@@ -289,6 +289,7 @@ class PeriodicCheckpoint:
         self.note_progress = note_progress
         self._noted_at = float("-inf")
         self._last = -1              # the step saved last (or resumed at)
+        self._saved: set[int] = set()  # the steps this callback saved in this attempt
         self.dir = self.job_dir / "checkpoints"
 
     def _note(self, trainer, force: bool = False) -> None:
@@ -327,6 +328,11 @@ class PeriodicCheckpoint:
         if self.after_save is not None:
             self.after_save(trainer)
 
+    def saved_at(self, step: int) -> Path | None:
+        """The checkpoint this callback saved at `step` in this attempt, else None (the same answer
+        on every rank: the steps are, not a listing of the shared file system)."""
+        return self.dir / f"step-{step:08d}.ckpt" if step in self._saved else None
+
     def save(self, trainer: Any, step: int) -> Path:
         final = self.dir / f"step-{step:08d}.ckpt"
         tmp = self.dir / f"step-{step:08d}.ckpt.tmp"
@@ -349,12 +355,16 @@ class PeriodicCheckpoint:
             manifest.with_suffix(".tmp").write_text(json.dumps({"step": step, "files": _files(final),
                                                                 "slurm_job": os.environ.get("SLURM_JOB_ID")}))
             os.replace(manifest.with_suffix(".tmp"), manifest)
-            for _, old in valid_checkpoints(self.dir)[0][self.keep:]:
-                _remove(old)
+            # never the one just written (a checkpoint at a later step, kept from an earlier run
+            # that reached max_steps, sorts before it: keep_last=1 deleted each new save); the
+            # manifest first, so a kill mid-removal leaves a folder no resume takes for whole
+            for old in [c for _, c in valid_checkpoints(self.dir)[0] if c != final][self.keep - 1:]:
                 _remove(old.with_name(old.name + MANIFEST))
+                _remove(old)
                 for curve in old.parent.glob(curve_path(old, "*").name):   # every rank's
                     _remove(curve)
         trainer.strategy.barrier()
+        self._saved.add(step)
         return final
 
 

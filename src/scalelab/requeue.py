@@ -241,7 +241,10 @@ class RequeueOnSignal:
         if not sig:
             return
         if step < trainer.max_steps:  # at max_steps the run is finishing anyway: nothing to save
-            path = self.saver.save(trainer, step)
+            # a periodic save of this very step ran just before (it precedes this callback): that
+            # checkpoint, not a second save of the same state inside the warning's window (it also
+            # removed the good copy before renaming the new one; found by review)
+            path = self.saver.saved_at(step) or self.saver.save(trainer, step)
             if trainer.is_global_zero:
                 from scalelab.console import end_bar_line
 
