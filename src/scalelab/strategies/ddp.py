@@ -118,7 +118,10 @@ class DDP(StrategyPlan):
 
         from scalelab.strategies.ddp_lightning import CommHookDDPStrategy
 
+        from scalelab.strategies.mapped_checkpoint_io import MappedCheckpointIO
+
         hooks = self._hook_kwargs(run)
-        if not hooks:  # the default: exactly Lightning's DDPStrategy
-            return DDPStrategy(**self.ddp_kwargs)
-        return CommHookDDPStrategy(**hooks, **self.ddp_kwargs)
+        io = MappedCheckpointIO()   # a node's ranks share one mapped copy of the checkpoint on resume
+        if not hooks:  # the default: Lightning's DDPStrategy
+            return DDPStrategy(**self.ddp_kwargs, checkpoint_io=io)
+        return CommHookDDPStrategy(**hooks, **self.ddp_kwargs, checkpoint_io=io)

@@ -19,10 +19,11 @@ class Single(StrategyPlan):
         from lightning.pytorch.strategies import SingleDeviceStrategy
 
         from scalelab.strategies.ddp_lightning import IndependentReplicasStrategy
+        from scalelab.strategies.mapped_checkpoint_io import MappedCheckpointIO
 
         if run.world_size == 1:
             import torch
 
             device = torch.device("cuda", 0) if run.accelerator == "gpu" else torch.device("cpu")
-            return SingleDeviceStrategy(device=device)
-        return IndependentReplicasStrategy()
+            return SingleDeviceStrategy(device=device, checkpoint_io=MappedCheckpointIO())
+        return IndependentReplicasStrategy(checkpoint_io=MappedCheckpointIO())
