@@ -76,6 +76,7 @@ class Collective:
     overlappable: bool     # may hide behind compute (bucketed DP sync, ZeRO-3/FSDP prefetch)
     crosses_nodes: bool = False
     impl: str = ""         # whose code issues it when not torch.distributed's own ("deepspeed")
+    nodes: int = 1         # the nodes its group is on (collectives() sets it for crossing ones)
 
     @property
     def kind(self) -> str:
@@ -96,6 +97,18 @@ class Collective:
                 "p2p": 1, "host_copy": 0}[self.op]
 
     @property
+    def inter_hops(self) -> float:
+        """Of `hops`, those that cross the network: NCCL's rings visit a node's ranks in a row,
+        so a ring over N nodes crosses between nodes 2 (N-1) times per all-reduce, N-1 per
+        reduce-scatter or all-gather (NCCL src/graph/tuning.cc: nInterSteps); the other steps are
+        inside a node, at its link's latency. Every hop at the network's latency made a 64-node
+        data-parallel step latency-bound (1022 x 5 us per bucket; found by a planner review)."""
+        if not self.crosses_nodes:
+            return 0.0
+        k = max(1, self.nodes) - 1
+        return {"all_reduce": 2 * k, "reduce_scatter": k, "all_gather": k, "p2p": 1, "host_copy": 0}[self.op]
+
+    @property
     def bytes_per_step(self) -> float:
         """Bytes each device sends per step (= S x bus factor x calls)."""
         return self.bytes_per_call * self.bus_factor * self.calls
@@ -104,8 +117,15 @@ class Collective:
     def latency_hops_per_step(self) -> float:
         return self.hops * self.calls
 
-    def time_s(self, bandwidth: float, latency: float) -> float:
-        return self.latency_hops_per_step * latency + self.bytes_per_step / bandwidth
+    def time_s(self, bandwidth: float, latency: float, intra_latency: float | None = None) -> float:
+        """Ring time at `bandwidth` (the slowest link's) and `latency` per hop; a crossing
+        collective's hops inside a node at `intra_latency` when given."""
+        if self.crosses_nodes and intra_latency is not None:
+            inter = self.inter_hops * self.calls
+            lat = inter * latency + (self.latency_hops_per_step - inter) * intra_latency
+        else:
+            lat = self.latency_hops_per_step * latency
+        return lat + self.bytes_per_step / bandwidth
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -263,7 +283,7 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
         # coalesced gathers for stage 3): a profile may give them their own figures
         # ("reduce_scatter@deepspeed"); --calibrate fits one per op (separate ones fitted noise).
         out = [replace(c, impl="deepspeed") if c.group == "dp" else c for c in out]
-    return out
+    return [replace(c, nodes=layout.group_nodes(c.group)) if c.crosses_nodes else c for c in out]
 
 
 def _wrapped_by_fsdp2(strategy: Strategy, layout: Layout) -> bool:

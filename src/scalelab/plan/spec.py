@@ -269,6 +269,17 @@ class Layout:
                 "pp": self.pp, "world": self.world}[group]
         return size > 1 and span > self.devices_per_node
 
+    def group_nodes(self, group: str) -> int:
+        """The nodes a group's ranks are on (1 inside a node): its span of consecutive ranks in
+        nodes, at most its size."""
+        if not self.group_spans_nodes(group):
+            return 1
+        span = {"tp": self.tp, "dp": self.tp * self.dp, "dp_shard": self.tp * self.dp_shard,
+                "dp_replicate": self.tp * self.dp, "pp": self.world, "world": self.world}[group]
+        size = {"tp": self.tp, "dp": self.dp, "dp_shard": self.dp_shard, "dp_replicate": self.dp_replicate,
+                "pp": self.pp, "world": self.world}[group]
+        return min(size, -(-span // self.devices_per_node))
+
 
 def resolve_layout(strategy: Strategy, model: ModelSpec, devices: int, nodes: int = 1,
                    tp: int | None = None, pp: int | None = None, micro_batch: int = 1,

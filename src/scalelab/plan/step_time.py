@@ -140,11 +140,12 @@ def _peak(hw: Hardware, terms: Terms) -> float:
     return hw.peak(compute_dtype(terms.precision)) * rank_threads(terms, hw) / hw.threads_per_device
 
 
-def _link_params(hw: Hardware, c: Collective) -> tuple[float, float]:
+def _link_params(hw: Hardware, c: Collective) -> tuple[float, float, float | None]:
+    """(bandwidth, latency per hop, latency of a crossing collective's hops inside a node)."""
     if c.op == "host_copy":
-        return float(hw.host["link_bandwidth_bytes_per_s"]), 0.0
+        return float(hw.host["link_bandwidth_bytes_per_s"]), 0.0, None
     link = hw.link(c.crosses_nodes, c.kind)
-    return link.bandwidth_bytes_per_s, link.latency_s
+    return link.bandwidth_bytes_per_s, link.latency_s, hw.link(False, c.kind).latency_s if c.crosses_nodes else None
 
 
 def _local_layers(terms: Terms) -> int:
@@ -191,15 +192,17 @@ def linear_features(terms: Terms, hw: Hardware, split: bool = False) -> dict[str
         if c.op == "host_copy":
             x["host_link"] += keep * c.bytes_per_step
             continue
-        if c.crosses_nodes:
-            bw, lat = "inter_bw", "inter_lat"
-        elif split or hw.collective_key(c.kind):
-            key = c.op if split else hw.collective_key(c.kind)
-            bw, lat = f"intra_bw:{key}", f"intra_lat:{key}"
-        else:
-            bw, lat = "intra_bw", "intra_lat"
+        intra_key = c.op if split else hw.collective_key(c.kind)
+        intra_lat = f"intra_lat:{intra_key}" if (split or intra_key) else "intra_lat"
+        if c.crosses_nodes:   # the ring's network hops at inter_lat, its hops inside nodes at the node's
+            inter = c.inter_hops * c.calls
+            x["inter_bw"] += keep * c.bytes_per_step
+            x["inter_lat"] += keep * inter
+            x[intra_lat] = x.get(intra_lat, 0.0) + keep * (c.latency_hops_per_step - inter)
+            continue
+        bw = f"intra_bw:{intra_key}" if (split or intra_key) else "intra_bw"
         x[bw] = x.get(bw, 0.0) + keep * c.bytes_per_step
-        x[lat] = x.get(lat, 0.0) + keep * c.latency_hops_per_step
+        x[intra_lat] = x.get(intra_lat, 0.0) + keep * c.latency_hops_per_step
     f = hw.slowdown(busy_per_node(terms))
     return {k: v * f for k, v in x.items()}
 
