@@ -151,6 +151,12 @@ PLAN_ROWS = [
     (["--params", "7B", "--strategy", "ddp", "--devices", "0"], "--devices must be >= 1"),
     (["--layers", "2", "--hidden", "65", "--heads", "4", "--vocab", "256", "--seq-len", "64", "--strategy", "ddp",
       "--devices", "2"], "--heads 4 does not divide --hidden 65"),
+    # a size given as 0 was the default silently; a huge one ran for minutes (found by a planner review)
+    (["--layers", "2", "--hidden", "64", "--heads", "2", "--seq-len", "0", "--strategy", "ddp", "--devices", "2"],
+     "--seq-len must be a positive integer, got 0"),
+    (["--layers", "2", "--hidden", "64", "--heads", "2", "--ffn-hidden", "-5", "--strategy", "ddp", "--devices", "2"],
+     "--ffn-hidden must be a positive integer, got -5"),
+    (["--params", "1e24", "--strategy", "ddp", "--devices", "8"], "--params 1e+24 is beyond what the planner models"),
     # argparse's own errors: one line too (it printed its ~20-line usage first)
     (["--params", "7Q", "--strategy", "ddp"], "argument --params: not a number: '7Q'"),
     (["--params", "7B", "--strategy", "ddp", "--devices", "two"], "argument --devices: invalid int value: 'two'"),

@@ -119,18 +119,21 @@ def _model_shape_from_args(a) -> ModelSpec:
     shape = [a.layers, a.hidden, a.heads]
     if a.model:
         return _model_from_conf(a.model)
+    for flag, v in (("--vocab", a.vocab), ("--seq-len", a.seq_len), ("--ffn-hidden", a.ffn_hidden)):
+        if v is not None and v < 1:   # given as 0 or less: not the default silently (found by review)
+            raise PlanError(f"{flag} must be a positive integer, got {v!r}")
+    vocab = DEFAULT_VOCAB if a.vocab is None else a.vocab
+    seq = DEFAULT_SEQ if a.seq_len is None else a.seq_len
     # The shape as scalelab-train builds it (untied head, no biases), so that the printed same job
     # is the planned model; --params with a whole shape overrides the count (no same job then).
     if all(v is not None for v in shape):
         if a.params:
-            return ModelSpec.from_shape(a.layers, a.hidden, a.heads, a.vocab or DEFAULT_VOCAB,
-                                        a.seq_len or DEFAULT_SEQ, a.ffn_hidden or 0, int(a.params))
-        return ModelSpec.trainer_gpt(a.layers, a.hidden, a.heads, a.vocab or DEFAULT_VOCAB,
-                                     a.seq_len or DEFAULT_SEQ, a.ffn_hidden or 0)
+            return ModelSpec.from_shape(a.layers, a.hidden, a.heads, vocab, seq, a.ffn_hidden or 0, int(a.params))
+        return ModelSpec.trainer_gpt(a.layers, a.hidden, a.heads, vocab, seq, a.ffn_hidden or 0)
     if a.params is not None:
         if any(v is not None for v in shape):
             raise PlanError("give the whole shape (--layers --hidden --heads) or only --params")
-        return ModelSpec.trainer_gpt_for_params(a.params, a.seq_len or DEFAULT_SEQ, a.vocab or DEFAULT_VOCAB)
+        return ModelSpec.trainer_gpt_for_params(a.params, seq, vocab)
     raise PlanError("no model: give --params N, or --layers L --hidden H --heads A "
                     "[--vocab V --seq-len S], or --model NAME")
 

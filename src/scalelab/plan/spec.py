@@ -191,6 +191,7 @@ class ModelSpec:
                         ("--vocab", vocab), ("--seq-len", seq_len)):
             if v is None or int(v) < 1:
                 raise PlanError(f"{flag} must be a positive integer, got {v!r}")
+        _within_limits(n_params=n_params, layers=n_layers)
         if hidden % heads:
             raise PlanError(f"--heads {heads} does not divide --hidden {hidden}; valid heads: "
                             f"{', '.join(str(d) for d in _divisors(hidden) if d <= 256)}")
@@ -224,11 +225,24 @@ class ModelSpec:
         return cls(exact, layers, hidden, hidden // 128, vocab, seq_len, shape_inferred=True)
 
 
+MAX_PARAMS, MAX_LAYERS = 10**18, 100_000   # a million times today's largest models; far past any
+
+
+def _within_limits(n_params=None, layers=None) -> None:
+    """What the planner models at all: its per-module ZeRO-3 trace and layer-by-layer splits are
+    linear in the layers, and a 1e24 --params (2e6 layers) ran for minutes (found by review)."""
+    if n_params is not None and float(n_params) > MAX_PARAMS:
+        raise PlanError(f"--params {float(n_params):g} is beyond what the planner models (at most {MAX_PARAMS:g})")
+    if layers is not None and int(layers) > MAX_LAYERS:
+        raise PlanError(f"--layers {layers} is beyond what the planner models (at most {MAX_LAYERS})")
+
+
 def _guess_hidden(n_params: float) -> tuple[int, int]:
     """(N, width) for N parameters: 12 L h^2 ~ N with h ~ 128 L; h a multiple of 1024 (128 when small)."""
     n = int(float(n_params))
     if n < 1:
         raise PlanError(f"--params must be positive, got {n_params!r}")
+    _within_limits(n_params=n)
     layers = max(1.0, (n / (12 * 128 ** 2)) ** (1 / 3))
     h = math.sqrt(n / (12 * layers))
     step = 1024 if h >= 1024 else 128
