@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from pathlib import Path
 
 # A node's own settings, free to differ: its rendezvous keys (node rank; endpoint given or read
 # from the environment; its timeout), where it writes (hydra.run.dir, hydra.sweep.dir, cache_dir),
@@ -48,10 +49,14 @@ def difference(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:
             if mine.get(k) != theirs.get(k)]
 
 
-def check(overrides: list[str], node_rank: int, timeout_s: float, environ=None) -> None:
+def check(overrides: list[str], node_rank: int, timeout_s: float, environ=None,
+          resume: tuple[str | None, int | None] = (None, None)) -> tuple[str | None, int | None]:
     """Post this rank's overrides to the rendezvous store, wait for every rank's, and raise one line
     (RuntimeError) when any node's differ from global rank 0's. The ranks' torchrun environment
-    (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) names the store."""
+    (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) names the store.
+    Returns global rank 0's `resume` (checkpoint path, step): every rank goes on from the one rank
+    0 chose. Each node found its own in its own job folder, where only node 0's has checkpoints:
+    node 0 resumed and the others started over (a hang, or replicas apart; found by review)."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -61,14 +66,19 @@ def check(overrides: list[str], node_rank: int, timeout_s: float, environ=None) 
     wait = timedelta(seconds=float(timeout_s))
     store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=wait)
     prefix = f"scalelab/same_job/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
-    store.set(f"{prefix}{rank}", json.dumps([int(node_rank), shared_overrides(overrides)]))
+    store.set(f"{prefix}{rank}", json.dumps([int(node_rank), shared_overrides(overrides), list(resume)]))
     keys = [f"{prefix}{r}" for r in range(world)]
     store.wait(keys, wait)
     every = [json.loads(store.get(k)) for k in keys]
-    node0, ref = every[0]
-    for node, theirs in every:
+    node0, ref, chosen = every[0]
+    for node, theirs, _ in every:
         diff = difference(ref, theirs)
         if diff:
             raise RuntimeError(f"node {node} runs another command than node {node0} (node {node0} vs node {node}: "
                                f"{'; '.join(diff)[:400]}): every node must run the same scalelab-train overrides, "
                                "with its own launcher.node_rank")
+    path, step = chosen
+    if path is not None and not Path(path).exists():
+        raise RuntimeError(f"node {node_rank} cannot see {path}, the checkpoint global rank 0 resumes from: resuming a "
+                           "multi-node job needs its checkpoints on a file system every node shares, at the same path")
+    return path, step

@@ -72,11 +72,13 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     torch.set_num_threads(int(cfg.job.threads_per_rank))
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # same initial weights on every rank
     rank, world = global_rank(), spec.run.world_size
+    resume, resumed_at = _resume_point(cfg, job_dir, rank)
     if cfg.launcher.name == "torchrun" and spec.run.num_nodes > 1:  # nodes started by hand: the same command?
         from scalelab import same_job
 
-        same_job.check(list(cfg.job.overrides), int(cfg.launcher.node_rank),
-                       float(cfg.trainer.get("collective_timeout_s", 600)))
+        # ... and global rank 0's checkpoint to go on from, for every node (each has its own folder)
+        resume, resumed_at = same_job.check(list(cfg.job.overrides), int(cfg.launcher.node_rank),
+                                            float(cfg.trainer.get("collective_timeout_s", 600)), resume=(resume, resumed_at))
     plan = spec.plan
     with plan.init_device(spec.run, _local_rank()):  # on the GPU itself where it can
         module = LitModule(spec.run.model_arch, cfg.model.task, hydra.utils.instantiate(cfg.optim.optimizer),
@@ -109,7 +111,6 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     val_curve = ValidationCurve.for_config(cfg.trainer)  # None unless trainer.val_every_n_steps
     if val_curve is not None:
         callbacks.append(val_curve)
-    resume, resumed_at = _resume_point(cfg, job_dir, rank)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)   # torchrun started this attempt again
     if restart and rank == 0:   # counted here: torchrun, not scalelab, restarts the ranks (spawn counts its own)
         # checkpoint.resume_from's step from its manifest or name (the worker learns it only once loaded)
@@ -124,7 +125,9 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     periodic.curve_of = metrics.curve_so_far                  # each checkpoint keeps the loss curve so far
     periodic.after_save = metrics.checkpoint_saved          # a save is in no step's time
     if resumed_at is not None:      # this job's own checkpoint (not resume_from: another run's curve)
-        metrics.prior = read_curve(resume, rank) or metrics.prior  # ... which its record starts with
+        # ... which its record starts with; a node's ranks keep theirs in their own node's folder
+        metrics.prior = (read_curve(resume, rank) or read_curve(job_dir / "checkpoints" / Path(resume).name, rank)
+                         or metrics.prior)
     window = _profile_window(cfg, spec, resumed=resume is not None)
     syncs = None
     if cfg.trainer.get("count_device_syncs", False):

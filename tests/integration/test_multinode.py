@@ -120,6 +120,23 @@ def test_two_nodes_ddp_equal_one_node(tmp_path, local4):
     assert not worker_pids(tmp_path)
 
 
+@pytest.mark.slow  # two 2-node runs (~60 s)
+def test_a_rerun_after_a_crash_resumes_every_node_from_node_0s_checkpoint(tmp_path, local4, monkeypatch):
+    """Each node has its own job folder and only node 0's has the checkpoints: node 0 resumed and
+    node 1 started over (DDP then hangs at the end, or its replicas drift). Now every rank goes on
+    from the checkpoint global rank 0 chose, and the run ends on the uninterrupted curve."""
+    monkeypatch.setenv("CRASH_ONCE_MARKER", str(tmp_path / "crashed"))
+    run = ["strategy=ddp", "strategy._target_=tests.crash_once.CrashOnceDDP", "checkpoint.every_n_steps=2"]
+    procs, outs = _both(tmp_path, [run, run])
+    assert (tmp_path / "crashed").exists() and all(p.returncode != 0 for p in procs), outs[0][-2000:]
+    rec, other, outs = _two_nodes(tmp_path, run)                       # the same commands again
+    assert "resuming from" in outs[0] and rec["resumed_at_step"] == 2, outs[0][-2000:]
+    assert rec["status"] == other["status"] == "completed" and rec["steps"] == STEPS
+    got, want = losses_by_step(rec), losses_by_step(local4)
+    assert sorted(got) == sorted(want)                                  # the whole curve, steps 1-6
+    assert max(abs(got[s] - want[s]) / abs(want[s]) for s in want) <= REL
+
+
 @pytest.mark.slow  # ~35 s more: the default suite keeps the ddp and never-joins checks (~80 s)
 def test_two_nodes_fsdp_tp_groups_stay_inside_a_node(tmp_path):
     rec, _, _ = _two_nodes(tmp_path, ["strategy=fsdp_tp", "strategy.tensor_parallel_size=2"])
