@@ -60,18 +60,28 @@ def expand_nodelist(nodelist: str) -> list[str]:
 def master_env(environ=None) -> dict[str, str]:
     """MASTER_ADDR = the allocation's first node, where the batch step runs (sbatch(1): "on the
     first node in the set of allocated nodes") and global rank 0 with it; MASTER_PORT a port free
-    there now, picked per attempt by the batch step, which gives every rank of every node the same
-    pair. Not Lightning's 15000 + the job id's last 4 digits: two jobs whose ids agree there (one
-    a day apart on a busy cluster, or any Lightning job) could not both bind it on a shared node,
-    and a requeue kept the clash."""
+    there now (15000-31999), picked per attempt by the batch step, which gives every rank of every
+    node the same pair. Not Lightning's 15000 + the job id's last 4 digits: two jobs whose ids
+    agree there (a day apart on a busy cluster, or any Lightning job) could not both bind it on a
+    shared node, and a requeue kept the clash."""
     import socket
 
     env = os.environ if environ is None else environ
     nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
-    with socket.socket() as s:
-        s.bind(("", 0))   # every interface, as rank 0's store binds it
-        port = s.getsockname()[1]
-    return {"MASTER_ADDR": expand_nodelist(nodes)[0], "MASTER_PORT": str(port), STEP_ENV: "1"}
+    # below Linux's ephemeral range (32768-60999: any outgoing connection may take one of those
+    # before rank 0's store binds it), starting where the job id and attempt point, first free
+    job = int(str(env.get("SLURM_JOB_ID") or "0")[-6:] or 0) + 7919 * requeue_count(env)
+    port = None
+    for i in range(1000):
+        candidate = 15000 + (job + i) % 17000
+        with socket.socket() as s:
+            try:
+                s.bind(("", candidate))   # every interface, as rank 0's store binds it
+            except OSError:
+                continue
+        port = candidate
+        break
+    return {"MASTER_ADDR": expand_nodelist(nodes)[0], "MASTER_PORT": str(port or 15000 + job % 17000), STEP_ENV: "1"}
 
 
 def interface_to(host: str | None) -> str | None:

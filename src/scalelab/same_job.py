@@ -78,7 +78,16 @@ def check(overrides: list[str], node_rank: int, timeout_s: float, environ=None,
                                f"{'; '.join(diff)[:400]}): every node must run the same scalelab-train overrides, "
                                "with its own launcher.node_rank")
     path, step = chosen
-    if path is not None and not Path(path).exists():
-        raise RuntimeError(f"node {node_rank} cannot see {path}, the checkpoint global rank 0 resumes from: resuming a "
-                           "multi-node job needs its checkpoints on a file system every node shares, at the same path")
+    if path is None:
+        return path, step
+    # every rank says whether it sees rank 0's checkpoint, and all stop if one does not (the
+    # others would wait in the process group's start for the collective timeout)
+    store.set(f"{prefix}sees/{rank}", json.dumps([int(node_rank), Path(path).exists()]))
+    seen = [f"{prefix}sees/{r}" for r in range(world)]
+    store.wait(seen, wait)
+    blind = sorted({n for n, ok in (json.loads(store.get(k)) for k in seen) if not ok})
+    if blind:
+        raise RuntimeError(f"node(s) {', '.join(map(str, blind))} cannot see {path}, the checkpoint global rank 0 "
+                           "resumes from: resuming a multi-node job needs its checkpoints (every rank's shards) on a "
+                           "file system every node shares, in one job folder path")
     return path, step

@@ -58,3 +58,34 @@ def test_the_same_command_passes_and_another_stops_every_rank_naming_the_keys():
 def test_difference_reads_both_sides():
     assert same_job.difference({"k": "a,b"}, {"k": "a,b"}) == []
     assert same_job.difference({"k": "a,b", "j": "1"}, {"j": "2"}) == ["j: 1 vs 2", "k: a,b vs -"]
+
+
+def test_every_rank_goes_on_from_rank_0s_checkpoint_or_all_stop(tmp_path):
+    """Rank 0's choice is every rank's (each node looked in its own folder); a checkpoint some rank
+    cannot see stops all of them, not only the blind ones (the others would wait out the timeout)."""
+    ckpt = tmp_path / "step-00000002.ckpt"
+    ckpt.write_text("x")
+    for given, ok in ((str(ckpt), True), (str(tmp_path / "gone.ckpt"), False)):
+        port = free_port()
+        master = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30),
+                               wait_for_workers=False)
+        out: list = [None, None]
+
+        def rank(r: int) -> None:
+            env = {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            mine = (given, 2) if r == 0 else (None, None)      # node 1's folder has no checkpoint
+            try:
+                out[r] = same_job.check(["strategy=ddp"], node_rank=r, timeout_s=30, environ=env, resume=mine)
+            except RuntimeError as e:
+                out[r] = e
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in (1, 0)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        del master
+        if ok:
+            assert out == [(str(ckpt), 2), (str(ckpt), 2)]
+        else:
+            assert all(isinstance(e, RuntimeError) and str(e).startswith("node(s) 0, 1 cannot see") for e in out), out

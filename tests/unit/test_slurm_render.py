@@ -1,6 +1,6 @@
 """The SLURM script and rank layout for a 2-node x 4-GPU job, without a cluster: the #SBATCH
 layout, the srun line the batch step runs, and the rank environment (MASTER_ADDR = the first
-node, MASTER_PORT from the job id, Lightning's requeue off). The same paths run for real
+node, MASTER_PORT a free port of the batch host, Lightning's requeue off). The same paths run for real
 against the local cluster in tests/slurm/."""
 import shlex
 import socket
@@ -36,9 +36,13 @@ def test_two_nodes_four_gpus_render_srun_line_and_environment(tmp_path):
            "SLURM_ARRAY_JOB_ID": "4711200", "SLURM_ARRAY_TASK_ID": "3"}
     master = requeue.master_env(job)
     assert master["MASTER_ADDR"] == "gpu-07" and master["SCALELAB_SLURM_STEP"] == "1"
-    # a port free on this (the batch) host now, not Lightning's 15000 + the id's last 4 digits
+    # a port free on this (the batch) host now, below the ephemeral range, not Lightning's 15000 +
+    # the id's last 4 digits: taken, the next one
+    port = int(master["MASTER_PORT"])
+    assert 15000 <= port < 32000
     with socket.socket() as s:
-        s.bind(("", int(master["MASTER_PORT"])))
+        s.bind(("", port))
+        assert int(requeue.master_env(job)["MASTER_PORT"]) != port
     info = requeue.slurm_info(job)
     assert info["job_id"] == "4711200_3" and info["nodes"] == ["gpu-07", "gpu-08"] and info["requeues"] == 2
     assert requeue.expand_nodelist("n[1-2,010],login") == ["n1", "n2", "n010", "login"]
@@ -61,7 +65,8 @@ def test_a_gpu_job_is_validated_for_the_allocation_s_gpus_not_the_login_node(arg
     """The login node (this CPU machine) has no GPU; the job asks the allocation for 8 per node.
     Each of these was refused as if the job were to run here ("no CUDA device is visible", "a GPU
     profile but this run is on CPU", "DeepSpeed fp16 needs a GPU")."""
-    assert not torch.cuda.is_available()
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the login-node case needs one without")
     out = tmp_path / "job.sbatch"
     code, cap = run_cli(["slurm", "render", "--nodes", "2", "--devices", "8", "--out", str(out), *args], capsys)
     assert code == 0, cap.err

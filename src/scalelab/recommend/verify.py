@@ -98,8 +98,10 @@ def preflight_or_raise(argv: list[str]) -> None:
     from scalelab.errors import ConfigError
     from scalelab.preflight import preflight
 
+    # jobs for a SLURM launcher run elsewhere: validated for the devices they ask for (train.py's rule)
+    elsewhere = any(a.startswith("hydra/launcher=") and a != "hydra/launcher=basic" for a in argv)
     try:
-        preflight(argv, data=False)
+        preflight(argv, data=False, elsewhere=elsewhere)
     except ConfigError as exc:
         raise PlanError(f"a verification job is not valid: {exc}") from None
 
