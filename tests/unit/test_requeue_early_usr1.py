@@ -61,6 +61,9 @@ def test_the_save_line_starts_on_its_own_line_and_says_what_follows(tmp_path, ha
         def save(self, trainer, step):
             return tmp_path / f"step-{step}.ckpt"
 
+        def saved_at(self, step):
+            return None
+
     def stop(sig):
         rank = requeue.RequeueOnSignal(tmp_path, Saver())
         trainer = SimpleNamespace(global_step=3, max_steps=10, is_global_zero=True, should_stop=False)
