@@ -24,15 +24,18 @@ def test_the_rendezvous_id_is_node_0s_port_and_the_job_number():
     assert len({a, same_job.rdzv_id("localhost:29500", 1), same_job.rdzv_id("localhost:29501", 0)}) == 3
 
 
-def _two_ranks(overrides: list[list[str]]) -> list[BaseException | None]:
+def _two_ranks(overrides: list[list[str]], resumes=((None, None), (None, None)), returned: list | None = None
+               ) -> list[BaseException | None]:
+    """Each rank's error (None: it passed); `returned` gets what check returned to each."""
     port = free_port()
     master = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
     errors: list[BaseException | None] = [None, None]
+    returned = returned if returned is not None else [None, None]
 
     def rank(r: int) -> None:
         env = {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         try:
-            same_job.check(overrides[r], node_rank=r, timeout_s=30, environ=env)
+            returned[r] = same_job.check(overrides[r], node_rank=r, timeout_s=30, environ=env, resume=resumes[r])
         except BaseException as e:  # noqa: BLE001
             errors[r] = e
 
@@ -66,26 +69,10 @@ def test_every_rank_goes_on_from_rank_0s_checkpoint_or_all_stop(tmp_path):
     ckpt = tmp_path / "step-00000002.ckpt"
     ckpt.write_text("x")
     for given, ok in ((str(ckpt), True), (str(tmp_path / "gone.ckpt"), False)):
-        port = free_port()
-        master = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30),
-                               wait_for_workers=False)
         out: list = [None, None]
-
-        def rank(r: int) -> None:
-            env = {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-            mine = (given, 2) if r == 0 else (None, None)      # node 1's folder has no checkpoint
-            try:
-                out[r] = same_job.check(["strategy=ddp"], node_rank=r, timeout_s=30, environ=env, resume=mine)
-            except RuntimeError as e:
-                out[r] = e
-
-        threads = [threading.Thread(target=rank, args=(r,)) for r in (1, 0)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-        del master
+        # node 1's own folder has no checkpoint
+        errors = _two_ranks([["strategy=ddp"]] * 2, resumes=((given, 2), (None, None)), returned=out)
         if ok:
-            assert out == [(str(ckpt), 2), (str(ckpt), 2)]
+            assert errors == [None, None] and out == [(str(ckpt), 2), (str(ckpt), 2)]
         else:
-            assert all(isinstance(e, RuntimeError) and str(e).startswith("node(s) 0, 1 cannot see") for e in out), out
+            assert all(isinstance(e, RuntimeError) and str(e).startswith("node(s) 0, 1 cannot see") for e in errors), errors
