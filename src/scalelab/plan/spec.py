@@ -274,24 +274,25 @@ class Layout:
     def dp_shard(self) -> int:
         return self.dp // self.dp_replicate
 
-    def group_spans_nodes(self, group: str) -> bool:
-        """Megatron rank order: tp fastest, then dp, then pp. A group crosses a node boundary when
-        its span of consecutive ranks exceeds a node."""
+    def _span_and_size(self, group: str) -> tuple[int, int]:
+        """Megatron rank order: tp fastest, then dp, then pp. (the group's span of consecutive
+        ranks, its size)."""
         span = {"tp": self.tp, "dp": self.tp * self.dp, "dp_shard": self.tp * self.dp_shard,
                 "dp_replicate": self.tp * self.dp, "pp": self.world, "world": self.world}[group]
         size = {"tp": self.tp, "dp": self.dp, "dp_shard": self.dp_shard, "dp_replicate": self.dp_replicate,
                 "pp": self.pp, "world": self.world}[group]
+        return span, size
+
+    def group_spans_nodes(self, group: str) -> bool:
+        """A group crosses a node boundary when its span of consecutive ranks exceeds a node."""
+        span, size = self._span_and_size(group)
         return size > 1 and span > self.devices_per_node
 
     def group_nodes(self, group: str) -> int:
-        """The nodes a group's ranks are on (1 inside a node): its span of consecutive ranks in
-        nodes, at most its size."""
-        if not self.group_spans_nodes(group):
+        """The nodes a group's ranks are on (1 inside a node): its span in nodes, at most its size."""
+        span, size = self._span_and_size(group)
+        if size <= 1 or span <= self.devices_per_node:
             return 1
-        span = {"tp": self.tp, "dp": self.tp * self.dp, "dp_shard": self.tp * self.dp_shard,
-                "dp_replicate": self.tp * self.dp, "pp": self.world, "world": self.world}[group]
-        size = {"tp": self.tp, "dp": self.dp, "dp_shard": self.dp_shard, "dp_replicate": self.dp_replicate,
-                "pp": self.pp, "world": self.world}[group]
         return min(size, -(-span // self.devices_per_node))
 
 

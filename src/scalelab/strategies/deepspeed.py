@@ -252,10 +252,10 @@ class ZeRO(StrategyPlan):
         if self.stage == 3:
             self._fetch = dict(unit=self.stage3_fetch_unit or "module", **fetch_units(pl_module.net))
         engine = getattr(trainer.strategy, "model", None)
+        timer = getattr(engine, "tput_timer", None)
         # what the engine ran with (run.json `deepspeed`), read from it: the per-step device drains
         # the config turns off (throughput timer, ZeRO-1/2's unread gradient norm) and clipping
-        self._engine = {"throughput_timer": bool(getattr(getattr(engine, "tput_timer", None), "config", None)
-                                                 and engine.tput_timer.config.enabled),
+        self._engine = {"throughput_timer": timer is not None and bool(timer.config.enabled),
                         "compute_grad_norm": getattr(opt, "compute_grad_norm", None),
                         "gradient_clipping": float(engine.gradient_clipping()) if hasattr(engine, "gradient_clipping")
                         else None}

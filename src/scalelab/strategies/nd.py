@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scalelab.errors import ConfigError
-from scalelab.strategies.base import RunSpec
+from scalelab.strategies.base import RunSpec, full_tensors
 from scalelab.strategies.pipeline import SCHEDULES, Pipeline, merge_on_rank0
 
 #: as the pipeline: 16-mixed needs a loss scaler that the schedule's own backward bypasses
@@ -254,13 +254,7 @@ class ND(Pipeline):
         """Every stage's full tensors (gathered over its dp x tp mesh), merged on rank 0 under the
         plain GPT's names. Collective: every rank calls it. Only the stage's (dp 0, tp 0) rank keeps
         the full tensors (on the host, one at a time off the device), and sends them to rank 0."""
-        keeps = self._coords[1:] == (0, 0)
-        full = {}
-        for k, v in pl_module.net.state_dict().items():
-            t = v.full_tensor() if hasattr(v, "full_tensor") else v   # collective over the stage's mesh
-            if keeps:
-                full[k] = t.detach().cpu()
-        return merge_on_rank0(trainer, full)
+        return merge_on_rank0(trainer, full_tensors(pl_module.net, keep=self._coords[1:] == (0, 0)))
 
     # -- run.json ----------------------------------------------------------------------------
     def rank_metrics(self) -> dict:
