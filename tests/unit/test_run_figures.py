@@ -341,3 +341,59 @@ def test_cuda_step_times_come_from_events_read_once_after_training(monkeypatch):
     assert summary["step_times"] == pytest.approx([0.040, 0.035, 0.040])
     assert summary["losses"] == [3.0, 2.5, 2.0] and summary["global_steps"] == [1, 2, 3]
     assert Event.synced == 1
+
+
+def test_long_runs_move_old_step_events_and_losses_off_the_device(monkeypatch):
+    """Every FLUSH_EVERY steps the events older than LAG_STEPS are read (one wait, on an old
+    event) and released, and the losses go to a host copy: pending device objects stay bounded,
+    and the figures are the ones read all at once. Fake device times: step k ends at 10*k*(k+1)/2
+    ms (steps of 10, 20, 30, ... ms); the loss of step k is k."""
+    from scalelab.scaling import metrics
+
+    times = iter([0.0] + [10.0 * k * (k + 1) / 2 for k in range(1, 11)])
+
+    class Event:
+        waited_on: list = []
+
+        def __init__(self):
+            self.t = next(times)
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+        def synchronize(self):
+            Event.waited_on.append(self.t)
+
+    copies = []
+
+    class CopyDone:
+        def synchronize(self):
+            copies.append("waited")
+
+    def fake_host_copy(value):       # what host_copy does on CUDA: a host tensor and an event
+        copies.append(value.tolist())
+        return value.clone(), CopyDone()
+
+    monkeypatch.setattr(metrics, "record_event", lambda device: Event())
+    monkeypatch.setattr(metrics, "_sync", lambda device: None)
+    monkeypatch.setattr(metrics, "host_copy", fake_host_copy)
+    monkeypatch.setattr(metrics, "FLUSH_EVERY", 4)
+    monkeypatch.setattr(metrics, "LAG_STEPS", 2)
+    cb = StepMetrics(accumulate=1, plan=SimpleNamespace(state_bytes=lambda *a: {}, grad_bytes=lambda *a: 0))
+    module, trainer = SimpleNamespace(device=torch.device("cuda")), SimpleNamespace(global_step=0)
+    cb.on_train_start(trainer, module)
+    most_pending = 0
+    for step in range(1, 11):
+        trainer.global_step = step
+        cb.on_train_batch_end(trainer, module, {"raw_loss": torch.tensor(float(step))}, None, step - 1)
+        most_pending = max(most_pending, len(cb._events), len(cb._pending_losses))
+    assert most_pending == 5                              # FLUSH_EVERY + LAG_STEPS - 1 at most
+    # flushes at steps 4 and 8 (losses 1-4, then 5-8 while 3-4's events were kept), each waiting
+    # on the end of the step LAG_STEPS before the newest only: steps 2 (30 ms) and 6 (210 ms)
+    # (the first copy read when the next one is made, the second after training)
+    assert copies == [[1.0, 2.0, 3.0, 4.0], "waited", [5.0, 6.0, 7.0, 8.0]]
+    assert Event.waited_on == [30.0, 210.0]
+    summary = cb.rank_summary()
+    assert summary["step_times"] == pytest.approx([0.01 * k for k in range(1, 11)])
+    assert summary["losses"] == [float(k) for k in range(1, 11)] and summary["global_steps"] == list(range(1, 11))
+    assert copies[-1] == "waited" and Event.waited_on[-1] == 550.0    # the rest: one wait, on the last event
