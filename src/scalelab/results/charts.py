@@ -8,119 +8,14 @@ rendered by results/report.py (Plotly) and logged by results/wandb_summary.py (w
 """
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from scalelab.results.chart_base import (MIB, _apart, _median, _norm, _suffix, _unique, by_reason, chart,  # noqa: F401
+                                         completed, finite_median, job_name, node_split, sweep_labels, sweep_of)
+from scalelab.results.record import num_nodes
 from scalelab.results.sweep import job_key, run_key
-from scalelab.results.table import _show, flatten, job_labels, lookup
-
-MIB = 2**20
-
-
-def chart(id_: str, title: str, x_title: str, y_title: str, traces: list[dict], kind: str = "line",
-          barmode: str | None = None, notes: list[str] | None = None) -> dict:
-    return {"id": id_, "title": title, "x_title": x_title, "y_title": y_title, "kind": kind, "barmode": barmode,
-            "traces": traces, "notes": notes or []}
-
-
-def job_name(rec: dict, labels: dict | None = None) -> str:
-    """The run's job name; where LABELS (table.job_labels) has a longer one (a name runs of two
-    sweeps share, "A/sw/0" and "B/sw/0"), that one, as the table shows it."""
-    if labels and id(rec) in labels:
-        return labels[id(rec)]
-    return str((rec.get("job") or {}).get("name") or (rec.get("job") or {}).get("record_path") or "?")
-
-
-def completed(records: list[dict]) -> list[dict]:
-    return [r for r in records if r.get("status") == "completed"]
-
-
-def sweep_of(rec: dict) -> str | None:
-    """The run's sweep dir as train.py wrote it (job.sweep_dir; None for a single run)."""
-    return (rec.get("job") or {}).get("sweep_dir") or None
-
-
-def _norm(path) -> str | None:
-    return str(Path(path).resolve()) if path else None
-
-
-def sweep_labels(dirs, names: dict | None = None) -> dict:
-    """Short series labels of the sweeps runs came from, keyed by _norm(dir): the dir's name (more
-    path parts while names clash: series are keyed by label), or NAMES[dir]. Empty for fewer than two sweeps: series of one
-    sweep need no label, and runs of two sweeps must never share a series (a before/after
-    comparison would be averaged away). Callers label from one source each (records or summaries):
-    a copied sweep's run.json still names the dir it ran in."""
-    dirs = sorted({_norm(d) for d in dirs}, key=str)
-    if len(dirs) < 2:
-        return {}
-    names = {_norm(k): v for k, v in (names or {}).items()}
-    for parts in range(1, max(len(Path(d).parts) for d in dirs if d) + 1 if any(dirs) else 2):
-        label = {d: names.get(d) or ("/".join(Path(d).parts[-parts:]) if d else "no sweep") for d in dirs}
-        if len(set(label.values())) == len(dirs):   # as many path parts as it takes to tell them apart
-            return label
-    return {d: names.get(d) or d or "no sweep" for d in dirs}
-
-
-def _suffix(rec: dict, group_by: str | None, sweep_shown: bool = False) -> str:
-    """" [KEY=VALUE]" of --group-by; the run's sweep dir (`--group-by job.sweep_dir`) as its name,
-    and nothing where the series already names its sweep (legends of full paths squeezed the plot)."""
-    if not group_by:
-        return ""
-    value = lookup(rec, group_by)
-    if isinstance(value, str) and value == sweep_of(rec):
-        return "" if sweep_shown else f" [{group_by}={Path(value).name}]"
-    return f" [{group_by}={_show(value)}]"
-
-
-# Config keys in which the runs one series pools may differ: what the series' own key and x axis
-# hold, and what does not change the figure (a repeat's seed, where its files and logs go).
-_POOLED = ("job.", "hydra.", "seed", "logger.", "cache_dir", "verbose", "launcher.", "checkpoint.", "trainer.devices",
-           "trainer.num_nodes", "trainer.timeout_s", "trainer.collective_timeout_s", "trainer.max_restarts",
-           "trainer.enable_progress_bar", "data.global_batch_size", "lr_scaling.base_batch_size")
-
-
-def _apart(runs: list[dict], key, pooled: tuple = ()) -> dict[int, str]:
-    """{id(run): " k=v ..."}: within each series (runs of one `key(run)`), the config keys in which
-    its runs differ besides those pooled (a throughput series pooled gpt_nano's 90k tokens/s with
-    gpt_small's 5k as if repeats); that part of the run's config splits the series and names it.
-    A group whose `.name` differs is named by it alone (model=gpt_small, not its every size)."""
-    out: dict[int, str] = {}
-    by_key: dict = defaultdict(list)
-    for r in runs:
-        by_key[key(r)].append(r)
-    for members in by_key.values():
-        flat = [{k: v for k, v in flatten(r.get("config") or {}).items() if not k.startswith(_POOLED + pooled)}
-                for r in members]
-        keys = sorted({k for f in flat for k in f})
-        vary = [k for k in keys if len({repr(f.get(k)) for f in flat}) > 1]
-        named = {k.split(".")[0] for k in vary if k.endswith(".name") and k.count(".") == 1}
-        shown = [k for k in vary if k.split(".")[0] not in named or k.count(".") == 1 and k.endswith(".name")]
-        for r, f in zip(members, flat):
-            out[id(r)] = "".join(f" {k[:-5] if k.endswith('.name') else k}={_show(f.get(k))}" for k in shown)
-    return out
-
-
-def _median(xs: list[float]) -> float:
-    return float(statistics.median(xs))
-
-
-def by_reason(pairs: list[tuple[str, str]], prefix: str = "") -> list[str]:
-    """[(job, why)] as one note per reason: "PREFIXwhy: job, job, ..." (first-seen order)."""
-    out: dict[str, list[str]] = {}
-    for job, why in pairs:
-        out.setdefault(why, []).append(job)
-    return [f"{prefix}{why}: {', '.join(jobs)}" for why, jobs in out.items()]
-
-
-def _unique(names: list[str], extra: list[list[str]]) -> list[str]:
-    """Make series names unique by appending, in turn, each disambiguator that tells them apart."""
-    for more in extra:
-        dup = {n for n in names if names.count(n) > 1}
-        if not dup:
-            break
-        names = [f"{n} {e}" if n in dup else n for n, e in zip(names, more)]
-    return names
+from scalelab.results.table import job_labels, vs_baseline
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,7 +39,9 @@ def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: 
         for g in s.get("groups", []):
             if g["kind"] != kind:
                 continue
-            runs = [m for m in g["runs"] if rec_of(s, m["job"], m.get("dir"))]
+            # each run's node count (a summary from before it was written: its record's)
+            runs = [{**m, "num_nodes": m.get("num_nodes") or num_nodes(rec)} for m in g["runs"]
+                    if (rec := rec_of(s, m["job"], m.get("dir")))]
             if not runs:
                 continue
             base = (rec_of(s, g["baseline_job"], g.get("baseline_dir"))
@@ -156,16 +53,22 @@ def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: 
                 name = f"{g['strategy']} {base['global_batch_size'] // dp}/rank"
             if sweeps:
                 name = f"{sweeps[_norm(s.get('sweep_dir'))]}: {name}"
-            labels.append(name + _suffix(base, group_by, bool(sweeps)))
-            rules.append(f"lr_rule={base.get('lr_rule')}")
-            bases.append(f"(base {g['baseline_job']})")
-            base_runs.append(base)
-            traces.append({"x": [m["world_size"] for m in runs], "y": [m["scaling_efficiency"] for m in runs],
-                           "strategy": str(g["strategy"])})
+            # a line that starts above 1 device starts on the ideal line by definition: its name says
+            # what it is measured against (and whether that was a short run)
+            vs = vs_baseline(g["baseline_world_size"], g.get("baseline_short_run"))
+            layout = node_split(runs, key=lambda m: 0)   # one world on two node counts: a line each
+            for part in dict.fromkeys(layout[id(m)] for m in runs):
+                line = [m for m in runs if layout[id(m)] == part]
+                labels.append(name + part + vs + _suffix(base, group_by, bool(sweeps)))
+                rules.append(f"lr_rule={base.get('lr_rule')}")
+                bases.append(f"(base {g['baseline_job']})")
+                base_runs.append(base)
+                traces.append({"x": [m["world_size"] for m in line], "y": [m["scaling_efficiency"] for m in line],
+                               "strategy": str(g["strategy"])})
     # where two groups share a name: what their runs differ in first (model=gpt_mini), then the
     # LR rule, then the baseline job
-    label_of = {id(b): name for b, name in zip(base_runs, labels)}
-    apart = _apart(base_runs, key=lambda r: label_of[id(r)], pooled=("strategy.",))
+    label_of = dict(zip(map(id, base_runs), labels))   # a base split into node lines: its names tell them apart
+    apart = _apart(list({id(b): b for b in base_runs}.values()), key=lambda r: label_of[id(r)], pooled=("strategy.",))
     what = [apart[id(b)].strip() for b in base_runs]
     for t, n in zip(traces, _unique(labels, [what, rules, bases])):
         t["name"] = n
@@ -183,15 +86,17 @@ def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: 
 
 def throughput(records: list[dict], group_by: str | None = None, names: dict | None = None) -> dict:
     """Tokens/s vs world size, one series per sweep (where there are several), strategy and
-    global batch: the median over the repeats of one sweep, never over two sweeps."""
+    global batch: the median over the repeats of one sweep, never over two sweeps, nor over two
+    node layouts of one world size (node_split: a series each)."""
     series: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     runs = [r for r in completed(records) if (r.get("throughput") or {}).get("tokens_per_s") is not None]
     sweeps = sweep_labels([sweep_of(r) for r in runs], names)
     base = lambda r: (sweeps.get(_norm(sweep_of(r)), ""), str(r.get("strategy")), r.get("global_batch_size") or 0)  # noqa: E731
     # the LR rule and run length change no speed: their runs are repeats here
     apart = _apart(runs, base, pooled=("lr_scaling.", "trainer.max_steps"))
+    layout = node_split(runs, lambda r: (*base(r), apart[id(r)]))
     for r in runs:
-        key = (*base(r), _suffix(r, group_by, bool(sweeps)) + apart[id(r)])
+        key = (*base(r), layout[id(r)] + _suffix(r, group_by, bool(sweeps)) + apart[id(r)])
         series[key][r["world_size"]].append(float(r["throughput"]["tokens_per_s"]))
     traces = [{"name": f"{sw}: {st} b{b}{sx}" if sw else f"{st} b{b}{sx}", "x": sorted(v),
                "y": [_median(v[w]) for w in sorted(v)], "strategy": st}
@@ -200,13 +105,35 @@ def throughput(records: list[dict], group_by: str | None = None, names: dict | N
     return chart("throughput", "Throughput vs world size", "world size", "tokens/s", traces, notes=notes)
 
 
+# Where the strategy config says a model state lives in host memory (conf/strategy/zero*.yaml): ZeRO-
+# Offload keeps the optimizer state and the fp32 gradient partition it steps in host memory, ZeRO-3
+# parameter offload the parameter partition too. The record's breakdown counts them (strategies/
+# deepspeed.py state_bytes / grad_bytes: "host and device memory together"), so stacked under a
+# device peak they made bars above it (4 GiB peak, 1 + 2 + 6 GiB of states: a 9 GiB bar).
+_OFFLOADS = (("offload_optimizer", ("grads", "optimizer")), ("offload_params", ("params",)))
+_OFFLOAD_BY_NAME = {"zero2_offload": ("grads", "optimizer"), "zero3_offload": ("params", "grads", "optimizer")}
+
+
+def offloaded(rec: dict) -> tuple[str, ...]:
+    """The model-state parts (params, grads, optimizer) RECORD's strategy keeps in host memory:
+    from its config's offload keys, else (a record without them) from the strategy's name."""
+    strat = (rec.get("config") or {}).get("strategy") or {}
+    if any(k in strat for k, _ in _OFFLOADS):
+        away = {p for k, parts in _OFFLOADS if strat.get(k) not in (None, False, "none") for p in parts}
+    else:
+        away = set(_OFFLOAD_BY_NAME.get(str(rec.get("strategy")), ()))
+    return tuple(p for p in ("params", "grads", "optimizer") if p in away)
+
+
 def memory(records: list[dict]) -> dict:
     """Per-rank memory (MiB) stacked: params, grads, optimizer state, and the rest of the peak
     (activations + runtime) = peak device memory where measured (GPUs), else peak RSS, minus the
-    model states."""
+    model states. On GPUs only what is on the device is stacked: offloaded states (offloaded) are
+    in the hover text and a note. The stack never exceeds the measured peak (a part cut at it is
+    noted)."""
     parts = ("params", "grads", "optimizer")
     names = ("params", "grads", "optimizer state", "activations + runtime")
-    x, ys, text, skipped = [], [[] for _ in names], [], []
+    x, ys, text, skipped, hosted, cut = [], [[] for _ in names], [], [], [], []
     labels = job_labels(records)   # one bar per run: two runs named alike stacked into one before
     for r in completed(records):
         mem = r.get("memory") or {}
@@ -216,14 +143,28 @@ def memory(records: list[dict]) -> dict:
         if not states or len(peaks) != len(states):
             skipped.append((job_name(r, labels), "no per-rank model-state breakdown in run.json"))
             continue
+        # on CPU ranks host and device are one RAM: every state is in the RSS peak
+        away = offloaded(r) if device else ()
+        if away:
+            hosted.append(job_name(r, labels))
         for i, (st, peak) in enumerate(zip(states, peaks)):
             x.append(f"{job_name(r, labels)} r{i}")
-            text.append(f"{r.get('strategy')} x{r.get('world_size')}: peak {what} {peak / MIB:.1f} MiB")
-            vals = [st.get(p) or 0 for p in parts]
-            for j, v in enumerate(vals + [max(0, peak - sum(vals))]):
+            host = sum(st.get(p) or 0 for p in away)
+            text.append(f"{r.get('strategy')} x{r.get('world_size')}: peak {what} {peak / MIB:.1f} MiB"
+                        + (f"; in host memory, not stacked: {host / MIB:.1f} MiB ({', '.join(away)})" if away else ""))
+            vals, room = [], peak
+            for p in parts:
+                v = 0 if p in away else (st.get(p) or 0)
+                vals.append(min(v, room))
+                room -= vals[-1]
+            if vals != [0 if p in away else (st.get(p) or 0) for p in parts]:
+                cut.append((job_name(r, labels), f"model states above the measured peak {what}, cut at it"))
+            for j, v in enumerate(vals + [room]):
                 ys[j].append(v / MIB)
     traces = [{"name": n, "x": x, "y": y, "text": text} for n, y in zip(names, ys)] if x else []
-    notes = by_reason(skipped, "not shown, ")
+    notes = by_reason(skipped, "not shown, ") + by_reason(cut)
+    notes += [f"offloaded to host memory, so not in the device bar (sizes in the hover text): {', '.join(hosted)}"
+              ] if hosted else []
     if not x:
         notes.append("no completed run with a memory breakdown")
     return chart("memory", "Memory per rank, stacked", "run / rank", "MiB (peak: device on GPUs, RSS on CPU)",
@@ -247,24 +188,52 @@ def loss_curves(records: list[dict]) -> dict:
                  notes=[] if traces else ["no completed run with a loss curve"])
 
 
+# Strategies that step on the exact gradient of the whole global batch, so at one global batch they
+# all train the same model and their final losses pool. The registry (strategies/registry.py) has no
+# flag for it, so the list is here. Not in it: `single` at N > 1 ranks (N independent replicas, each
+# on 1/N of the batch: strategies/single.py), local_sgd (no gradient all-reduce; replicas averaged
+# every few steps), ddp_compress / ddp_powersgd (a lossy gradient all-reduce). A strategy not listed
+# (a new one, until it is added here) is a series of its own rather than pooled on trust.
+EXACT_GRADIENT = frozenset({"ddp", "fsdp", "fsdp_grad_op", "fsdp_tp", "tp", "nd", "pipeline", "zero1", "zero2",
+                            "zero3", "zero2_offload", "zero3_offload"})
+
+
+def exact_gradient(rec: dict) -> bool:
+    """Whether the run stepped on the exact global-batch gradient (EXACT_GRADIENT; one rank of
+    `single` does): a listed strategy whose config sets no lossy comm hook nor local SGD
+    (`strategy=ddp strategy.comm_hook=powersgd` is ddp_powersgd by another name)."""
+    strat = (rec.get("config") or {}).get("strategy") or {}
+    if strat.get("comm_hook") not in (None, "none") or strat.get("local_sgd_period") is not None:
+        return False
+    return rec.get("strategy") in EXACT_GRADIENT or (rec.get("strategy") == "single" and rec.get("world_size") == 1)
+
+
 def lr_scaling(records: list[dict], names: dict | None = None) -> dict:
     """Final loss vs global batch size, one series per sweep (where there are several) and LR rule
-    (median over the runs of each batch size); the text is the LR each rule used at that batch."""
+    (median over the runs of each batch size); the text is the LR each rule used at that batch.
+    Runs of exact-gradient strategies pool (exact_gradient); any other run is a series of its
+    strategy and world size. A NaN or infinite loss (diverged) is left out of the median and
+    counted in the text."""
     series: dict[tuple, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     runs = [r for r in completed(records) if (r.get("loss") or {}).get("final") is not None]
     sweeps = sweep_labels([sweep_of(r) for r in runs], names)
     base = lambda r: (sweeps.get(_norm(sweep_of(r)), ""), str(r.get("lr_rule")))  # noqa: E731
-    # strategies and world sizes pooled: each computes the same loss at one global batch
+    # strategies and world sizes pooled where each computes the same loss at one global batch
     apart = _apart(runs, base, pooled=("strategy.", "lr_scaling.rule", "lr_scaling.decay", "data.micro_batch_size"))
     for r in runs:
-        series[(*base(r), apart[id(r)])][r.get("global_batch_size") or 0].append(r)
+        own = "" if exact_gradient(r) else f" {r.get('strategy')} x{r.get('world_size')}"
+        series[(*base(r), own + apart[id(r)])][r.get("global_batch_size") or 0].append(r)
     traces = []
     for (sweep, rule, sx), by_batch in sorted(series.items()):
         xs = sorted(by_batch)
+        finals = {b: [m["loss"]["final"] for m in by_batch[b]] for b in xs}
+        bad = {b: len(v) - len([f for f in v if finite_median([f]) is not None]) for b, v in finals.items()}
         traces.append({"name": (f"{sweep}: lr_rule={rule}" if sweep else f"lr_rule={rule}") + sx, "x": xs,
-                       "y": [_median([m["loss"]["final"] for m in by_batch[b]]) for b in xs],
+                       "y": [finite_median(finals[b]) for b in xs],
                        "text": [", ".join(f"lr {v:.3g}" for v in sorted({m.get("lr") for m in by_batch[b]
                                                                         if m.get("lr") is not None}))
+                                + (f"; {bad[b]} of {len(finals[b])} diverged (NaN/inf loss, not in the median)"
+                                   if bad[b] else "")
                                 for b in xs]})
     return chart("lr_scaling", "Batch size x LR rule", "global batch size", "final loss (median over runs)",
                  traces, notes=[] if traces else ["no completed run with a final loss"])

@@ -131,6 +131,15 @@ def base_record(cfg: dict, batch, lr: float, world_size: int, plan_degrees: dict
     }
 
 
+def num_nodes(rec: dict) -> int:
+    """The nodes a run spanned: run.json num_nodes, else its config's trainer.num_nodes, else 1 (a
+    record from before num_nodes was written ran on one node)."""
+    n = rec.get("num_nodes")
+    if n is None:
+        n = ((rec.get("config") or {}).get("trainer") or {}).get("num_nodes")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
+
+
 class BadRecord(ValueError):
     """A run.json that cannot be used: not JSON, not an object, or missing / mistyped keys."""
 

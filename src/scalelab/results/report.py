@@ -147,15 +147,23 @@ def tables(records: list[dict], group_by: str | None = None) -> tuple[str, str]:
     return summary, full
 
 
+# The run table's click-to-sort. A cell that is no value ("-") or no finite number ("nan", "inf": a
+# diverged loss) sorts last either way, as `compare --sort` puts them: "nan" sorted as text among
+# numbers left the column out of order.
 SORT_JS = """
 document.querySelectorAll('table.sortable').forEach(t=>{t.querySelectorAll('th').forEach((th,i)=>{
  th.addEventListener('click',()=>{const tb=t.tBodies[0],rows=[...tb.rows],asc=th.dataset.dir!=='asc';
   t.querySelectorAll('th').forEach(h=>delete h.dataset.dir);th.dataset.dir=asc?'asc':'desc';
-  const v=r=>{const s=r.cells[i].textContent.replace(/\\*$/,'');const n=parseFloat(s);
-   return s==='-'?null:(isFinite(n)&&/^[-+0-9.eE]+$/.test(s)?n:s);};
-  rows.sort((a,b)=>{const x=v(a),y=v(b);if(x===null)return 1;if(y===null)return -1;
-   const c=(typeof x==='number'&&typeof y==='number')?x-y:String(x).localeCompare(String(y));return asc?c:-c;});
+  rows.sort((a,b)=>sortCmp(a.cells[i].textContent,b.cells[i].textContent,asc));
   rows.forEach(r=>tb.appendChild(r));});});});
+"""
+CMP_JS = """
+function sortVal(text){const s=text.replace(/\\*$/,'');const n=parseFloat(s);
+ if(s==='-'||/^[-+]?(nan|inf|infinity)$/i.test(s.trim()))return null;
+ return isFinite(n)&&/^[-+0-9.eE]+$/.test(s)?n:s;}
+function sortCmp(p,q,asc){const x=sortVal(p),y=sortVal(q);
+ if(x===null||y===null)return (x===null)-(y===null);
+ const c=(typeof x==='number'&&typeof y==='number')?x-y:String(x).localeCompare(String(y));return asc?c:-c;}
 """
 # Installed before Plotly: every error on the page (scripts, promises, blocked requests) is kept.
 PROBE_JS = """window.__scalelabErrors=[];
@@ -219,7 +227,7 @@ def render_html(records: list[dict], summaries: list[dict], group_by: str | None
 <h2>Failed runs</h2>{fail_html}
 <details><summary><b>Every run.json field</b> (flattened; long lists shown as their length)</summary>{full}</details>
 <pre id="scalelab-selfcheck" hidden></pre>
-<script>const FIGS={_js(figs)};{DRAW_JS}{SORT_JS}</script>
+<script>const FIGS={_js(figs)};{DRAW_JS}{CMP_JS}{SORT_JS}</script>
 </body></html>
 """
 

@@ -122,7 +122,11 @@ def log_summary(logger, record: dict) -> None:
                "memory/peak_rss_bytes_max": max(record["memory"]["peak_rss_bytes_per_rank"]),
                "memory/model_state_bytes_max": max(record["memory"]["model_state_bytes_per_rank"]),
                "loss/final": record["loss"]["final"], "lr/used": record["lr"]}
-    if record.get("mfu"):
+    # the device's own peak (GPUs): the memory a run is short of; RSS above is host memory only
+    device = [b for b in record["memory"].get("peak_device_bytes_per_rank") or [] if b is not None]
+    if device:
+        summary["memory/peak_device_bytes_max"] = max(device)
+    if record.get("mfu") and record["mfu"].get("value") is not None:
         summary["mfu"] = record["mfu"]["value"]
     if record.get("breakdown"):
         b = record["breakdown"]

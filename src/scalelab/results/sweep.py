@@ -4,6 +4,10 @@ Two groupings, each against the smallest world size in the group (the baseline):
 - strong scaling: same global batch (each rank does less work as N grows);
 - weak scaling: same per-rank batch (the global batch grows with N).
 efficiency(N) = throughput(N) / (N x throughput(N0) / N0)
+
+A group holds every node layout of its world sizes (1 node x 2 devices and 2 nodes x 1 device are
+both N = 2), each run with its own efficiency; the baseline is chosen, never left to folder order
+(baseline_key): the smallest world, a steady run before a short one, the fewest nodes.
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from scalelab.results.record import read_records, write_json
+from scalelab.results.record import num_nodes, read_records, write_json
 
 SWEEP_FILE = "sweep.json"
 # Keys that legitimately change with the world size inside one scaling group. Not
@@ -42,6 +46,15 @@ def efficiency(thr: float, world: int, base_thr: float, base_world: int) -> floa
     return thr / (world * base_thr / base_world)
 
 
+def baseline_key(rec: dict) -> tuple:
+    """The order the baseline is the first of: the smallest world size; there, a run with enough
+    measured steps before a short_run one (a few steps' throughput is no steady figure, and every
+    efficiency is divided by it); then the fewest nodes (the intra-node layout, with no network
+    in its figure); then the job folder, so the choice never depends on the order folders are read."""
+    return (rec["world_size"], bool(rec.get("short_run")), num_nodes(rec),
+            str((rec.get("job") or {}).get("record_path") or ""), str((rec.get("job") or {}).get("name") or ""))
+
+
 def aggregate(sweep_dir: Path | str, write: bool = True, problems: list[str] | None = None) -> dict:
     """The sweep's summary. run.json files that cannot be used (corrupt, truncated, wrongly
     shaped: results.record.record_problem) are skipped and listed in `skipped` ("PATH: reason",
@@ -64,18 +77,23 @@ def aggregate(sweep_dir: Path | str, write: bool = True, problems: list[str] | N
             worlds = {m["world_size"] for m in members}
             if len(worlds) < 2 or (kind == "weak" and len({m["global_batch_size"] for m in members}) < 2):
                 continue  # a weak group whose global batch never changed is the strong group again
-            base = min(members, key=lambda m: m["world_size"])
+            base = min(members, key=baseline_key)
             b_thr, b_world = base["throughput"]["samples_per_s"], base["world_size"]
             groups.append({
                 "kind": kind, "strategy": base["strategy"], "baseline_job": base["job"].get("name"),
                 "baseline_dir": _rel(base, sweep_dir),
-                "baseline_world_size": b_world, "baseline_samples_per_s": b_thr,
+                "baseline_world_size": b_world, "baseline_num_nodes": num_nodes(base),
+                "baseline_samples_per_s": b_thr,
+                # every run at the smallest world was short: the efficiencies are against a figure
+                # that is not steady-state (the table and charts say so)
+                "baseline_short_run": bool(base.get("short_run")),
                 "runs": [{"job": m["job"].get("name"), "dir": _rel(m, sweep_dir), "world_size": m["world_size"],
-                          "global_batch_size": m["global_batch_size"],
+                          "num_nodes": num_nodes(m), "global_batch_size": m["global_batch_size"],
                           "samples_per_s": m["throughput"]["samples_per_s"],
                           "scaling_efficiency": efficiency(m["throughput"]["samples_per_s"], m["world_size"],
                                                            b_thr, b_world)}
-                         for m in sorted(members, key=lambda m: m["world_size"])],
+                         for m in sorted(members, key=lambda m: (m["world_size"], num_nodes(m),
+                                                                 str(m["job"].get("record_path") or "")))],
             })
     failed = [{"job": r["job"].get("name"), "strategy": r.get("strategy"), "world_size": r.get("world_size"),
                "error": r.get("error")} for r in records if r.get("status") != "completed"]
@@ -126,18 +144,19 @@ def summary_run_id(sweep_dir: Path | str) -> str | None:
 
 
 def attach_efficiency(records: list[dict], summary: dict) -> None:
-    """Put each run's efficiency (strong preferred) and its group's baseline world size on its
-    record, for tables (a group whose 1-device run failed or is missing is measured against its
-    smallest completed world, and the table says so). Runs are matched by where they are (their
-    job folder in the summary's sweep), so SUMMARY's figures land on its own runs only: keyed by
-    job name, a sweep `A/sw` showed `B/sw`'s efficiency for its job "sw/1". Only where one side has
-    no folder (a record not read from a file, an older summary) is a run matched by job name."""
-    by_dir: dict[str, tuple[float, int, str]] = {}
-    by_name: dict[str, tuple[float, int, str]] = {}      # every run
-    no_dir: dict[str, tuple[float, int, str]] = {}       # runs without a folder
+    """Put each run's efficiency (strong preferred), its group's baseline world size and whether
+    that baseline was a short run on its record, for tables (a group whose 1-device run failed or
+    is missing is measured against its smallest completed world, and the table says so). Runs are
+    matched by where they are (their job folder in the summary's sweep), so SUMMARY's figures land
+    on its own runs only: keyed by job name, a sweep `A/sw` showed `B/sw`'s efficiency for its job
+    "sw/1". Only where one side has no folder (a record not read from a file, an older summary) is
+    a run matched by job name."""
+    by_dir: dict[str, tuple] = {}
+    by_name: dict[str, tuple] = {}      # every run
+    no_dir: dict[str, tuple] = {}       # runs without a folder
     for g in sorted(summary["groups"], key=lambda g: g["kind"] != "weak"):  # strong written last wins
         for run in g["runs"]:
-            figures = (run["scaling_efficiency"], g["baseline_world_size"], g["kind"])
+            figures = (run["scaling_efficiency"], g["baseline_world_size"], g["kind"], bool(g.get("baseline_short_run")))
             by_name[run["job"]] = figures
             key = run_key(summary, run.get("dir"))
             if key:
@@ -148,7 +167,8 @@ def attach_efficiency(records: list[dict], summary: dict) -> None:
         key, name = job_key(r), (r.get("job") or {}).get("name")
         figures = (by_dir.get(key) or no_dir.get(name)) if key else by_name.get(name)
         if figures:
-            r["scaling_efficiency"], r["scaling_baseline_world"], r["scaling_kind"] = figures
+            (r["scaling_efficiency"], r["scaling_baseline_world"], r["scaling_kind"],
+             r["scaling_baseline_short"]) = figures
 
 
 # What marks a sweep folder: Hydra writes multirun.yaml into every multirun's sweep dir, and

@@ -7,12 +7,18 @@ import csv
 import io
 import json
 
+from scalelab.results.record import num_nodes
+# The selection lives in results/select.py; its names stay importable from here (cli, report, charts).
+from scalelab.results.select import (MISSING, WANDB_KEYS, SelectError, _order, _show, check_key, flatten,  # noqa: F401
+                                     group_records, lookup, sort_key, sort_records)
+
 COLUMNS = [  # (header, getter, format)
     ("job", lambda r: r.get("job", {}).get("name", ""), "{}"),
     ("model", lambda r: (r.get("model") or {}).get("name"), "{}"),          # shown where runs differ in it
     ("precision", lambda r: _PRECISION.get(str(r.get("precision")), r.get("precision")), "{}"),  # (VARYING_ONLY)
     ("strategy", lambda r: r.get("strategy"), "{}"),
     ("world", lambda r: r.get("world_size"), "{}"),
+    ("nodes", lambda r: num_nodes(r), "{}"),                               # (MULTI_NODE_ONLY)
     ("batch", lambda r: r.get("global_batch_size"), "{}"),
     ("micro x acc", lambda r: _micro_split(r), "{}"),
     ("lr rule", lambda r: r.get("lr_rule"), "{}"),                          # (VARYING_ONLY)
@@ -58,6 +64,21 @@ def _kib(b):
 
 SHORT_MARK = "*"
 SHORT_NOTE = f"{SHORT_MARK} fewer than 5 measured steps: not steady-state figures (raise trainer.max_steps)"
+SHORT_BASE_NOTE = ("efficiency (vs ... short run): every run at its group's smallest world size was a short run, so "
+                   "the efficiencies are against a figure that is not steady-state")
+
+
+def vs_baseline(world: int, short: bool | None) -> str:
+    """What an efficiency is measured against where that is not a steady 1-device run: " (vs 2)" (no
+    1-device run completed in the group), " (vs short run)", " (vs 2, short run)"."""
+    said = ([f"{world}"] if world > 1 else []) + (["short run"] if short else [])
+    return f" (vs {', '.join(said)})" if said else ""
+
+
+def notes(records: list[dict]) -> list[str]:
+    """The footnotes the table's marks need."""
+    return (([SHORT_NOTE] if any(r.get("short_run") for r in records) else [])
+            + ([SHORT_BASE_NOTE] if any(r.get("scaling_baseline_short") for r in records) else []))
 
 
 def job_labels(records: list[dict]) -> dict[int, str]:
@@ -101,8 +122,8 @@ def _cells(rec: dict, columns, label: str | None = None) -> list[str]:
             cell += SHORT_MARK
         if head == "efficiency" and cell != "-" and rec.get("scaling_kind") == "weak":
             cell += " weak"    # same per-rank batch (a run in both kinds of group shows its strong one)
-        if head == "efficiency" and cell != "-" and (rec.get("scaling_baseline_world") or 1) > 1:
-            cell += f" (vs {rec['scaling_baseline_world']})"   # no 1-device run completed in its group
+        if head == "efficiency" and cell != "-":
+            cell += vs_baseline(rec.get("scaling_baseline_world") or 1, rec.get("scaling_baseline_short"))
         out.append(cell)
     return out
 
@@ -111,6 +132,9 @@ def _cells(rec: dict, columns, label: str | None = None) -> list[str]:
 # before, while runs of two models side by side are told apart (their rows were identical but
 # for a 20x throughput gap).
 VARYING_ONLY = ("model", "precision", "lr rule")
+# Shown only where some run spans nodes: 1 node x 2 devices and 2 nodes x 1 device are both world 2
+# (a scaling group holds both; its baseline is the 1-node one), and their rows read the same without it.
+MULTI_NODE_ONLY = ("nodes",)
 IDENTITY = ("job", *VARYING_ONLY, "strategy")   # what a row is: left-aligned, never wrapped
 # one spelling per precision (the trainer takes Lightning's aliases)
 _PRECISION = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed", "64": "64-true"}
@@ -122,14 +146,11 @@ def _columns(records: list[dict]):
     out = []
     for c in COLUMNS:
         values = {str(v) for v in map(c[1], records) if v not in (None, "", [])}
+        if c[0] in MULTI_NODE_ONLY and not any((c[1](r) or 1) > 1 for r in records):
+            continue
         if values and (c[0] not in VARYING_ONLY or len(values) > 1):
             out.append(c)
     return out
-
-
-def sort_key(r: dict):
-    return (str(r.get("strategy")), r.get("global_batch_size") or 0, r.get("world_size") or 0,
-            str(r.get("job", {}).get("name", "")))
 
 
 def render(records: list[dict], fmt: str = "table", group_by: str | None = None, sort: str | None = None,
@@ -156,7 +177,7 @@ def render(records: list[dict], fmt: str = "table", group_by: str | None = None,
         raise ValueError(f"format {fmt!r} is not known: choose {', '.join(FORMATS)}")
     cols = _columns(records)
     heads = [c[0] for c in cols]
-    note = [SHORT_NOTE] if any(r.get("short_run") for r in records) else []
+    note = notes(records)
     sections = group_records(records, group_by) if group_by else [(None, records)]
     labels = job_labels(records)
     out = []
@@ -208,7 +229,7 @@ def rich_table(records: list[dict], group_by: str | None = None, sort: str | Non
     cols = [c for c in _columns(records) if c[0] != "status"]
     labels = job_labels(records)
     cell = {id(r): _cells(r, cols, labels.get(id(r))) for r in records}
-    short = [SHORT_NOTE] if any(r.get("short_run") for r in records) else []
+    short = notes(records)
 
     def build(members, hidden, title=None, status=True):
         keep = [i for i, c in enumerate(cols) if c[0] not in hidden]
@@ -235,57 +256,6 @@ def rich_table(records: list[dict], group_by: str | None = None, sort: str | Non
             hidden.append(head)
     return [build(members, hidden, f"{group_by} = {_show(value)}" if group_by else None)
             for value, members in (group_records(records, group_by) if group_by else [(None, records)])]
-
-
-# ---------------------------------------------------------------------------------------------
-# Selection: keys, --where, --sort, --group-by
-# ---------------------------------------------------------------------------------------------
-MISSING = object()
-# W&B metric names (results.run_logger.log_summary, the sweep summary) that are not a run.json path as written.
-WANDB_KEYS = {
-    "step_time/median_s": lambda r: _path(r, "step_time_s.median"),
-    "step_time/p90_s": lambda r: _path(r, "step_time_s.p90"),
-    "memory/peak_rss_bytes_max": lambda r: _max(_path(r, "memory.peak_rss_bytes_per_rank")),
-    "memory/model_state_bytes_max": lambda r: _max(_path(r, "memory.model_state_bytes_per_rank")),
-    "lr/used": lambda r: _path(r, "lr"),
-    "mfu": lambda r: _path(r, "mfu.value"),
-    "job": lambda r: _path(r, "job.name"),
-}
-
-
-def _max(v):
-    return max(v) if isinstance(v, list) and v else MISSING
-
-
-def _path(rec, key: str):
-    cur = rec
-    for part in key.split("."):
-        if isinstance(cur, dict) and part in cur:
-            cur = cur[part]
-        elif isinstance(cur, list) and part.lstrip("-").isdigit() and -len(cur) <= int(part) < len(cur):
-            cur = cur[int(part)]
-        else:
-            return MISSING
-    return cur
-
-
-def lookup(rec: dict, key: str):
-    """The value of KEY in a record (MISSING when it has none): a dotted path into run.json
-    (`throughput.tokens_per_s`, `config.optim.name`, `memory.peak_rss_bytes_per_rank.0`) or a W&B
-    metric name (`throughput/tokens_per_s`, `step_time/median_s`, `loss/final`)."""
-    if key in WANDB_KEYS:
-        return WANDB_KEYS[key](rec)
-    return _path(rec, key.replace("/", "."))
-
-
-class SelectError(ValueError):
-    """A bad --where/--sort/--group-by key or expression (one line for the user)."""
-
-
-def check_key(records: list[dict], key: str, option: str) -> None:
-    if not key or all(lookup(r, key) is MISSING for r in records):
-        raise SelectError(f"{option} {key!r}: no run has this key (keys are dotted paths into run.json or W&B "
-                          "metric names, e.g. strategy, world_size, throughput.tokens_per_s, config.optim.name)")
 
 
 # The keys a table column shows as they are (its getter returns the key's value unchanged): --where
@@ -344,48 +314,3 @@ def filter_records(records: list[dict], wheres: list[str]) -> list[dict]:
                                                           + (", ..." if len(have) > 12 else "") if have else ""))
         records = kept
     return records
-
-
-def _order(v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return (1, 0.0, _show(v))
-    return (0, float(v), "")
-
-
-def sort_records(records: list[dict], key: str | None) -> list[dict]:
-    """By KEY (`-KEY`: descending); runs without it (or with null) last; ties in the default order."""
-    records = sorted(records, key=sort_key)
-    if not key:
-        return records
-    desc, key = key.startswith("-"), key.lstrip("-")
-    check_key(records, key, "--sort")
-    have = [r for r in records if lookup(r, key) not in (MISSING, None)]
-    return (sorted(have, key=lambda r: _order(lookup(r, key)), reverse=desc)
-            + [r for r in records if lookup(r, key) in (MISSING, None)])
-
-
-def group_records(records: list[dict], key: str) -> list[tuple]:
-    """[(value, runs)] in the order of the values; runs keep their order."""
-    check_key(records, key, "--group-by")
-    groups: dict[str, tuple] = {}
-    for r in records:
-        v = lookup(r, key)
-        groups.setdefault(_show(v), (v, []))[1].append(r)
-    return sorted(groups.values(), key=lambda g: (g[0] is MISSING, _order(g[0])))
-
-
-def _show(v) -> str:
-    if v is MISSING:
-        return "(none)"
-    return json.dumps(v, default=str) if isinstance(v, (list, dict)) else str(v)
-
-
-def flatten(obj, prefix: str = "") -> dict:
-    """{dotted.key: value} of a record's leaves (lists stay whole)."""
-    out: dict = {}
-    if isinstance(obj, dict) and obj:
-        for k, v in obj.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out
-    out[prefix[:-1]] = obj
-    return out

@@ -6,20 +6,29 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from scalelab.results.record import num_nodes
 from scalelab.results.table import sort_key
 
-RUN_COLUMNS = ["job", "strategy", "world_size", "global_batch_size", "per_device_batch_size",
+RUN_COLUMNS = ["job", "strategy", "world_size", "num_nodes", "global_batch_size", "per_device_batch_size",
                "accumulate_grad_batches", "lr", "samples_per_s", "tokens_per_s", "step_time_median_s",
-               "step_time_p90_s", "peak_rss_bytes_max", "loss_final", "scaling_efficiency", "status", "error"]
+               "step_time_p90_s", "peak_rss_bytes_max", "peak_device_bytes_max", "mfu", "loss_final",
+               "scaling_efficiency", "status", "error"]
+
+
+def _max(values) -> int | None:
+    return max((m for m in values or [] if m is not None), default=None)
 
 
 def _row(r: dict) -> list:
-    mem = r.get("memory", {}).get("peak_rss_bytes_per_rank") or [None]
-    return [r.get("job", {}).get("name"), r.get("strategy"), r.get("world_size"), r.get("global_batch_size"),
-            r.get("per_device_batch_size"), r.get("accumulate_grad_batches"), r.get("lr"),
+    """One run as RUN_COLUMNS. The device's own peak (GPUs; None on CPU) beside the host RSS: on a
+    GPU the RSS says nothing of the memory that runs out."""
+    mem = r.get("memory") or {}
+    return [r.get("job", {}).get("name"), r.get("strategy"), r.get("world_size"), num_nodes(r),
+            r.get("global_batch_size"), r.get("per_device_batch_size"), r.get("accumulate_grad_batches"), r.get("lr"),
             r.get("throughput", {}).get("samples_per_s"), r.get("throughput", {}).get("tokens_per_s"),
             r.get("step_time_s", {}).get("median"), r.get("step_time_s", {}).get("p90"),
-            max((m for m in mem if m is not None), default=None), r.get("loss", {}).get("final"),
+            _max(mem.get("peak_rss_bytes_per_rank")), _max(mem.get("peak_device_bytes_per_rank")),
+            (r.get("mfu") or {}).get("value"), r.get("loss", {}).get("final"),
             r.get("scaling_efficiency"), r.get("status"), r.get("error")]
 
 
@@ -44,6 +53,11 @@ def charts(records: list[dict], summary: dict, cache_dir: Path | None = None) ->
             out[f"charts/{ch['id']}"] = wandb.plot.line(table, ch["x_title"], ch["y_title"], stroke="series",
                                                         title=ch["title"])
     return out
+
+
+def _nodes_tag(run: dict) -> str:
+    n = run.get("num_nodes") or 1
+    return f"n{n}" if n > 1 else ""
 
 
 def log_sweep(sweep_dir: Path, summary: dict, records: list[dict], project: str, mode: str,
@@ -80,10 +94,10 @@ def log_sweep(sweep_dir: Path, summary: dict, records: list[dict], project: str,
         run = wandb.init(mode="offline", **kw)
     try:
         runs = wandb.Table(columns=RUN_COLUMNS, data=[_row(r) for r in sorted(records, key=sort_key)])
-        eff = wandb.Table(columns=["kind", "strategy", "job", "world_size", "global_batch_size", "samples_per_s",
-                                   "scaling_efficiency", "baseline_job"],
-                          data=[[g["kind"], g["strategy"], m["job"], m["world_size"], m["global_batch_size"],
-                                 m["samples_per_s"], m["scaling_efficiency"], g["baseline_job"]]
+        eff = wandb.Table(columns=["kind", "strategy", "job", "world_size", "num_nodes", "global_batch_size",
+                                   "samples_per_s", "scaling_efficiency", "baseline_job"],
+                          data=[[g["kind"], g["strategy"], m["job"], m["world_size"], m.get("num_nodes") or 1,
+                                 m["global_batch_size"], m["samples_per_s"], m["scaling_efficiency"], g["baseline_job"]]
                                 for g in summary["groups"] for m in g["runs"]])
         run.log({"sweep/runs": runs, "sweep/scaling_efficiency": eff, **charts(records, summary, cache_dir)})
         run.summary.update({"sweep/num_runs": summary["num_runs"], "sweep/num_completed": summary["num_completed"],
@@ -95,11 +109,13 @@ def log_sweep(sweep_dir: Path, summary: dict, records: list[dict], project: str,
 
 
 def efficiency_keys(groups: list[dict]) -> dict:
-    """{efficiency/KIND/STRATEGY/xWORLD/bBATCH: efficiency}; where two groups share a key (a sweep
-    over models, seeds or micro-batch sizes at one strategy and batch), each names its baseline
-    job too (/base=JOB): the last group's value overwrote the others'."""
-    keyed = [(f"efficiency/{g['kind']}/{g['strategy']}/x{m['world_size']}/b{m['global_batch_size']}", g, m)
-             for g in groups for m in g["runs"]]
+    """{efficiency/KIND/STRATEGY/xWORLD/bBATCH: efficiency}, xWORLDnNODES for a run on more than
+    one node (one group holds 1 node x 2 devices and 2 nodes x 1 device, both x2: one key kept the
+    last run's value); where two groups share a key (a sweep over models, seeds or micro-batch
+    sizes at one strategy and batch), each names its baseline job too (/base=JOB): the last
+    group's value overwrote the others'."""
+    keyed = [(f"efficiency/{g['kind']}/{g['strategy']}/x{m['world_size']}{_nodes_tag(m)}/b{m['global_batch_size']}",
+              g, m) for g in groups for m in g["runs"]]
     groups_of: dict[str, set] = {}
     for key, g, _ in keyed:
         groups_of.setdefault(key, set()).add(id(g))
