@@ -60,7 +60,11 @@ class ByteCorpusDataModule(L.LightningDataModule):
         # (Lightning restores global_step before it asks for the dataloader).
         step = self.trainer.global_step if self.trainer is not None else 0
         epoch = self.trainer.current_epoch if self.trainer is not None else None
-        return self._loader(self.train_ds, shuffle=True, start_step=step, lightning_epoch=epoch)
+        loader = self._loader(self.train_ds, shuffle=True, start_step=step, lightning_epoch=epoch)
+        if self.trainer is not None:
+            align_epoch_progress(self.trainer.fit_loop.epoch_loop.batch_progress,
+                                 loader.sampler.first * loader.sampler.A)
+        return loader
 
     def val_dataloader(self) -> DataLoader:
         """The val split in order, sharded over data-parallel ranks: every rank gets the same
@@ -70,6 +74,27 @@ class ByteCorpusDataModule(L.LightningDataModule):
         sampler = ShardSampler(len(self.val_ds), self.dp_rank, self.dp_size)
         return DataLoader(self.val_ds, batch_size=self.micro_batch, sampler=sampler, drop_last=False,
                           num_workers=self.num_workers, collate_fn=_collate, pin_memory=self.pin_memory)
+
+
+def align_epoch_progress(batch_progress: Any, batches_done: int) -> None:
+    """Make Lightning's restored count of this epoch's batches the sampler's: `batches_done`
+    (the optimizer steps the sampler skips in its epoch x batches per step).
+
+    Lightning resumes mid-epoch by counting the restored in-epoch batches as fetched and ends the
+    epoch once the count reaches len(loader); it fast-forwards no data itself (the sampler does).
+    Its restored count is wrong for the sampler in two cases: a checkpoint written after a run
+    stopped at an epoch's last step (last.ckpt: the finished epoch's full count, so the next epoch
+    ended after one batch, stepping on a partial accumulation), and a resume with a different
+    accumulation count (a different world size at the same micro-batch: k x A_old batches, so
+    every later step straddled two global batches). Every counter moves by the same amount, so
+    Lightning's restart bookkeeping (which compares them) reads the same. Called before the fit
+    loop's reset, which reads them."""
+    shift = batches_done - batch_progress.current.ready
+    if not shift:
+        return
+    for tracker in (batch_progress.current, batch_progress.total):
+        for field in ("ready", "started", "processed", "completed"):
+            setattr(tracker, field, getattr(tracker, field) + shift)
 
 
 class BlockDataset(Dataset):

@@ -42,7 +42,11 @@ class GlobalBatchSampler(Sampler[int]):
             self.epoch, self.first = epoch, 0
 
     def __len__(self) -> int:
-        return (self.steps - self.first) * self.A * self.m
+        # The whole epoch, also when a resume starts part-way into it (__iter__ skips the steps
+        # done): Lightning counts the restored in-epoch batches as already fetched and ends the
+        # epoch at len(loader) batches, and never re-reads the length for later epochs. A
+        # shortened length made it end every epoch `first` steps early, skipping those batches.
+        return self.steps * self.A * self.m
 
     def __iter__(self) -> Iterator[int]:
         if self.shuffle:

@@ -1,0 +1,107 @@
+"""A resumed run trains on exactly the global batches the uninterrupted run would have, step for
+step, across epoch boundaries: the platform's data module and sampler, Lightning's fit loop and
+the platform's periodic checkpoint, on a corpus whose every block is tagged (block i starts with
+two letters naming i). 40 blocks, global batch 4: 10 optimizer steps per epoch, 25 steps run.
+
+Found broken (before sampler.__len__ covered the whole epoch and datamodule.align_epoch_progress):
+a resume at step 3 skipped steps 8-10 of epoch 0 and the last 3 steps of every later epoch; a
+last.ckpt written at an epoch's last step stepped once on half a batch; a resume with another
+accumulation count (another world size at the same micro-batch) straddled two global batches in
+every step."""
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+
+from scalelab.checkpointing import periodic_checkpoint
+from scalelab.data.datamodule import ByteCorpusDataModule
+from scalelab.data.prepare import prepare
+
+SEQ, BLOCKS, BATCH, STEPS = 7, 40, 4, 25
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tagged")
+    text = root / "corpus.txt"
+    # block i (SEQ+1 bytes: blocks overlap by one byte) = its tag "Xy" four times
+    tags = [bytes([65 + i % 26, 97 + i // 26]) for i in range(BLOCKS + 1)]
+    text.write_bytes(b"".join(t * 4 for t in tags)[:-1])
+    return prepare({"source": "files", "files": [str(text)], "val_fraction": 0.0}, SEQ, root / "cache", progress=False)
+
+
+class Stop(Exception):
+    pass
+
+
+class Tagged(L.LightningModule):
+    """Records the tags of every sample each optimizer step trains on."""
+
+    def __init__(self, stop_at=None):
+        super().__init__()
+        self.lin, self.stop_at, self.seen = torch.nn.Linear(SEQ + 1, 1), stop_at, {}
+
+    def training_step(self, batch, i):
+        step = self.seen.setdefault(int(self.trainer.global_step) + 1, [])
+        step.extend(bytes(row[:2].tolist()).decode() for row in batch)
+        return self.lin(batch.float()).mean()
+
+    def on_train_batch_end(self, *args):
+        if self.stop_at is not None and self.trainer.global_step >= self.stop_at:
+            raise Stop()           # a crash after the periodic checkpoint of this step
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+def fit(prepared, job, micro, max_steps=STEPS, stop_at=None, ckpt=None, every=None):
+    job.mkdir(parents=True, exist_ok=True)
+    module = Tagged(stop_at)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, max_epochs=-1,
+                        accumulate_grad_batches=BATCH // micro, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
+                        num_sanity_val_steps=0, limit_val_batches=0,
+                        callbacks=[periodic_checkpoint(job, every, 5)] if every else [])
+    try:
+        trainer.fit(module, datamodule=ByteCorpusDataModule(prepared, BATCH, micro, 0, 1, seed=1), ckpt_path=ckpt)
+    except Stop:
+        pass
+    return module.seen, trainer
+
+
+@pytest.fixture(scope="module")
+def reference(prepared, tmp_path_factory):
+    seen, _ = fit(prepared, tmp_path_factory.mktemp("ref"), micro=2)
+    assert sorted(seen) == list(range(1, STEPS + 1))
+    epoch0 = [tag for s in range(1, 11) for tag in seen[s]]
+    assert len(set(epoch0)) == BLOCKS          # an epoch is every block once (the tags can tell)
+    return seen
+
+
+@pytest.mark.parametrize("stop_at,micro_before,micro_after", [
+    (3, 2, 2),       # mid-epoch: the rest of epoch 0, then whole epochs
+    (6, 2, 2),       # past half an epoch
+    (3, 2, 1),       # accumulation 2 -> 4 (the same micro-batch at half the world size)
+    (3, 1, 2),       # accumulation 4 -> 2
+])
+def test_a_resume_from_a_periodic_checkpoint_continues_the_same_batches(prepared, reference, tmp_path,
+                                                                        stop_at, micro_before, micro_after):
+    fit(prepared, tmp_path / "job", micro_before, stop_at=stop_at, every=stop_at)
+    (ckpt,) = (tmp_path / "job" / "checkpoints").glob("step-*.ckpt")
+    resumed, trainer = fit(prepared, tmp_path / "job", micro_after, ckpt=str(ckpt))
+    assert trainer.global_step == STEPS
+    assert sorted(resumed) == list(range(stop_at + 1, STEPS + 1))
+    wrong = [s for s in resumed if sorted(resumed[s]) != sorted(reference[s])]
+    assert not wrong, f"steps {wrong} trained on other samples than the uninterrupted run's"
+
+
+@pytest.mark.parametrize("first_max", [6, 10])   # 10: stopped at the last step of epoch 0
+def test_train_it_longer_from_the_last_checkpoint_continues_the_same_batches(prepared, reference, tmp_path,
+                                                                              first_max):
+    _, first = fit(prepared, tmp_path / "a", micro=2, max_steps=first_max)
+    first.save_checkpoint(str(tmp_path / "last.ckpt"))     # what checkpoint.save writes after fit
+    resumed, trainer = fit(prepared, tmp_path / "b", micro=2, ckpt=str(tmp_path / "last.ckpt"))
+    assert trainer.global_step == STEPS and sorted(resumed) == list(range(first_max + 1, STEPS + 1))
+    wrong = [s for s in resumed if sorted(resumed[s]) != sorted(reference[s])]
+    assert not wrong, f"steps {wrong} trained on other samples than the uninterrupted run's"
