@@ -105,3 +105,53 @@ def test_train_it_longer_from_the_last_checkpoint_continues_the_same_batches(pre
     assert trainer.global_step == STEPS and sorted(resumed) == list(range(first_max + 1, STEPS + 1))
     wrong = [s for s in resumed if sorted(resumed[s]) != sorted(reference[s])]
     assert not wrong, f"steps {wrong} trained on other samples than the uninterrupted run's"
+
+
+class LRs(L.Callback):
+    def __init__(self):
+        self.at = {}
+
+    def on_train_batch_start(self, trainer, module, batch, i):
+        self.at[int(trainer.global_step) + 1] = trainer.optimizers[0].param_groups[0]["lr"]
+
+
+def fit_lm(prepared, job, max_steps, stop_at=None, ckpt=None):
+    """The platform's LitModule (cosine decay after a 10 % warmup) on a 1-layer GPT."""
+    from scalelab.models.gpt import GPTConfig
+    from scalelab.models.lit import LitModule
+
+    class Stopping(LitModule):
+        def on_train_batch_end(self, *args):
+            if stop_at is not None and self.trainer.global_step >= stop_at:
+                raise Stop()
+
+    job.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    module = Stopping(GPTConfig(n_layers=1, n_heads=2, d_model=16, seq_len=SEQ, vocab_size=256), "lm",
+                      torch.optim.SGD, 1.0, max_steps, 0.1, "cosine", 0.1)
+    lrs = LRs()
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, max_epochs=-1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        use_distributed_sampler=False, num_sanity_val_steps=0, limit_val_batches=0,
+                        callbacks=[lrs] + ([periodic_checkpoint(job, stop_at, 5)] if stop_at else []))
+    try:
+        trainer.fit(module, datamodule=ByteCorpusDataModule(prepared, BATCH, BATCH, 0, 1, seed=1), ckpt_path=ckpt)
+    except Stop:
+        pass
+    return lrs.at
+
+
+def test_a_run_trained_longer_follows_its_own_lr_schedule(prepared, tmp_path):
+    """max_steps 20 -> 40, resumed at 12: steps 13-40 use the 40-step schedule, the LRs a fresh
+    40-step run uses (cosine from 1.0 to 0.1 after 4 warmup steps), not the 20-step one's
+    restored state (whose cosine ends at step 20 and climbs back after it)."""
+    fresh = fit_lm(prepared, tmp_path / "fresh", 40)
+    fit_lm(prepared, tmp_path / "job", 20, stop_at=12)
+    (ckpt,) = (tmp_path / "job" / "checkpoints").glob("step-*.ckpt")
+    resumed = fit_lm(prepared, tmp_path / "job", 40, ckpt=str(ckpt))
+    assert sorted(resumed) == list(range(13, 41))
+    # by hand: step s >= 5 trains at 0.1 + 0.9 (1 + cos(pi (s - 5) / 36)) / 2
+    import math
+    for s in (13, 23, 40):
+        assert fresh[s] == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * (s - 5) / 36)))
+    assert [resumed[s] for s in range(13, 41)] == pytest.approx([fresh[s] for s in range(13, 41)])

@@ -165,3 +165,49 @@ class LitModule(L.LightningModule):
         opt = self.make_optimizer(self.parameters(), lr=self.lr, **self._fused_on_gpu())
         sched = build_scheduler(opt, **self.schedule)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # ---- the LR schedule of a run trained longer ------------------------------------------------
+    # Lightning restores the scheduler's saved state over the one configure_optimizers built: a
+    # run resumed with a larger trainer.max_steps ("train it longer") kept the earlier run's cosine
+    # length and warmup, and its LR climbed back up past the old end (100 -> 200 steps, resumed at
+    # 60: LR 0.63 of peak at step 150 and 0.98 at 199, where a 200-step run has 0.26 and 0.10).
+    # The checkpoint records the schedule it ran; where this run's differs, the schedule from the
+    # resumed step on is this run's own, as if it had been planned this long from step 0.
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["scalelab_schedule"] = {**self.schedule, "lr": self.lr}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._saved_schedule = checkpoint.get("scalelab_schedule")
+
+    def on_train_start(self) -> None:
+        saved, now = getattr(self, "_saved_schedule", None), {**self.schedule, "lr": self.lr}
+        if saved is None or saved == now:
+            return
+        step = int(self.trainer.global_step)
+        for config in self.trainer.lr_scheduler_configs:
+            lr = follow_schedule(config.scheduler, self.schedule, self.lr, step)
+        changed = "; ".join(f"{k} {saved.get(k)} -> {v}" for k, v in now.items() if saved.get(k) != v)
+        from lightning.pytorch.utilities import rank_zero_info
+        rank_zero_info(f"resumed at step {step} with another LR schedule ({changed}): from here on it is "
+                       f"this run's own (LR now {lr:.3g})")
+
+
+def follow_schedule(scheduler: Any, schedule: dict, lr: float, step: int) -> float:
+    """Put `scheduler` (and its optimizer's LR) where a scheduler built by build_scheduler(**schedule)
+    from peak LR `lr` is after `step` steps: one is built on a one-parameter scratch optimizer and
+    stepped there (torch's chained schedulers compute each LR from the previous one, so a state is
+    reached by stepping), then its state is loaded. Returns the LR now."""
+    import warnings
+
+    scratch_opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    scratch = build_scheduler(scratch_opt, **schedule)
+    with warnings.catch_warnings():     # "lr_scheduler.step() before optimizer.step()": no training here
+        warnings.simplefilter("ignore")
+        for _ in range(step):
+            scratch.step()
+    scheduler.load_state_dict(scratch.state_dict())
+    now = scratch_opt.param_groups[0]["lr"]
+    for group in scheduler.optimizer.param_groups:
+        group["initial_lr"], group["lr"] = lr, now
+    return now
