@@ -242,6 +242,25 @@ def test_cache_key_changes_with_version_and_content_and_is_reused_otherwise(tmp_
     assert not list((tmp_path / "data").glob(".tmp-*"))  # write-then-rename left no temp folder
 
 
+def test_the_stdlib_corpus_key_names_the_python_it_came_from(monkeypatch, tmp_path):
+    """Two virtualenvs of two Pythons sharing ~/.cache/scalelab must not share the stdlib corpus."""
+    before = prepared_dir({"source": "stdlib"}, T, tmp_path)
+    monkeypatch.setattr(corpus.platform, "python_version", lambda: "3.99.0")
+    assert prepared_dir({"source": "stdlib"}, T, tmp_path) != before
+
+
+def test_a_prepared_folder_is_as_readable_as_the_umask_says(tmp_path):
+    """mkdtemp's 0700 survived the rename: a team cache was its first user's only."""
+    import os
+
+    old = os.umask(0o002)
+    try:
+        out = prepare(files_cfg(write_text(tmp_path / "n.txt", 5_000)), T, tmp_path, progress=False)
+    finally:
+        os.umask(old)
+    assert out.stat().st_mode & 0o777 == 0o775
+
+
 def test_a_finished_cache_written_meanwhile_is_kept(tmp_path, monkeypatch):
     """Write-then-rename: if another job renamed its folder first, ours is dropped, theirs kept."""
     import scalelab.data.prepare as prep

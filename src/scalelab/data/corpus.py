@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import platform
 import sysconfig
 from pathlib import Path
 
@@ -233,6 +234,10 @@ def source_key(cfg: dict) -> str:
         paths = [Path(str(cfg["hub_name"])).expanduser()]
     if paths:  # where the data is and its content (sizes, mtimes) must invalidate the cache
         src["stamp"] = [[str(p.resolve()), _tree_stamp(p)] for p in paths if p.exists()]
+    if cfg.get("source") == "stdlib":
+        # the interpreter's own library, which differs between Python versions: a cache folder
+        # shared by virtualenvs of two Pythons (~/.cache/scalelab) must not serve one the other's
+        src["stamp"] = [sysconfig.get_paths()["stdlib"], platform.python_version()]
     src["version"] = PREP_VERSION
     return hashlib.sha1(json.dumps(src, sort_keys=True, default=str).encode()).hexdigest()[:12]
 

@@ -64,6 +64,11 @@ def prepare(cfg: dict, seq_len: int, cache_root: Path, progress: bool = True) ->
             "split": "by token block: the round(blocks x val_fraction) (>= 1 if > 0) blocks of smallest "
                      "splitmix64(index ^ split_seed); split_seed from the data config", "split_seed": seed, **info}
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
+    # mkdtemp makes it 0700, which the rename keeps: a cache shared by a team (data.cache_dir on a
+    # group-writable file system) would be unreadable to everyone but its first user
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
     try:
         _save(blocks[~is_val], block, tmp / "train")
         if meta["val_blocks"]:  # an empty Arrow dataset does not load back (IndexError): none is written
