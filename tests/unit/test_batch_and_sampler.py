@@ -36,6 +36,18 @@ def test_same_seed_same_order_other_seed_other_order():
     assert a != list(GlobalBatchSampler(100, 8, 8, 0, 1, seed=2))
 
 
+def test_no_two_seeds_share_an_epochs_shuffle():
+    """With seed + epoch as the generator's seed, seed 1's second epoch was seed 2's first."""
+    def order(seed, epoch):
+        s = GlobalBatchSampler(100, 10, 10, 0, 1, seed=seed)
+        s.set_epoch(epoch)
+        return list(s)
+
+    orders = [order(seed, epoch) for seed in range(4) for epoch in range(4)]
+    assert all(len(o) == 100 for o in orders)
+    assert len({tuple(o) for o in orders}) == 16
+
+
 def test_resume_continues_with_the_next_global_batch_even_if_lightning_counts_an_epoch_ahead():
     full = list(GlobalBatchSampler(100, 8, 8, 0, 1, seed=3))
     resumed = GlobalBatchSampler(100, 8, 8, 0, 1, seed=3, start_step=5, lightning_epoch=1)

@@ -50,7 +50,9 @@ class GlobalBatchSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            # not seed + epoch: seed 1's second epoch would be seed 2's first, and a seed sweep
+            # over several epochs would share its shuffles across runs
+            g = torch.Generator().manual_seed((self.seed * 2_654_435_761 + self.epoch) % 2 ** 63)
             perm = torch.randperm(self.n, generator=g)
         else:
             perm = torch.arange(self.n)
