@@ -12,13 +12,13 @@ def _compare(args: argparse.Namespace) -> int:
     from scalelab.results.sweep import summaries_for
     from scalelab.results.table import SelectError, filter_records, group_records, render, rich_table, sort_records
 
-    from scalelab.paths import overwrites_input, path_problem, write_out
+    from scalelab.paths import out_problem, write_out
 
     missing = [p for p in args.paths if not Path(p).exists()]
     if missing:
         print(f"error: {missing[0]} does not exist (give run.json files, job dirs or sweep dirs)", file=sys.stderr)
         return 2
-    problem = args.out and (overwrites_input(args.out, args.paths) or path_problem(args.out, "--out"))
+    problem = args.out and out_problem(args.out, "--out", args.paths)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

@@ -21,7 +21,7 @@ NODE_DIR = "node${oc.env:RANK,0}"   # Hydra resolves it in each pod: the operato
 # Kubernetes object names (RFC 1123 DNS labels: a PyTorchJob's pods are named after it)
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _LAYOUT_KEYS = ("trainer.devices=", "trainer.num_nodes=", "launcher=", "launcher.rdzv_endpoint=",
-                "launcher.node_rank=")
+                "launcher.node_rank=", "hydra/launcher=")
 
 
 def manifest(nodes: int, devices: int, image: str, overrides: list[str], name: str = "scalelab",
@@ -33,7 +33,10 @@ def manifest(nodes: int, devices: int, image: str, overrides: list[str], name: s
     PersistentVolumeClaim `pvc`, each pod's job folder is on it (MOUNT/NAME/nodeK, K = the pod's
     RANK, which the operator sets: node 0's run.json, every node's ranks.log, never one folder
     written by two nodes), since a finished pod's own disk cannot be read back."""
-    command = ["scalelab-train", *[o for o in overrides if not o.startswith(_LAYOUT_KEYS)], "launcher=torchrun",
+    cpu_only = [] if gpus or any(o.lstrip("+").startswith("trainer.accelerator=") for o in overrides) else \
+        ["trainer.accelerator=cpu"]   # as validated: a pod without a GPU limit may still see a node's GPUs
+    command = ["scalelab-train", *[o for o in overrides if not o.startswith(_LAYOUT_KEYS)], *cpu_only,
+               "launcher=torchrun",
                f"trainer.num_nodes={nodes}", f"trainer.devices={devices}",
                *([f"launcher.rdzv_timeout_s={rdzv_timeout_s}"] if rdzv_timeout_s else []),
                *([f"hydra.run.dir={mount}/{name}/{NODE_DIR}", f"hydra.sweep.dir={mount}/{name}/{NODE_DIR}"]
@@ -111,10 +114,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --image {args.image!r} must be an image reference (e.g. registry/scalelab:tag), without "
               "spaces", file=sys.stderr)
         return 2
-    clash = [o for o in args.overrides if o.startswith(_LAYOUT_KEYS)]
+    clash = [o for o in args.overrides if o.lstrip("+~").startswith(_LAYOUT_KEYS)]
     if clash:
         print(f"error: {clash[0]}: the layout comes from --nodes / --devices and the pods' environment (MASTER_ADDR, "
               "RANK); drop it", file=sys.stderr)
+        return 2
+    from scalelab.slurm import refuse_decided
+
+    try:   # --cpu sets no GPU limit: `--cpu trainer.accelerator=gpu` ran on none
+        refuse_decided(args.overrides, args.cpu, "sets a GPU limit")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     try:  # the same validation as any run, for this layout (node 0 and a placeholder endpoint stand in for
         # the pods' environment); no data preparation: the pods prepare it
@@ -126,9 +136,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from scalelab.paths import path_problem, write_out
+    from scalelab.paths import out_problem, write_out
 
-    problem = args.out and path_problem(args.out, "--out")
+    problem = args.out and out_problem(args.out, "--out")
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

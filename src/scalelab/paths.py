@@ -54,13 +54,16 @@ def write_out(path: str | Path, text: str) -> None:
     p.write_text(text)
 
 
-# What a results folder holds that an --out must never replace: the records and the sweep summary.
-RECORD_NAMES = ("run.json", "sweep.json")
+# What --out must never replace: a job's record and resolved config, a sweep's summary and Hydra's
+# sweep config (`slurm render --out RUN/run.json` replaced a record with a script, exit 0).
+RECORD_NAMES = ("run.json", "sweep.json", "config_resolved.yaml", "multirun.yaml")
+JOB_MARKS = ("run.json", "config_resolved.yaml", ".hydra")   # a folder holding one is a job's folder
+SWEEP_MARKS = ("sweep.json", "multirun.yaml")                # ... a sweep's folder
 
 
 def overwrites_input(path: str | Path, inputs: list[str | Path], what: str = "--out") -> str | None:
     """Why writing `path` would destroy what is being read, one line; None where it would not: it
-    is one of INPUTS (a run.json given as such), or a run.json / sweep.json inside an input folder
+    is one of INPUTS (a run.json given as such), or a record inside an input folder
     (`compare SWEEP --out SWEEP/0/run.json` replaced that run's record with the CSV of the table)."""
     out = Path(path).resolve()
     for given in map(Path, inputs):
@@ -69,5 +72,36 @@ def overwrites_input(path: str | Path, inputs: list[str | Path], what: str = "--
             return f"{what} {path} is one of the inputs ({given}): give another file"
         if src.is_dir() and out.name in RECORD_NAMES and out.is_relative_to(src):
             return (f"{what} {path} would overwrite a {out.name} inside the input folder {given}: give a file "
-                    f"not named {' or '.join(RECORD_NAMES)} there")
+                    f"not named {', '.join(RECORD_NAMES)} there")
     return None
+
+
+def _results_folder(folder: Path) -> tuple[str, Path] | None:
+    """("job" | "sweep", the folder) for the nearest job or sweep folder at or above `folder`."""
+    for f in (folder, *folder.parents):
+        if any((f / m).exists() for m in JOB_MARKS) or f.name == ".hydra":
+            return "job", f
+        if any((f / m).is_file() for m in SWEEP_MARKS):
+            return "sweep", f
+    return None
+
+
+def out_problem(path: str | Path, what: str = "--out", inputs: list[str | Path] = ()) -> str | None:
+    """Why an --out of any command must not be written at `path`, one line; None where it may.
+    Every --out goes through here so that no command replaces what runs recorded: a file named as a
+    record (RECORD_NAMES) that exists, any path inside a job folder (everything there is the job's:
+    its record, config, logs, checkpoints), a record name or a subfolder's file inside a sweep folder
+    (its jobs, its slurm/ scripts and ids); a new file directly in a sweep folder is fine (a table
+    beside its report.html). INPUTS (overwrites_input) first, then whether it can be written (path_problem)."""
+    given = overwrites_input(path, inputs, what)
+    if given:
+        return given
+    p = Path(path)
+    choose = "choose a path outside run and sweep folders"
+    for name in {p.name, p.resolve().name} & set(RECORD_NAMES):
+        if p.exists():
+            return f"{what} {path} is an existing {name}, a run or sweep record: {choose}"
+    found = _results_folder(p.resolve().parent)
+    if found and (found[0] == "job" or p.name in RECORD_NAMES or p.resolve().parent != found[1]):
+        return f"{what} {path} is inside the {found[0]} folder {found[1]}: writing there could replace its records; {choose}"
+    return path_problem(path, what)

@@ -123,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
             if getattr(args, name) is not None:
                 sbatch_value("--" + name.replace("_", "-"), getattr(args, name))
         refuse_secrets([*args.overrides, *sum(sets, [])])
+        refuse_decided([*args.overrides, *sum(sets, [])], args.cpu)
+        if args.out and args.action == "submit":
+            raise ValueError(f"--out {args.out} is for render: submit keeps its script under --log-dir {args.log_dir}")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -141,14 +144,14 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from scalelab.paths import path_problem, write_out
+    from scalelab.paths import out_problem, path_problem, write_out
 
-    problem = ((args.action == "render" and args.out and path_problem(args.out, "--out"))
+    problem = ((args.action == "render" and args.out and out_problem(args.out, "--out"))
                or path_problem(args.log_dir, "--log-dir", folder=True))
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    if args.cpu and not any(o.startswith("trainer.accelerator=") for o in overrides):
+    if args.cpu and not any(o.lstrip("+").startswith("trainer.accelerator=") for o in overrides):
         overrides.append("trainer.accelerator=cpu")  # a CPU job on a GPU node must not take the GPUs
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     cpus = cpus_per_task(args.cpus_per_task, args.cpu)
@@ -217,6 +220,21 @@ def refuse_secrets(overrides: list[str]) -> None:
                              "environment instead (sbatch exports it to the job), e.g. WANDB_API_KEY")
 
 
+def refuse_decided(overrides: list[str], cpu: bool, gpus: str = "requests GPUs") -> None:
+    """Overrides of what the script decides: ValueError naming the flag to use. It runs launcher=srun
+    before the overrides (`launcher=local --nodes 2` ran launcher=local, validated as srun); --cpu
+    decides the accelerator (`--cpu trainer.accelerator=gpu` ran on a GPU it did not ask for;
+    trainer.accelerator=cpu held the GPUs it asked for idle). trainer.devices / num_nodes: _layout."""
+    for o in overrides:
+        key, _, value = o.lstrip("+~").partition("=")
+        if key in ("launcher", "hydra/launcher"):
+            raise ValueError(f"{o}: the script runs launcher=srun, one job (--nodes / --devices, --array for "
+                             "several; a sweep through SLURM is `scalelab-train -m ... hydra/launcher=slurm`): drop it")
+        if key == "trainer.accelerator" and (value.strip() != "cpu") == cpu:
+            raise ValueError(f"{o} with --cpu: --cpu asks no GPUs and runs on CPU; drop --cpu to run on GPUs" if cpu
+                             else f"{o} on a job that {gpus}: give --cpu instead (no GPUs, CPU ranks)")
+
+
 def asked(nodes: int, devices: int, cpus_per_task: int, gpus_per_node: int, partition: str | None,
           time_limit: str) -> str:
     """A job's request in words, for an error that says why SLURM refuses it."""
@@ -253,6 +271,9 @@ def sbatch(path: Path) -> str:
             proc = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, timeout=60)
         except FileNotFoundError:
             raise RuntimeError("sbatch not found: run this on a SLURM login node") from None
+        except subprocess.TimeoutExpired as e:   # a hung controller was a TimeoutExpired traceback
+            raise RuntimeError(f"sbatch gave no answer in {e.timeout:g} s (slurmctld down or busy?): the job may or "
+                               "may not be queued; check `squeue --me` before submitting again") from None
         if proc.returncode != 0:
             raise RuntimeError(f"sbatch failed: {' / '.join((proc.stderr or proc.stdout).split(chr(10)))[:300]}")
     return proc.stdout.strip().split(";")[0]

@@ -168,3 +168,25 @@ def test_cli_render_validates_and_prints(tmp_path):
     bad = run("--nodes", "2", "--devices", "3", "--image", "img", "strategy=fsdp_tp", "data.global_batch_size=12")
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "devices per node" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--cpu", "trainer.accelerator=gpu"], "trainer.accelerator=gpu with --cpu: --cpu asks no GPUs"),   # no GPU limit
+    (["trainer.accelerator=cpu"], "trainer.accelerator=cpu on a job that sets a GPU limit: give --cpu instead"),
+    (["+launcher=local"], "+launcher=local: the layout comes from --nodes / --devices"),
+    (["hydra/launcher=slurm"], "hydra/launcher=slurm: the layout comes from"),
+])
+def test_render_refuses_overrides_of_what_it_decides(args, needle, capsys):
+    from scalelab.cli import build_parser
+
+    flags = [x for x in args if x.startswith("--")]
+    a = build_parser().parse_args(["k8s", "render", *[x for x in args if x not in flags], "--nodes", "2",
+                                   "--devices", "2", "--image", "img", *flags])
+    assert k8s.run(a) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and needle in err and err.count("\n") == 1, err
+
+
+def test_a_cpu_render_runs_on_cpu_as_validated():
+    cmd = yaml.safe_load(k8s.render(1, 2, "img", ["strategy=ddp"], gpus=False))["spec"]["pytorchReplicaSpecs"]
+    assert "trainer.accelerator=cpu" in cmd["Master"]["template"]["spec"]["containers"][0]["command"]

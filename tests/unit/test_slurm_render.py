@@ -91,3 +91,26 @@ def test_per_task_gpu_binding_is_named_not_an_invalid_device_ordinal():
     assert msg.startswith("this rank sees 1 GPU(s) but trainer.devices=8 ranks run on its node")
     assert "--gpus-per-task" in msg and "--gpus-per-node" in msg and "\n" not in msg
     assert "srun" not in launch.too_few_gpus(1, 2, "torchrun")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--nodes", "2", "launcher=local"], "launcher=local: the script runs launcher=srun"),   # ran local, validated srun
+    (["hydra/launcher=slurm"], "hydra/launcher=slurm: the script runs launcher=srun, one job"),
+    (["--cpu", "trainer.accelerator=gpu"], "trainer.accelerator=gpu with --cpu: --cpu asks no GPUs"),
+    (["trainer.accelerator=cpu"], "trainer.accelerator=cpu on a job that requests GPUs: give --cpu instead"),
+])
+def test_overrides_of_what_the_script_decides_are_refused(args, needle, capsys):
+    code, cap = run_cli(["slurm", "render", *args], capsys)
+    assert code == 2 and cap.err.startswith("error: ") and needle in cap.err and cap.err.count("\n") == 1, cap.err
+
+
+def test_a_hung_sbatch_is_one_line_and_keeps_no_script(monkeypatch, tmp_path):
+    def hang(cmd, **kw):
+        raise subprocess.TimeoutExpired(cmd, kw.get("timeout"))
+
+    monkeypatch.setattr(slurm.subprocess, "run", hang)
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\n")
+    with pytest.raises(RuntimeError, match=r"^sbatch gave no answer in 60 s .*the job may or may not be queued") as e:
+        slurm.sbatch(script)
+    assert "\n" not in str(e.value) and not script.exists()

@@ -20,6 +20,7 @@ from dataclasses import replace
 
 import yaml
 
+from .cli_measured import refuse_unused, tolerance
 from .report import fmt_bytes, fmt_time, render, render_alternatives, render_rows
 from .spec import ATTENTION, CHECKPOINTING, STRATEGIES, ModelSpec, PlanError, conf_dir, get_strategy, strategy_names
 
@@ -56,15 +57,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--ffn-hidden", type=int, help="MLP width (default 4 x hidden)")
     m.add_argument("--model", help="a model config in conf/model/ (e.g. gpt_small)")
     # Strings, checked by ModelSpec: a bad value is one PlanError line, not an argparse usage dump.
-    m.add_argument("--attention", default="flash",
+    m.add_argument("--attention",
                    help=f"{' | '.join(ATTENTION)}: flash/memory-efficient kernels keep O(s) per head "
                         "(scalelab's SDPA), math stores the s x s scores (default flash)")
     m.add_argument("--dropout", help="dropout probability (default: --model's arch.dropout, else 0)")
     j = parser.add_argument_group("job")
     j.add_argument("--strategy", help=f"one of: {', '.join(STRATEGIES)} (or any conf/strategy/ config); "
                                       "a comma list or `all`: one row per strategy")
-    j.add_argument("--devices", type=int, default=1, help="devices per node (default 1)")
-    j.add_argument("--nodes", type=int, default=1)
+    # No argparse defaults on the job flags: given with the override form they are refused
+    # (_refuse_flags_with_overrides), so a default must be told from a value given; _job_flag fills it.
+    j.add_argument("--devices", type=int, help="devices per node (default 1)")
+    j.add_argument("--nodes", type=int, help="nodes (default 1)")
     j.add_argument("--tp", type=int, help="tensor-parallel degree (tp, fsdp_tp)")
     j.add_argument("--pp", type=int, help="pipeline stages (pipeline)")
     j.add_argument("--micro-batch", type=int, help="sequences per device per micro-batch (default: global "
@@ -72,8 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     j.add_argument("--global-batch", type=int, help="sequences per optimizer step (default dp x micro)")
     j.add_argument("--precision", help="32, bf16-mixed or fp16-mixed (default: 32 on a CPU profile such as "
                                        "this_cpu, bf16-mixed on a GPU one; as recommend and the trainer)")
-    j.add_argument("--optimizer", default="adam", help="adam or sgd (with momentum)")
-    j.add_argument("--activation-checkpointing", default="none", help=" | ".join(CHECKPOINTING))
+    j.add_argument("--optimizer", help="adam or sgd (with momentum) (default adam)")
+    j.add_argument("--activation-checkpointing", help=" | ".join(CHECKPOINTING) + " (default none)")
     j.add_argument("--no-sequence-parallel", action="store_true",
                    help="with tp > 1, keep LayerNorm/dropout activations replicated")
     j.add_argument("--hardware", help=f"profile in conf/hardware/ or a .yaml path (default "
@@ -88,14 +91,58 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--validate", metavar="SWEEP_DIR", nargs="+",
                    help="predicted vs measured for every run under these sweep dirs")
     c.add_argument("--out", help="where --probe / --calibrate write the profile")
-    c.add_argument("--tolerance", type=float,
-                   help="with --validate: exit 1 if any config's step-time ratio (median over its repeats) is off by more than this")
+    c.add_argument("--tolerance", type=tolerance,
+                   help="with --validate: exit 1 if any config's step-time ratio (median over its repeats) is off by "
+                        "more than this (a finite number > 0, e.g. 0.15)")
+
+
+# The job flags the override form's own keys decide (flag attribute: the override to give instead);
+# `plan strategy=ddp --devices 4 --global-batch 64` planned 1 device and batch 16, the flags dropped.
+_JOB_FLAG_KEYS = {
+    "devices": "trainer.devices=N", "nodes": "trainer.num_nodes=N",
+    "tp": "strategy.tensor_parallel_size=T (strategy.tp=T for nd)", "pp": "strategy.dp=D (stages = world / dp)",
+    "micro_batch": "data.micro_batch_size=B", "global_batch": "data.global_batch_size=G",
+    "precision": "trainer.precision=P", "optimizer": "optim=adamw|sgd",
+    "activation_checkpointing": "model.arch.activation_checkpointing=none|selective|full",
+    "no_sequence_parallel": "strategy.sequence_parallel=false", "dropout": "model.arch.dropout=P",
+    "attention": "none: scalelab-train always runs SDPA (planned as flash); drop it",
+}
+_JOB_DEFAULTS = {"devices": 1, "nodes": 1, "optimizer": "adam", "activation_checkpointing": "none"}
+_SHAPE_FLAGS = ("params", "layers", "hidden", "heads", "vocab", "seq_len", "ffn_hidden", "model")
+
+
+def _flag(attr: str) -> str:
+    return "--" + attr.replace("_", "-")
+
+
+def _job_flag(a, attr: str):
+    """A flag-form job flag's value, or its default when not given."""
+    value = getattr(a, attr, None)
+    return _JOB_DEFAULTS.get(attr) if value is None else value
+
+
+def _refuse_flags_with_overrides(a) -> None:
+    """The override form plans exactly the job its overrides compose: a job flag beside them was
+    dropped without a word, so it is one PlanError naming the override to give instead."""
+    shape = [f for f in _SHAPE_FLAGS if getattr(a, f, None) is not None]
+    if shape:
+        raise PlanError(f"give either scalelab-train overrides or the shape flags, not both "
+                        f"({_flag(shape[0])} with {a.overrides[0]}): the model is model=NAME / model.arch.*")
+    for attr, key in _JOB_FLAG_KEYS.items():
+        if getattr(a, attr, None) not in (None, False):
+            raise PlanError(f"{_flag(attr)} with scalelab-train overrides ({a.overrides[0]}): the overrides decide "
+                            f"the job; give {key}" + ("" if key.startswith("none:") else " instead"))
+    given = [o for o in a.overrides if o.lstrip("+").startswith("strategy=")]
+    if a.strategy and given:
+        raise PlanError(f"--strategy {a.strategy} with {given[-1]}: give one of them (--strategy A,B lists "
+                        "strategies for the overrides' job)")
 
 
 def run(args: argparse.Namespace, job_terms=None) -> int:
     """Execute `scalelab plan`; print; 0 ok, 1 a plan that does not fit or a validation outside
     tolerance, 2 bad input."""
     try:
+        refuse_unused(args)
         if args.probe or args.calibrate or args.validate:   # the model against this host's own runs
             from .cli_measured import measured
 
@@ -118,6 +165,11 @@ def _model_from_args(a) -> ModelSpec:
 def _model_shape_from_args(a) -> ModelSpec:
     shape = [a.layers, a.hidden, a.heads]
     if a.model:
+        # --model is the whole shape: `--model gpt_small --params 7B` planned gpt_small's 3.3M silently
+        extra = [f for f in _SHAPE_FLAGS if f != "model" and getattr(a, f, None) is not None]
+        if extra:
+            raise PlanError(f"--model {a.model} with {', '.join(map(_flag, extra))}: --model is the whole shape; "
+                            "give --model alone, or the shape flags (--params or --layers --hidden --heads ...) alone")
         return _model_from_conf(a.model)
     for flag, v in (("--vocab", a.vocab), ("--seq-len", a.seq_len), ("--ffn-hidden", a.ffn_hidden)):
         if v is not None and v < 1:   # given as 0 or less: not the default silently (found by review)
@@ -179,10 +231,7 @@ def _plan(a, job_terms=None) -> int:
     built = None                                        # flag form: the count of the GPT the trainer builds
     refused: list[dict] = []                            # strategies of a listing that cannot run this job
     if a.overrides:
-        shape_flags = [f for f in ("params", "layers", "hidden", "heads", "model") if getattr(a, f) is not None]
-        if shape_flags:
-            raise PlanError(f"give either scalelab-train overrides or the shape flags, not both "
-                            f"(--{shape_flags[0].replace('_', '-')} with {a.overrides[0]})")
+        _refuse_flags_with_overrides(a)
         if job_terms is None:
             raise PlanError("overrides need the `scalelab plan` command (scalelab plan KEY=VALUE ...)")
         for name in names:
@@ -212,9 +261,9 @@ def _plan(a, job_terms=None) -> int:
         hw = load_hardware(a.hardware or DEFAULT_HARDWARE)
         precision = a.precision or default_precision(hw)
         for name in names:
-            kw = dict(devices=a.devices, nodes=a.nodes, tp=a.tp, pp=a.pp, global_batch=a.global_batch,
-                      precision=precision, optimizer=a.optimizer,
-                      activation_checkpointing=a.activation_checkpointing,
+            kw = dict(devices=_job_flag(a, "devices"), nodes=_job_flag(a, "nodes"), tp=a.tp, pp=a.pp,
+                      global_batch=a.global_batch, precision=precision, optimizer=_job_flag(a, "optimizer"),
+                      activation_checkpointing=_job_flag(a, "activation_checkpointing"),
                       sequence_parallel=not a.no_sequence_parallel, device=hw.kind)
             try:
                 terms = build_terms(model, name, micro_batch=_micro_batch(a, model, name, kw), **kw)

@@ -3,7 +3,9 @@ its runs: measure this CPU again, fit a hardware profile to sweeps, and check th
 against sweeps' measured step time and memory (exit 1 beyond --tolerance)."""
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -12,14 +14,50 @@ import yaml
 from .report import _opt, _opt_str, _print_table, _short, fmt_bytes
 
 
+def tolerance(text: str) -> float:
+    """--tolerance: nan passed every check (exit 0 whatever the error), -1 failed every sweep (exit 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid: give a finite number > 0 (e.g. 0.15)")
+    return value
+
+
+def refuse_unused(a) -> None:
+    """A flag its mode does not read was dropped without a word (--out of a plan, --tolerance
+    without --validate, --probe beside --calibrate): one PlanError line naming it."""
+    from .spec import PlanError
+    modes = [f for f, on in (("--probe", a.probe), ("--calibrate", a.calibrate), ("--validate", a.validate)) if on]
+    if len(modes) > 1:
+        raise PlanError(f"{' and '.join(modes)}: give one of --probe, --calibrate, --validate")
+    if a.out is not None and not (a.probe or a.calibrate):
+        raise PlanError(f"--out {a.out}: only --probe and --calibrate write a file (a plan prints; --json for JSON)")
+    if a.tolerance is not None and not a.validate:
+        raise PlanError(f"--tolerance {a.tolerance}: it is the pass mark of --validate; give --validate SWEEP_DIR")
+
+
 def measured(a) -> int:
     if a.probe:
         return _probe(a)
     return _calibrate(a) if a.calibrate else _validate(a)
 
 
+def _out(a) -> None:
+    """A given --out is checked before the probe or the fit (one PlanError line): never a run's or
+    a sweep's record, nor inside their folders (`--calibrate SWEEP --out SWEEP/sweep.json` wrote a
+    hardware profile over the sweep's summary), and a path that can be written."""
+    from scalelab.paths import out_problem
+    from .spec import PlanError
+    problem = a.out and out_problem(a.out, "--out", a.calibrate or [])
+    if problem:
+        raise PlanError(problem)
+
+
 def _probe(a) -> int:
     from .hardware import host_cpu_profile_path, probe_cpu
+    _out(a)
     out = Path(a.out) if a.out else host_cpu_profile_path()
     hw = probe_cpu(out)
     print(f"wrote {out}")
@@ -30,6 +68,7 @@ def _probe(a) -> int:
 def _calibrate(a) -> int:
     from .calibrate import calibrate, default_calibrated_path
     from .hardware import load_hardware
+    _out(a)
     base = load_hardware(a.hardware or "this_cpu")
     out = Path(a.out) if a.out else default_calibrated_path(base.name)
     hw, rep = calibrate(a.calibrate, base, out)
