@@ -38,7 +38,8 @@ from scalelab.results.record import RUN_FILE, base_record, write_json
 from scalelab.results.run_logger import build_logger, global_rank, log_summary
 from scalelab.scaling.breakdown import ProfileWindow, combine
 from scalelab.scaling.mfu import compute_mfu, load_profile, no_profile_note
-from scalelab.scaling.metrics import MIN_MEASURED_STEPS, StepMetrics, gather_all, summarize
+from scalelab.scaling.metrics import StepMetrics, gather_all
+from scalelab.scaling.run_summary import MIN_MEASURED_STEPS, summarize
 
 
 def _local_rank() -> int:

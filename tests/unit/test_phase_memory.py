@@ -3,7 +3,7 @@ with a fake caching allocator: `use(n)` sets the bytes allocated now; the peak c
 CUDA's rules (max since the last reset; a reset sets it to what is allocated now)."""
 import torch
 
-from scalelab.scaling.metrics import summarize
+from scalelab.scaling.run_summary import summarize
 from scalelab.scaling.phase_memory import PhasePeaks
 
 CUDA = torch.device("cuda", 2)

@@ -63,7 +63,8 @@ def test_compare_missing_path_is_one_line():
 
 
 def test_summarize_records_the_host_speed_probe():
-    from scalelab.scaling.metrics import host_speed, summarize
+    from scalelab.scaling.metrics import host_speed
+    from scalelab.scaling.run_summary import summarize
     rank = {"step_times": [0.1] * 6, "losses": [1.0] * 6, "global_steps": list(range(1, 7)),
             "peak_rss_bytes": 1, "params": 1, "grads": 1, "optimizer": 1}
     rec = summarize([dict(rank, host_flops=[4e10, 6e10]), dict(rank, host_flops=[5e10, 5e10])], 8, 64, 2)

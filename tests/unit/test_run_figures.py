@@ -15,7 +15,8 @@ from scalelab.models.mlp import MLPClassifier, MLPConfig, mlp_params
 from scalelab.plan import hardware
 from scalelab.scaling import mfu as mfu_mod
 from scalelab.scaling.breakdown import combine, device_anatomy, gpu_comm
-from scalelab.scaling.metrics import StepMetrics, p90, read_peaks, summarize
+from scalelab.scaling.metrics import StepMetrics, read_peaks
+from scalelab.scaling.run_summary import p90, summarize
 
 NANO = GPTConfig(n_layers=2, n_heads=4, d_model=64, seq_len=64, vocab_size=256)
 # gpt_nano by hand: per block q,k,v,out 4 x 64^2 = 16,384, MLP 2 x 64 x 256 = 32,768, two
