@@ -2,7 +2,7 @@
 own answer, sbatch --test-only, is tested against the real cluster in tests/slurm)."""
 import pytest
 
-from scalelab.slurm import _say_pending
+from scalelab.slurm_jobs import _say_pending
 from scalelab.slurm_request import check_times, time_seconds
 
 

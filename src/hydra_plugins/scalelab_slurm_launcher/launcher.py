@@ -7,7 +7,7 @@ child of the batch shell inside an srun step, where neither the batch-step signa
 oversubscribing the allocation. Here each job is the sbatch script of `scalelab slurm submit`
 (scalelab.slurm.render: the same quoting, requeue and resume), its run dir is the sweep's
 `<sweep dir>/<num>` fixed before submission, and the command waits, records every job's final
-SLURM state (scalelab.slurm.finalize), and lets the SweepSummary callback aggregate the sweep.
+SLURM state (scalelab.slurm_jobs.finalize), and lets the SweepSummary callback aggregate the sweep.
 Hydra plugins are imported whenever Hydra scans for them: imports stay inside the methods.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ class ScalelabSlurmLauncher(Launcher):
         from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
         from omegaconf import OmegaConf, open_dict
 
-        from scalelab import launch, slurm
+        from scalelab import launch, slurm, slurm_jobs
         from scalelab.results.record import scrub, scrub_file
 
         setup_globals()
@@ -82,7 +82,7 @@ class ScalelabSlurmLauncher(Launcher):
                 jobs.append((num, overrides, cfg, job_dir, job_id))
             ids = {j[4]: j for j in jobs}
             (sweep_dir / "slurm" / "jobs.json").write_text(json.dumps({str(j[0]): j[4] for j in jobs}) + "\n")
-            states = slurm.wait(list(ids), float(p.get("poll_s", 1.0)))
+            states = slurm_jobs.wait(list(ids), float(p.get("poll_s", 1.0)))
         except (KeyboardInterrupt, RuntimeError, ValueError) as e:
             # Nothing of this sweep may keep running once its command gave up on it.
             if jobs:
@@ -103,7 +103,7 @@ class ScalelabSlurmLauncher(Launcher):
             meta = {"strategy": str(cfg.strategy.name), "world_size": int(cfg.trainer.devices) * int(cfg.trainer.num_nodes),
                     "global_batch_size": int(cfg.data.global_batch_size), "name": f"{sweep_dir.name}/{num}",
                     "sweep_dir": str(sweep_dir)}
-            rec = slurm.finalize(job_dir, st, job_id, meta)
+            rec = slurm_jobs.finalize(job_dir, st, job_id, meta)
             if rec.get("status") != "completed":
                 launch.FAILED_JOBS.append(f"{meta['name']} (SLURM job {job_id}): {scrub(rec.get('error'))}")
                 log.error(f"[scalelab] job {meta['name']} (SLURM job {job_id}) FAILED: {scrub(rec.get('error'))}")
