@@ -19,18 +19,46 @@ from scalelab.errors import ConfigError
 from scalelab.plan.spec import PlanError
 
 
-def terms_for_job(overrides: list[str]):
-    """(planner Terms, hardware profile name) for the job `scalelab-train OVERRIDES` describes."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+def terms_for_job(overrides: list[str], target: str | None = None):
+    """(planner Terms, hardware profile name) for the job `scalelab-train OVERRIDES` describes.
+    target ("cpu" | "gpu"): the device kind of the profile planned on, where the caller knows it
+    (recommend: a GPU profile given as a .yaml path is no trainer choice, so the overrides carry no
+    hardware_profile= and the job was validated as a CPU one: DeepSpeed fp16 refused); else read
+    from hardware_profile (unset: this machine's CPU)."""
     from omegaconf import OmegaConf
 
-    from scalelab.config import validate
     from scalelab.models.build import count_parameters
-    from scalelab.paths import conf_dir
     from scalelab.plan.run_records import terms_from_run
-    from scalelab.preflight import _check_group_values, _compose
     from scalelab.results.record import base_record
+
+    cfg, spec, target, hardware = _validated(overrides, target)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    world = spec.run.world_size
+    n_params = count_parameters(spec.run.model_arch)
+    from scalelab.launch import threads_per_rank
+
+    threads = threads_per_rank(cfg.trainer.threads_per_rank, spec.run.devices_per_node, target)
+    record = base_record(resolved, spec.batch, spec.lr, world, spec.plan.parallel_degrees(world),
+                         spec.run.model_arch, n_params, target, threads)
+    if getattr(spec.plan, "microbatches", None):  # a pipeline cuts the per-rank batch into these
+        record["parallel"]["microbatches"] = int(spec.plan.microbatches)
+    return terms_from_run(record), hardware
+
+
+def check_job(overrides: list[str], target: str) -> None:
+    """Compose and validate `scalelab-train OVERRIDES` for a `target` device, as terms_for_job does,
+    without planning it; a bad value is one PlanError line (recommend's --train-arg, before its search)."""
+    _validated(overrides, target)
+
+
+def _validated(overrides: list[str], target: str | None):
+    """(composed config, JobSpec, target, hardware profile name) of one job; PlanError if invalid."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from scalelab.config import validate
+    from scalelab.paths import conf_dir
+    from scalelab.preflight import _check_group_values, _compose
     from scalelab.scaling.mfu import profile_name
 
     if any(("," in o.split("=", 1)[-1] and not o.split("=", 1)[-1].startswith("[")) for o in overrides):
@@ -46,9 +74,12 @@ def terms_for_job(overrides: list[str]):
                 raise ConfigError(str(e).splitlines()[0]) from e
             cfg = _compose(overrides)
         requested = cfg.get("hardware_profile", "auto")
-        target = "cpu" if requested in (None, "auto") or "cpu" in str(requested) else "gpu"
+        if target is None:
+            target = "cpu" if requested in (None, "auto") or "cpu" in str(requested) else "gpu"
         spec = validate(cfg, target=target)
-        hardware = profile_name(requested, target)
+        # auto on a GPU elsewhere: its name is read there (profile_name would ask this machine's CUDA)
+        unnamed_gpu = requested in (None, "auto") and target == "gpu"
+        hardware = None if unnamed_gpu else profile_name(requested, target)
         # validate() checks the launcher only for this machine (target None); a named local launcher
         # on several nodes is refused by scalelab-train, so it is no plan. Unnamed, the same-job line
         # adds launcher=srun (plan/cli.py).
@@ -60,17 +91,7 @@ def terms_for_job(overrides: list[str]):
         raise PlanError(str(e)) from e
     finally:
         GlobalHydra.instance().clear()
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    world = spec.run.world_size
-    n_params = count_parameters(spec.run.model_arch)
-    from scalelab.launch import threads_per_rank
-
-    threads = threads_per_rank(cfg.trainer.threads_per_rank, spec.run.devices_per_node, target)
-    record = base_record(resolved, spec.batch, spec.lr, world, spec.plan.parallel_degrees(world),
-                         spec.run.model_arch, n_params, target, threads)
-    if getattr(spec.plan, "microbatches", None):  # a pipeline cuts the per-rank batch into these
-        record["parallel"]["microbatches"] = int(spec.plan.microbatches)
-    return terms_from_run(record), hardware
+    return cfg, spec, target, hardware
 
 
 def train_command(overrides: list[str]) -> str:

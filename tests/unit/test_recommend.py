@@ -23,13 +23,15 @@ from scalelab.recommend.space import (Request, batch_splits, degrees, device_lay
 from scalelab.recommend.verify import overlay
 
 GiB = 2 ** 30
-# gpt_small (conf/model/gpt_small.yaml): 4 layers, d_model 256, 4 heads, vocab 256, seq 128, MLP x4.
-SMALL = ModelSpec.from_shape(4, 256, 4, 256, 128, 1024)
+# gpt_small (conf/model/gpt_small.yaml): 4 layers, d_model 256, 4 heads, vocab 256, seq 128, MLP x4,
+# at the count scalelab-train builds (3,314,176): the trainer check compares the model's count too.
+SMALL = ModelSpec.trainer_gpt(4, 256, 4, 256, 128, 1024)
 
 
 def cpu(memory=12 * GiB, name="test_cpu"):
     """A CPU profile like this host's probe (plenty of memory for gpt_small), without probing."""
-    return parse_hardware({"name": name, "peak_flops": {"fp32": 1e11, "bf16": 2e11, "fp16": 3e9},
+    # kind: cpu (a name without this_cpu is a GPU profile's by default; recommend reads the kind)
+    return parse_hardware({"name": name, "kind": "cpu", "peak_flops": {"fp32": 1e11, "bf16": 2e11, "fp16": 3e9},
                            "memory_bytes": memory, "memory_bandwidth_bytes_per_s": 3.5e10,
                            "intra_node": {"bandwidth_bytes_per_s": 1.3e9, "latency_s": 1e-4},
                            "devices_per_node": 2, "runtime_memory_bytes": 3.5e8, "step_overhead_s": 0.003})
@@ -336,7 +338,8 @@ def test_a_bad_train_arg_stops_before_any_process(capsys, tmp_path, monkeypatch)
     args = build_parser().parse_args(argv)
     assert args.func(args) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: a verification job is not valid") and "max_steps" in err and "\n" not in err
+    # refused up front, before the search (it was refused after ~5 s of search and a printed table)
+    assert err.startswith("error: --train-arg is not valid") and "max_steps" in err and "\n" not in err
 
 
 def test_nothing_fits_is_exit_1_with_what_was_pruned(capsys, tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 import time
@@ -116,7 +117,7 @@ def _request(a: argparse.Namespace):
     from scalelab.plan.spec import CHECKPOINTING, normalize_optimizer, normalize_precision
 
     from .lr import base_lr_caveat
-    from .space import Request, strategy_list
+    from .space import Request, check_runnable, strategy_list
 
     if a.objective not in OBJECTIVES:
         raise PlanError(f"--objective {a.objective!r} is not valid; valid: {', '.join(OBJECTIVES)}")
@@ -127,15 +128,21 @@ def _request(a: argparse.Namespace):
             raise PlanError(f"{flag} must be >= {low}, got {v}")
     if a.objective == "time-to-tokens" and not a.tokens:
         raise PlanError("--objective time-to-tokens needs --tokens T (tokens to train)")
-    if a.budget_minutes is not None and (a.budget_minutes <= 0 or not a.tokens):
-        raise PlanError(f"--budget-minutes {a.budget_minutes} needs a positive value and --tokens T")
+    # nan passed `nan <= 0` (a budget every layout met, exit 0), inf an LR of inf in the command
+    _finite("--budget-minutes", a.budget_minutes, "a finite number of minutes > 0", lambda v: v > 0)
+    _finite("--base-lr", a.base_lr, "a finite number > 0", lambda v: v > 0)
+    _finite("--memory-headroom", a.memory_headroom, "a fraction in [0, 1)", lambda v: 0 <= v < 1)
+    if a.budget_minutes is not None and not a.tokens:
+        raise PlanError(f"--budget-minutes {a.budget_minutes} needs --tokens T (the tokens to train within it)")
     if a.lr_check not in ("grid", "none"):
         raise PlanError(f"--lr-check {a.lr_check!r} is not valid; valid: grid, none")
     ns = argparse.Namespace(**{**vars(a), "attention": "flash", "dropout": None})
     model = _model_from_args(ns)
+    if a.params is not None and a.model is None and model.kind == "gpt" and not model.shape_inferred:
+        model = _shape_for_params(a, ns)
     hw = load_hardware(a.hardware)
     opt = normalize_optimizer(a.optimizer)
-    cpu = "cpu" in hw.name.lower()
+    cpu = hw.kind == "cpu"     # not the name: a cpu profile `workstation` got bf16 and a GPU check
     precisions = tuple(normalize_precision(p) for p in _list(a.precision or ("32" if cpu else "bf16-mixed"),
                                                               "--precision"))
     ckpt = _list(a.activation_checkpointing, "--activation-checkpointing", CHECKPOINTING)
@@ -143,11 +150,10 @@ def _request(a: argparse.Namespace):
     if any(b < 1 for b in batches):
         raise PlanError(f"--global-batch must be >= 1, got {min(batches)}")
     base_lr, base_batch = _lr_base(a, opt)
-    if not 0 <= a.memory_headroom < 1:
-        raise PlanError(f"--memory-headroom must be in [0, 1), got {a.memory_headroom}")
     req = Request(model, a.model, hw, hw.name, a.devices, a.nodes, batches, precisions, opt,
                   strategy_list(a.strategies), ckpt, smaller_worlds=a.objective == "cost",
                   headroom=a.memory_headroom, params_asked=a.params)
+    check_runnable(req)
     if a.verify and (a.nodes > 1) and not a.slurm:
         raise PlanError(f"--verify on --nodes {a.nodes} needs --slurm (multi-node jobs run under SLURM)")
     if a.verify and cpu is False and not a.slurm:
@@ -162,16 +168,40 @@ def _request(a: argparse.Namespace):
     problem = path_problem(out, "--out", folder=True)   # before any planning or run (it was a traceback after)
     if problem:
         raise PlanError(problem)
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if held:   # an earlier recommendation there was replaced without a word
+        raise PlanError(f"--out {out} is not empty ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}): "
+                        "give a new or empty folder, so that nothing recorded there is replaced")
+    from .verify import check_train_args
+
     extra = list(a.train_arg)
-    for e in extra:
-        if "=" not in e:
-            raise PlanError(f"--train-arg {e!r} is not KEY=VALUE")
+    check_train_args(extra, req, a.verify_steps if a.verify else None, a.slurm)
     opts = dict(objective=a.objective, tokens=a.tokens, budget_s=a.budget_minutes * 60 if a.budget_minutes else None,
                 verify=a.verify, verify_steps=a.verify_steps, verify_repeats=a.verify_repeats,
                 lr_check=a.lr_check if a.verify else "none", lr_steps=a.lr_steps, base_lr=base_lr,
                 base_batch=base_batch, slurm=a.slurm, extra=extra, top=a.top, out=out, quiet=a.json,
                 lr_caveat=base_lr_caveat(model, opt, a.base_lr is not None))
     return req, opts
+
+
+def _finite(flag: str, value, valid: str, ok) -> None:
+    if value is not None and not (math.isfinite(value) and ok(value)):
+        raise PlanError(f"{flag} {value} is not valid: give {valid}")
+
+
+def _shape_for_params(a, ns):
+    """The whole shape with --params: the shape the trainer builds, when --params is its count up
+    to rounding (1 %: 7B for 7.06B, 29.4M for 29,406,720); else one PlanError. Planned at 7e9 and
+    printed as a command building the shape's 29.4M, the recommendation was for another model
+    (`scalelab plan` says "no same job" for the same flags; recommend's answer is a command)."""
+    from scalelab.plan.cli import _model_from_args
+
+    built = _model_from_args(argparse.Namespace(**{**vars(ns), "params": None}))
+    if abs(built.n_params - a.params) > 0.01 * built.n_params:
+        raise PlanError(f"--params {a.params:,.0f} is not the count of --layers {a.layers} --hidden {a.hidden} "
+                        f"--heads {a.heads} (vocab {built.vocab}, seq {built.seq_len}): scalelab-train builds "
+                        f"{built.n_params:,} parameters; give the shape alone, or --params alone (a shape is guessed)")
+    return built
 
 
 def _default_batch() -> int:
@@ -188,7 +218,7 @@ def _lr_base(a, opt: str) -> tuple[float, int]:
     lr, batch = base_defaults(opt)
     lr = a.base_lr if a.base_lr is not None else lr
     batch = a.base_batch if a.base_batch is not None else batch
-    if not lr > 0 or batch < 1:
+    if not (lr > 0 and math.isfinite(lr)) or batch < 1:
         raise PlanError(f"--base-lr must be > 0 and --base-batch >= 1, got {lr} and {batch}")
     return lr, batch
 

@@ -66,7 +66,9 @@ def _best(req: Request) -> Candidate | None:
     from .space import enumerate_candidates
 
     cands, _ = enumerate_candidates(req)
-    shown, _ = shortlist(rank(cands, "throughput", req.hardware), req, 1)
+    # the layout the trainer accepts, for the published model's own count (Megatron's tied embeddings,
+    # not scalelab-train's GPT): no command is printed here, so the model's count is not compared
+    shown, _ = shortlist(rank(cands, "throughput", req.hardware), req, 1, same_model=False)
     return shown[0][0] if shown else None
 
 

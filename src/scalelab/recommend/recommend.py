@@ -22,14 +22,17 @@ from .space import Candidate, Request, enumerate_candidates, train_overrides
 NOISE = 0.05
 
 
-def trainer_check(c: Candidate, req: Request) -> tuple[list[str] | None, str | None]:
+def trainer_check(c: Candidate, req: Request, same_model: bool = True) -> tuple[list[str] | None, str | None]:
     """(overrides, None) when `scalelab-train OVERRIDES` composes, validates and derives this very
-    layout (plan_job.terms_for_job: the trainer's own config code); else (overrides or None, why)."""
+    layout (plan_job.terms_for_job: the trainer's own config code), and with same_model builds the
+    model planned (its count); else (overrides or None, why)."""
     from scalelab.plan_job import terms_for_job
 
     try:
         ov = train_overrides(c, req)
-        terms, _ = terms_for_job(ov)
+        # validated for the profile's device kind: a GPU profile given as a path has no
+        # hardware_profile= in the overrides, and was checked as a CPU job (fp16 ZeRO refused)
+        terms, _ = terms_for_job(ov, target=req.hardware.kind)
     except PlanError as exc:
         return None, str(exc)
     L = terms.layout
@@ -37,12 +40,18 @@ def trainer_check(c: Candidate, req: Request) -> tuple[list[str] | None, str | N
     want = (c.strategy, c.dp, c.tp, c.pp, c.micro_batch, c.micro_batches, c.checkpointing, c.precision)
     if got != want:
         return ov, f"the trainer derives {got} from these overrides, not {want}"
+    # the model too: a shape with another count asked (--params 7B --layers 4 ...) was planned at 7e9
+    # and printed as a command building the shape's 29.4M
+    built, planned = terms.model.n_params, c.terms.model.n_params
+    if same_model and built != planned:
+        return ov, f"these overrides build a {built:,}-parameter model, not the {planned:,} planned"
     return ov, None
 
 
-def shortlist(ranked: list[Candidate], req: Request, need: int, tries_per_strategy: int = 2):
+def shortlist(ranked: list[Candidate], req: Request, need: int, tries_per_strategy: int = 2, same_model: bool = True):
     """The best candidate of each strategy that the trainer accepts, in rank order, up to `need`;
-    and the ones it refused (a refusal is usually the strategy's, so each gets a second try only)."""
+    and the ones it refused (a refusal is usually the strategy's, so each gets a second try only).
+    same_model: see trainer_check (off where no command is printed: published.py)."""
     shown: list[tuple[Candidate, list[str]]] = []
     rejected: list[dict] = []
     tries: dict[str, int] = {}
@@ -52,7 +61,7 @@ def shortlist(ranked: list[Candidate], req: Request, need: int, tries_per_strate
         if any(s.strategy == c.strategy for s, _ in shown) or tries.get(c.strategy, 0) >= tries_per_strategy:
             continue
         tries[c.strategy] = tries.get(c.strategy, 0) + 1
-        ov, why = trainer_check(c, req)
+        ov, why = trainer_check(c, req, same_model)
         if why:
             rejected.append({"strategy": c.strategy, "layout": c.label(), "error": why})
         else:
@@ -125,15 +134,31 @@ def recommend(req: Request, *, objective: str, tokens=None, budget_s=None, verif
         say(f"\nverified ({v['steps']} steps each, {v['wall_s']:.0f} s):\n" + text_table(*verify_rows(doc)))
         if v.get("note"):
             say(v["note"])
+        if not any(r.get("runs") for r in v["ranking"]):
+            # no job left a record (sbatch refused them all, a launcher that did not start): every
+            # row "not run" exited 0 with the planner's pick; the recommendation is kept, no winner
+            log = out / "verify.log"
+            doc["error"] = (f"no verification job started (scalelab-train exited {v['returncode']}): "
+                            f"{V.last_error(log) if log.is_file() else 'no log'} (log: {log})")
+            doc["lr"] = {"advice": {**lr_mod.advice(req.optimizer, base_lr, base_batch, winner["global_batch"]),
+                                    "caveat": lr_caveat}, "check": None}
+            _finish(doc, out, records, summaries, say)
+            print(f"error: {doc['error']}", file=sys.stderr)
+            return doc
         best = doc["verification"]["measured_best_index"]
         if best is not None:
             winner, source = doc["ranking"][best], "measured best of the verified"
     adv = {**lr_mod.advice(req.optimizer, base_lr, base_batch, winner["global_batch"]), "caveat": lr_caveat}
     doc["lr"] = {"advice": adv, "check": None}
+    # the winner's own candidate: the LR-check jobs ask SLURM for its devices and nodes
+    chosen = shown[doc["ranking"].index(winner)][0]
     if lr_check == "grid":
-        doc["lr"]["check"], lr_records, lr_sum = _lr_check(winner, adv, out, lr_steps, extra, slurm, shown, say)
+        doc["lr"]["check"], lr_records, lr_sum = _lr_check(winner, adv, out, lr_steps, extra, slurm, chosen,
+                                                           req.hardware.kind, say)
         records, summaries = records + lr_records, summaries + lr_sum
-    command = winner["overrides"] + adv["overrides"]
+    # --train-arg: the verified jobs ran with it, so the command does too; hydra.* / hydra/...
+    # (launcher settings of the verification sweep) are not the job's
+    command = winner["overrides"] + adv["overrides"] + [e for e in extra if not e.lstrip("+~").startswith("hydra")]
     from .cli import command_line
 
     doc["winner"] = {**{k: winner[k] for k in ("strategy", "world_size", "dp", "tp", "pp", "micro_batch",
@@ -212,7 +237,7 @@ def _multirun(argv: list[str], log: Path, what: str, say, announce: str) -> tupl
 
 def _verify(chosen, doc, req, objective, tokens, steps, repeats, out: Path, extra, slurm, say):
     cands = [c for c, _ in chosen]
-    launch = V.slurm_overrides(cands) if slurm else []
+    launch = V.slurm_overrides(cands, req.hardware.kind) if slurm else []
     argv = V.candidates_command(cands, [ov for _, ov in chosen], out, steps, launch + extra, repeats)
     rc, wall = _multirun(argv, out / "verify.log", "verification", say,
                          f"verifying the top {len(cands)}: scalelab-train {' '.join(argv)}\n  (log: {out / 'verify.log'})")
@@ -253,9 +278,9 @@ def measured_ranking(cands: list[Candidate], recs: dict, objective: str, req: Re
     return done + [r for r in rows if "measured_score" not in r], best, note
 
 
-def _lr_check(winner: dict, adv: dict, out: Path, steps: int, extra, slurm, shown, say):
+def _lr_check(winner: dict, adv: dict, out: Path, steps: int, extra, slurm, cand: Candidate, kind: str, say):
     varied, grid = lr_mod.check_grid(adv)
-    launch = V.slurm_overrides([shown[0][0]]) if slurm else []
+    launch = V.slurm_overrides([cand], kind) if slurm else []
     keep = [o for o in winner["overrides"] if not o.startswith(("optim.lr=", "lr_scaling"))]
     argv = ["-m", *keep, *grid, f"hydra.sweep.dir={(out / 'lr_check').resolve()}", *V.short_run(steps),
             *launch, *extra]

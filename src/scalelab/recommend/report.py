@@ -111,6 +111,8 @@ def markdown(doc: dict) -> str:
         out += [f"**Warning**: {doc['warning']}.", ""]
     if win:
         out += [f"**Run this** ({win['source']}): `{win['command']}`", "", f"Why: {win['reason']}", ""]
+    elif doc.get("error"):       # verification asked and none of its jobs started (recommend.py)
+        out += [f"**Error**: {doc['error']}.", ""]
     else:
         out += ["**No layout fits** (see Pruned below).", ""]
     out += ["## Planner ranking (best layout of each strategy)", "", markdown_table(*ranking_rows(doc)), ""]

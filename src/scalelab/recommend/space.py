@@ -53,7 +53,8 @@ class Request:
 
     @property
     def is_cpu(self) -> bool:
-        return "cpu" in self.hardware.name.lower()
+        # the profile's kind, not its name: a cpu profile named `workstation` got offload searched
+        return self.hardware.kind == "cpu"
 
 
 @dataclass
@@ -172,12 +173,44 @@ def skip_reason(strategy: str, req: Request, world: int) -> str | None:
     """Why a whole strategy is left out of this search (None: searched)."""
     st = get_strategy(strategy)
     if strategy == "single" and world > 1:
-        return "N independent replicas (no gradient sync): not the asked training"
+        return ("runs on 1 device (on more it trains independent replicas, no gradient sync): "
+                "not the asked training")
     if req.is_cpu and (st.offload_optimizer or st.offload_params):
         return "offload moves states to host memory, which is the device's own memory on a CPU"
     if world == 1 and strategy != "single" and not (st.offload_optimizer or st.offload_params):
         return "on one device it shards and syncs nothing: single without the wrapper's overhead"
     return None
+
+
+def unrunnable(req: Request) -> dict[str, str]:
+    """{strategy: why} for the strategies of the request that have no layout on any of its device
+    layouts (skipped, or no tp/pp degree), the reason said for the asked layout. Cheap: nothing is
+    planned, so the command can refuse before its search."""
+    out = {}
+    for name in req.strategies:
+        whys = []
+        for devices, nodes in device_layouts(req):
+            world = devices * nodes
+            why = skip_reason(name, req, world)
+            if why is None and not degrees(name, req.model, devices, world):
+                why = no_degree_reason(name, req.model, devices, nodes)
+            if why is None:
+                break
+            whys.append(why)
+        else:
+            out[name] = whys[0]
+    return out
+
+
+def check_runnable(req: Request) -> None:
+    """PlanError when no strategy asked can run on the asked devices (`--strategies single
+    --devices 2` ended in "0 of 1 layouts fit device memory", exit 1: memory was not the reason)."""
+    why = unrunnable(req)
+    if why and len(why) == len(req.strategies):
+        where = f"{req.nodes}x{req.devices} devices" if req.nodes > 1 else f"{req.devices} device(s)"
+        raise PlanError(f"--strategies {','.join(req.strategies)}: none can run on {where}: "
+                        + "; ".join(f"{n}: {w}" for n, w in why.items())
+                        + "; give other --strategies or --devices")
 
 
 def enumerate_candidates(req: Request) -> tuple[list[Candidate], dict]:

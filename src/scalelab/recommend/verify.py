@@ -64,11 +64,14 @@ def train_argv() -> list[str]:
     return [sys.executable, "-m", "scalelab.train"]
 
 
-def slurm_overrides(cands: list[Candidate]) -> list[str]:
+def slurm_overrides(cands: list[Candidate], kind: str = "gpu") -> list[str]:
+    """The SLURM launcher's request for these candidates' jobs; GPUs only for a GPU profile (kind):
+    a CPU profile's jobs asked for gpus_per_node=devices, which sbatch refuses on a CPU partition."""
     nodes = max(c.nodes for c in cands)
     devices = max(c.devices for c in cands)
+    gpus = [f"hydra.launcher.gpus_per_node={devices}"] if kind != "cpu" else []
     return ["hydra/launcher=submitit_slurm", f"hydra.launcher.nodes={nodes}", "hydra.launcher.tasks_per_node=1",
-            f"hydra.launcher.gpus_per_node={devices}", "launcher=srun"]
+            *gpus, "launcher=srun"]
 
 
 def candidates_command(cands: list[Candidate], overrides: list[list[str]], out: Path, steps: int,
@@ -90,6 +93,56 @@ def short_run(steps: int) -> list[str]:
     """A short job whose figures still have measured steps: warm-up 1/4 (at least 2), 2 profiled."""
     warm = max(2, steps // 4)
     return [f"trainer.max_steps={steps}", f"trainer.warmup_steps={warm}", "trainer.profile_steps=2", "logger=none"]
+
+
+# Keys recommend itself sets in a job (space.train_overrides, lr.advice, this module's sweep), and
+# the flag that chooses each: a --train-arg of one overrode the candidate in the verified jobs (the
+# ddp row measured zero3) and clashed with the printed command.
+SET_BY = {"strategy": "--strategies", "model": "--model or the shape flags", "trainer.devices": "--devices",
+          "trainer.num_nodes": "--nodes", "data.global_batch_size": "--global-batch",
+          "data.micro_batch_size": "the search (it picks each layout's split)", "trainer.precision": "--precision",
+          "optim": "--optimizer", "optim.lr": "--base-lr", "lr_scaling": "the LR advice (--base-lr, --base-batch)",
+          "hardware_profile": "--hardware", "launcher": "the candidate (srun on several nodes) and --slurm",
+          "model.arch.activation_checkpointing": "--activation-checkpointing", GROUP: "--verify",
+          "hydra.searchpath": "--verify", "hydra.sweep.dir": "--out"}
+
+
+def set_by(key: str, slurm: bool = False) -> str | None:
+    """The flag that sets KEY in recommend's jobs (None: free for --train-arg)."""
+    k = key.lstrip("+~")
+    if slurm and (k == "hydra/launcher" or k in ("hydra.launcher.nodes", "hydra.launcher.gpus_per_node",
+                                                 "hydra.launcher.tasks_per_node")):
+        return "--slurm"
+    for name in (k, *(k.rsplit(".", i)[0] for i in range(1, k.count(".") + 1))):   # the key, then its parents
+        if name in SET_BY:
+            return SET_BY[name]
+    return None
+
+
+def check_train_args(extra: list[str], req, steps: int | None, slurm: bool = False) -> None:
+    """Every --train-arg before the search (it was refused after ~5 s of search and a printed table):
+    KEY=VALUE, one value, not a key recommend sets, and the job composes and validates with it
+    (the verification's short run when steps is given) for the profile's device kind."""
+    from scalelab.plan_job import check_job
+
+    for e in extra:
+        if "=" not in e:
+            raise PlanError(f"--train-arg {e!r} is not KEY=VALUE")
+        key, value = e.split("=", 1)
+        by = set_by(key, slurm)
+        if by:
+            raise PlanError(f"--train-arg {e}: recommend chooses {key.lstrip('+~')} for each job; "
+                            f"set it with {by}")
+        if "," in value and not value.startswith("["):
+            raise PlanError(f"--train-arg {e}: a sweep value (a,b) would run each job several times; give one "
+                            "value (a list is KEY=[a,b])")
+    job = [e for e in extra if not e.lstrip("+~").startswith("hydra")]   # launcher settings: preflight's
+    if job:
+        base = [f"model={req.model_name}"] if req.model_name else []
+        try:
+            check_job([*base, *(short_run(steps) if steps else []), *job], req.hardware.kind)
+        except PlanError as exc:
+            raise PlanError(f"--train-arg is not valid: {exc}") from None
 
 
 def preflight_or_raise(argv: list[str]) -> None:
@@ -143,7 +196,7 @@ def measured_row(c: Candidate, recs: list[dict], objective: str, hw: Hardware, t
            "predicted_score": score(c, objective, hw, tokens), "status": "not run", "runs": len(recs)}
     if not recs:
         return row
-    ok = [r for r in recs if r.get("status") == "completed" and (r.get("throughput") or {}).get("tokens_per_s")
+    ok = [r for r in recs if r.get("status") == "completed" and measured_tokens_per_s(r, c)
           and (r.get("step_time_s") or {}).get("median")]
     bad = [r for r in recs if r not in ok]
     # "completed 2 of 3": the medians below are over the runs that completed, not every repeat
@@ -152,18 +205,31 @@ def measured_row(c: Candidate, recs: list[dict], objective: str, hw: Hardware, t
                error=bad[0].get("error") if bad else None, run_dirs=[(r.get("job") or {}).get("dir") for r in recs])
     if not ok:
         return row
-    tps = statistics.median(float(r["throughput"]["tokens_per_s"]) for r in ok)
+    tps = statistics.median(measured_tokens_per_s(r, c) for r in ok)
     step = statistics.median(float(r["step_time_s"]["median"]) for r in ok)
     speed = statistics.median(speed_factor(r, c.terms, hw) for r in ok)
     peaks = [max(p) for r in ok for p in [(r.get("memory") or {}).get("peak_device_bytes_per_rank")
                                           or (r.get("memory") or {}).get("peak_rss_bytes_per_rank") or []] if p]
     row.update(measured_step_s=step, measured_tokens_per_s=tps, measured_score=score(c, objective, hw, tokens, tps=tps),
-               measured_tokens_per_s_runs=[float(r["throughput"]["tokens_per_s"]) for r in ok],
+               measured_tokens_per_s_runs=[measured_tokens_per_s(r, c) for r in ok],
                step_ratio=pred_step / step, host_speed_factor=speed, step_ratio_at_host_speed=pred_step / speed / step,
                measured_peak_bytes=max(peaks) if peaks else None, predicted_total_bytes=c.memory_bytes,
                loss_final=statistics.median(float((r.get("loss") or {}).get("final") or "nan") for r in ok),
                short_run=any(bool(r.get("short_run")) for r in ok))
     return row
+
+
+def measured_tokens_per_s(rec: dict, c: Candidate) -> float | None:
+    """A run's tokens/s in the planner's unit (rank.tokens_per_s: global batch x the model's seq_len
+    per step): the record's own figure, else samples/s x seq_len. A classify (MLP) run records
+    tokens_per_s null, and its planned seq_len is 1 (a sample is one token), so every MLP
+    verification read "No verification run completed"."""
+    thr = rec.get("throughput") or {}
+    if thr.get("tokens_per_s"):
+        return float(thr["tokens_per_s"])
+    if thr.get("samples_per_s"):
+        return float(thr["samples_per_s"]) * c.terms.model.seq_len
+    return None
 
 
 def lr_rows(sweep: Path, varied: str) -> list[dict]:
