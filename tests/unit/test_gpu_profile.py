@@ -31,3 +31,24 @@ def test_a_gpu_without_a_profile_says_so(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
     assert mfu.no_profile_note("auto", "gpu") is None
     assert mfu.no_profile_note("auto", "cpu") is None
+
+
+def test_a_cpu_profile_of_any_name_is_a_cpu_profile(tmp_path):
+    """A calibrated CPU profile saved as workstation.yaml (kind: cpu) serves a CPU run; a GPU
+    profile still does not (its peak would understate CPU MFU)."""
+    import pytest
+    import yaml
+
+    from scalelab.errors import ConfigError
+    from scalelab.plan.hardware import conf_dir
+
+    h200 = yaml.safe_load((conf_dir() / "hardware" / "h200.yaml").read_text())
+    cpu = tmp_path / "workstation.yaml"
+    cpu.write_text(yaml.safe_dump({**h200, "name": "workstation", "kind": "cpu"}))
+    assert mfu.profile_name(str(cpu), "cpu") == str(cpu)
+    gpu = tmp_path / "mygpu.yaml"
+    gpu.write_text(yaml.safe_dump({**h200, "name": "mygpu"}))
+    with pytest.raises(ConfigError, match="is a GPU profile but this run is on CPU"):
+        mfu.profile_name(str(gpu), "cpu")
+    with pytest.raises(ConfigError, match="is a GPU profile but this run is on CPU"):
+        mfu.profile_name("h200", "cpu")
