@@ -181,7 +181,7 @@ def check_resume_from(c: dict) -> None:
     if not path.exists():
         raise ConfigError(f"{what} does not exist: give a checkpoint (file or folder) saved by a run of the same "
                           "kind of strategy (ZeRO: stage and world size) and model shape, or null")
-    not_one = folder_problem(path)
+    not_one = folder_problem(path) or file_problem(path)
     if not_one:
         raise ConfigError(f"{what} {not_one}")
     differs = resume_mismatch(path, c)
@@ -205,6 +205,24 @@ def folder_problem(path: Path) -> str | None:
     found = sorted(p.name for p in inner.iterdir() if p.name == "last.ckpt" or _NAME.match(p.name))
     hint = f": the checkpoints in it are {inner}/{{{', '.join(found[-3:])}}}" if found else ""
     return f"is a folder but not a checkpoint (no .metadata or latest file in it){hint}"
+
+
+def file_problem(path: Path) -> str | None:
+    """Why file `path` is not a checkpoint (None when it is one, or is a folder): torch.save's zip
+    archive with a data.pkl, as Lightning's .ckpt is. Only the central directory at its end is read:
+    a truncated copy or another file (a run.json) crashed every rank in torch.load instead."""
+    import zipfile
+
+    if not Path(path).is_file():
+        return None
+    try:
+        with zipfile.ZipFile(path) as z:
+            if any(n.rsplit("/", 1)[-1] == "data.pkl" for n in z.namelist()):
+                return None
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        pass
+    return ("is not a checkpoint file (torch.save's zip archive, as Lightning's .ckpt; a truncated copy is not "
+            "one either): give a .ckpt or a sharded checkpoint's folder that a run saved, or null")
 
 
 def read_mark(path: Path, default: int | None = None) -> int | None:

@@ -85,6 +85,35 @@ def refusal(job_dir: Path, cfg: dict) -> str | None:
             "of it there)")
 
 
+# What marks a sweep's folder (results.sweep.SWEEP_MARKS: Hydra's multirun.yaml, aggregation's
+# sweep.json) and a single run's (its record, or the resolved config it writes before any rank).
+SWEEP_MARKS = ("multirun.yaml", "sweep.json")
+RUN_MARKS = ("run.json", CONFIG_FILE)
+
+
+def kind_refusal(folder: Path, multirun: bool) -> str | None:
+    """One line when `folder`, given as a single run's hydra.run.dir, is a sweep's (a run there
+    wrote its run.json beside the sweep's jobs, and `scalelab aggregate` then refused the sweep),
+    or, given as a sweep's hydra.sweep.dir, is a single run's (the jobs, multirun.yaml and
+    sweep.json landed inside that run); else None."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    if multirun:
+        held = [name for name in RUN_MARKS if (folder / name).is_file()]
+        return (f"hydra.sweep.dir={folder} is a single run's folder (it holds {' and '.join(held)}): a sweep there "
+                "would mix its jobs and sweep.json into that run; give the sweep a folder of its own"
+                if held else None)
+    held = [name for name in SWEEP_MARKS if (folder / name).is_file()]
+    jobs = sorted(p.parent.name for p in folder.glob("*/run.json"))
+    if jobs:
+        held.append(f"job records {', '.join(jobs[:3])}{', ...' if len(jobs) > 3 else ''}/run.json")
+    held = ", ".join(held[:-1]) + (" and " if len(held) > 1 else "") + held[-1] if held else ""
+    return (f"hydra.run.dir={folder} is a sweep's folder (it holds {held}): a single run there would "
+            "write its run.json among the sweep's jobs; give the run a folder of its own (the sweep runs again "
+            f"with -m hydra.sweep.dir={folder})" if held else None)
+
+
 def _lengths(earlier: dict, cfg: dict) -> tuple[int | None, int | None]:
     """(trainer.max_steps of the earlier run, of this one); None where one is not an integer."""
     was, now = ((c.get("trainer") or {}).get("max_steps") for c in (earlier, cfg))

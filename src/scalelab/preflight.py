@@ -5,8 +5,10 @@ plus `hydra.sweeper.params` from experiments), each job's config is composed and
 A bad value anywhere stops the whole command with one line, and no job (so no rank) starts.
 Each job's data is prepared here too (data/prepare.py, cached; the jobs then find it), so a
 corpus too small for the run is such a line as well. So is a job whose folder (a hydra.run.dir
-or hydra.sweep.dir given) holds another job's run (scalelab.job_dir). Pass-through flags (--cfg,
---help, ...) validate and prepare nothing.
+or hydra.sweep.dir given) holds another job's run, or is the other kind of folder (a sweep's as a
+run's, a run's as a sweep's: scalelab.job_dir), and a sweep whose jobs share one folder or that
+has no job. An Optuna sweep's search space (each choice, each bound) is validated key by key.
+Pass-through flags (--cfg, --help, ...) validate and prepare nothing.
 """
 from __future__ import annotations
 
@@ -18,14 +20,16 @@ from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Glob, IntervalSweep, RangeSweep
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from scalelab.config import validate
 from scalelab.data.prepare import prepare_for_run
 from scalelab.errors import ConfigError
-from scalelab.job_dir import refusal
+from scalelab.job_dir import kind_refusal, refusal
 from scalelab.paths import conf_dir, path_problem
+from scalelab.scaling.lr import warmup_steps
 from scalelab.schema import CLOSED, not_a_key
 from scalelab.strategies.registry import choices
 
@@ -46,9 +50,16 @@ def _check_group_values(parsed) -> None:
     groups = _groups()
     for o in parsed:
         key = o.key_or_group
+        if not key:   # `=5`: Hydra's own refusal was a ValueError traceback
+            raise ConfigError(f"{o.input_line!r} has no key: an override is KEY=VALUE (trainer.max_steps=5)")
         if key in groups and not o.is_delete():
-            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
             valid = choices(key)
+            if isinstance(o.value(), Glob):   # glob() needs Hydra's config loader: matched here against the options
+                values = o.value().filter(valid)
+                if not values:
+                    raise ConfigError(f"{o.input_line} matches no {key}: choose among {', '.join(valid)}")
+            else:
+                values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
             for v in values:
                 if v is not None and str(v) not in valid:
                     raise ConfigError(f"{key}={v} is not known: choose one of {', '.join(valid)}")
@@ -65,8 +76,24 @@ def _compose(overrides: list[str], hydra_cfg: bool = False):
         if ambiguous:   # a,b outside a sweep: Hydra's own line reads as a numbered list cut short
             raise ConfigError(f"{ambiguous.group(1)}: several values make a sweep (scalelab-train -m ...); one job "
                               "takes one value (a list is KEY=[a,b]; a string with a comma is quoted: KEY='a,b')") from e
-        lines = [ln.strip().rstrip(".") for ln in str(e).splitlines() if ln.strip()]
+        missing = _missing_option(str(e))
+        if missing:
+            raise ConfigError(missing) from e
+        lines = [ln.strip().rstrip(".") for ln in str(e).split("Config search path:")[0].splitlines() if ln.strip()]
         raise ConfigError("; ".join(lines[:2])) from e
+    except ValueError as e:   # Hydra's own check of an override's type, a traceback before
+        raise ConfigError(f"the overrides are not valid: {str(e).splitlines()[0] if str(e) else e!r}") from e
+
+
+def _missing_option(text: str) -> str | None:
+    """Hydra's "Could not find 'hydra/launcher/nope'" and the options it lists one per line below
+    (the first two lines of it named no option) as one line naming them."""
+    m = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
+    listed = re.search(r"Available options in '[^']*':\n((?:\t[^\n]*\n?)*)", text)
+    if not m or not listed:
+        return None
+    names = [ln.strip() for ln in listed.group(1).splitlines() if ln.strip()]
+    return f"{m.group(1)}={m.group(2)} is not known: choose one of {', '.join(names)}"
 
 
 def _unknown_key(text: str, overrides: list[str]) -> str | None:
@@ -94,29 +121,89 @@ def _unknown_key(text: str, overrides: list[str]) -> str | None:
     return None
 
 
-def expand(args: list[str]) -> list[list[str]]:
-    """The override lists of every job the command would run (one list for a single run)."""
-    overrides = [a for a in args if not a.startswith("-")]
-    multirun = "-m" in args or "--multirun" in args
-    parser = OverridesParser.create()
+def _parser() -> OverridesParser:
+    """Hydra's parser, with its config loader where Hydra is initialized (glob() sweeps need it)."""
+    loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() else None
+    return OverridesParser.create(config_loader=loader)
+
+
+def _parse(parser: OverridesParser, overrides: list[str]) -> list:
     try:
         parsed = parser.parse_overrides(overrides)
     except HydraException as e:
         raise ConfigError(str(e).splitlines()[0]) from e
     _check_group_values(parsed)
+    return parsed
+
+
+def _basic(cfg) -> bool:
+    return "BasicSweeper" in str(cfg.hydra.sweeper.get("_target_", ""))
+
+
+def expand(args: list[str]) -> list[list[str]]:
+    """The override lists of every job the command would run (one list for a single run)."""
+    overrides = [a for a in args if not a.startswith("-")]
+    multirun = "-m" in args or "--multirun" in args
+    parser = _parser()
+    parsed = _parse(parser, overrides)
     if not multirun:
         return [overrides]
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     base = _compose(fixed, hydra_cfg=True)
-    if "BasicSweeper" not in str(base.hydra.sweeper.get("_target_", "")):
-        return [fixed]  # other sweepers (Optuna) choose values at run time: check the fixed part
+    if not _basic(base):
+        return [fixed]  # other sweepers (Optuna) choose values at run time: the fixed part, and search_space
     params = base.hydra.sweeper.get("params") or {}
-    sweep_args = [f"{k}={v}" for k, v in params.items()] + overrides
-    jobs = BasicSweeper.split_arguments(parser.parse_overrides(sweep_args), max_batch_size=None)
+    swept = _parse(parser, [f"{k}={v}" for k, v in params.items()] + overrides)   # an experiment's too
+    try:
+        jobs = BasicSweeper.split_arguments(swept, max_batch_size=None)
+    except HydraException as e:   # interval(): only a sweeper that samples (Optuna) takes one
+        raise ConfigError(f"{str(e).splitlines()[0]}: -m sweeps choice(), range(), glob() or a,b lists") from e
     flat = [job for batch in jobs for job in batch]
+    if not flat:   # Hydra launched 0 jobs, exit 0, and rewrote the sweep folder's multirun.yaml and summary
+        empty = [o.input_line for o in swept if o.is_discrete_sweep() and not list(o.sweep_string_iterator())]
+        raise ConfigError(f"the sweep expands to 0 jobs ({', '.join(empty)} is empty): give each swept key at "
+                          "least one value (range(START,STOP) stops before STOP)")
     if len(flat) > _MAX_JOBS:
         raise ConfigError(f"the sweep expands to {len(flat)} jobs (more than {_MAX_JOBS}); narrow it")
     return flat
+
+
+def search_space(args: list[str]) -> list[tuple[str, list[str]]]:
+    """(what, overrides) for each value an Optuna sweep may give a key (hydra.sweeper.params and
+    the command's sweeps, the command's last): every choice, both bounds of an interval or range,
+    each with the command's fixed overrides. A bad one otherwise failed in the job, as a traceback."""
+    if "-m" not in args and "--multirun" not in args:
+        return []
+    overrides = [a for a in args if not a.startswith("-")]
+    parser = _parser()
+    fixed = [o.input_line for o in parser.parse_overrides(overrides) if not o.is_sweep_override()]
+    base = _compose(fixed, hydra_cfg=True)
+    if _basic(base):
+        return []
+    params = base.hydra.sweeper.get("params") or {}
+    space = {o.get_key_element(): o for o in _parse(parser, [f"{k}={v}" for k, v in params.items()] + overrides)}
+    probes = []
+    for key, o in space.items():
+        if not o.is_sweep_override():   # the command's own fixed values are `fixed` (they replace params')
+            continue
+        value = o.value()
+        if isinstance(value, (IntervalSweep, RangeSweep)):   # Optuna samples between (and on) the bounds
+            values = [value.start, value.end if isinstance(value, IntervalSweep) else value.stop]
+        else:
+            values = list(o.sweep_string_iterator())
+        probes += [(o.input_line, [*fixed, f"{key}={v}"]) for v in values]
+    return probes
+
+
+def _validate(cfg, target: str | None):
+    """config.validate, and what only a command line can get wrong that validate lets pass."""
+    spec = validate(cfg, target)
+    ls, steps = cfg.lr_scaling, int(cfg.trainer.max_steps)
+    if warmup_steps(ls.warmup_steps, steps) > steps:   # the scheduler cut it to max_steps, silently
+        raise ConfigError(f"lr_scaling.warmup_steps={ls.warmup_steps} is more than trainer.max_steps={steps}: the run "
+                          f"would end before its LR warm-up; give at most {steps} steps, or a fraction < 1 of them "
+                          "(0.1: the first 10%)")
+    return spec
 
 
 @contextmanager
@@ -129,22 +216,26 @@ def _naming_job(job: list[str], jobs: list[list[str]], args: list[str]):
         raise ConfigError(f"{e}" + (f" [job: {swept}]" if swept else "")) from e
 
 
-def _job_dir(cfg, num: int, multirun: bool) -> Path | None:
-    """The folder Hydra will run job `num` in, where it may already hold a run; None for a
-    folder named by the time (${now:...}: new by construction) or one not known before Hydra
-    runs the job (train.run_job checks those)."""
-    if multirun and "BasicSweeper" not in str(cfg.hydra.sweeper.get("_target_", "")):
-        return None   # other sweepers (Optuna) choose each job's values at run time
+def _job_dir(cfg, num: int, multirun: bool) -> tuple[Path | None, Path | None, str | None]:
+    """(job folder, sweep folder, subdir) of job `num`. The folders: where Hydra will run the job
+    and the sweep, which may already hold runs; None for one named by the time (${now:...}: new by
+    construction) or not known before Hydra runs the job (train.run_job checks those). subdir:
+    what tells the sweep's jobs apart (resolved; None where unknown)."""
     node = cfg.hydra.sweep if multirun else cfg.hydra.run
-    raw = OmegaConf.to_container(node, resolve=False)
-    if any("${now:" in str(v) for v in raw.values()):
-        return None
+    raw = {k: str(v) for k, v in OmegaConf.to_container(node, resolve=False).items()}
+    timed = "${now:" in raw["dir"]
     try:
         with open_dict(cfg):
             cfg.hydra.job.num = num
-        return Path(node.dir, node.subdir if multirun else "").resolve()
+        base = None if timed else Path(node.dir).resolve()
+        sub = str(node.subdir) if multirun and "${now:" not in raw["subdir"] else None
     except Exception:  # noqa: BLE001 - an interpolation of what only Hydra's run sets
-        return None
+        return None, None, None
+    if not multirun:
+        return base, None, None
+    if not _basic(cfg):   # other sweepers (Optuna) choose each job's values at run time
+        return None, base, None
+    return ((base / sub).resolve() if base and sub is not None else None), base, sub
 
 
 def preflight(args: list[str], data: bool = True, elsewhere: bool = False) -> int:
@@ -163,24 +254,42 @@ def preflight(args: list[str], data: bool = True, elsewhere: bool = False) -> in
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         jobs = expand(args)
-        checked = []
+        checked, subdirs, sampled = [], {}, False
         # Every job's config first (schema, then the cross-key checks: config.validate), so a bad
         # value in any job stops the command before anything is prepared or written; then the data.
         multirun = "-m" in args or "--multirun" in args
         for num, job in enumerate(jobs):
             with _naming_job(job, jobs, args):
                 cfg = _compose(job, hydra_cfg=True)   # one compose: the job's folder and its config
-                where = _job_dir(cfg, num, multirun)
+                where, sweep_dir, sub = _job_dir(cfg, num, multirun)
+                raw_sub = OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir")
+                sampled = multirun and not _basic(cfg)
                 with open_dict(cfg):
                     cfg.pop("hydra")
                 target = ("cpu" if str(cfg.trainer.accelerator) == "cpu" else "gpu") if elsewhere else None
-                checked.append((job, cfg, validate(cfg, target)))
+                checked.append((job, cfg, _validate(cfg, target)))
                 refused = where is not None and (
                     path_problem(where, "the job's folder (hydra.sweep.dir/subdir)" if multirun else "hydra.run.dir",
                                  folder=True)
+                    or (not multirun and kind_refusal(where, False))
                     or refusal(where, OmegaConf.to_container(cfg, resolve=True)))
+                refused = refused or (sweep_dir is not None and kind_refusal(sweep_dir, True))
                 if refused:
                     raise ConfigError(refused)
+            # the sweep dir is one per command unless it names a job's value: its subdir apart, it
+            # is the same folder (Hydra overwrote the first job's .hydra/, then the second was refused)
+            same = subdirs.setdefault((str(sweep_dir) if sweep_dir else None, sub), num) if sub is not None else num
+            if same != num:
+                swept = lambda j: " ".join(o for o in j if o not in args) or "-"  # noqa: E731
+                raise ConfigError(f"hydra.sweep.subdir={raw_sub} puts jobs {same} ({swept(jobs[same])}) and {num} "
+                                  f"({swept(job)}) in one folder ({sweep_dir or 'hydra.sweep.dir'}/{sub}): give each "
+                                  "job its own (the default ${hydra.job.num}, or ${hydra.job.override_dirname})")
+        for what, probe in search_space(args) if sampled else ():
+            try:
+                cfg = _compose(probe)
+                _validate(cfg, ("cpu" if str(cfg.trainer.accelerator) == "cpu" else "gpu") if elsewhere else None)
+            except ConfigError as e:
+                raise ConfigError(f"{e} [search space: {what}]") from e
         for job, cfg, spec in checked if data else ():
             # Prepared once and cached, so the jobs find it (and a corpus too small for the run is
             # a one-line error here, not a crash in the ranks).

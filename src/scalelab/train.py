@@ -228,9 +228,24 @@ def job_timeout(cfg: DictConfig) -> float:
 @hydra.main(config_path=str(conf_dir()), config_name="train", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> float:
     """Returns the objective for sweepers that optimize (Optuna): the final loss, NaN if failed."""
-    record = run_job(cfg)
+    try:
+        record = run_job(cfg)
+    except ConfigError as e:   # a value only the job sees (an Optuna trial's): one line, and the sweep goes on
+        record = _refused(str(e))
     final = record.get("loss", {}).get("final")
     return float(final) if record["status"] == "completed" and final is not None else float("nan")
+
+
+def _refused(error: str) -> dict:
+    """The job's ConfigError as a failed job (one line; its folder's records are left as they were),
+    where before a traceback ended the job inside Hydra."""
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    name = f"{Path(hc.sweep.dir).name}/{hc.job.num}" if multirun else Path(hc.runtime.output_dir).name
+    error = redact_text(error)
+    _FAILED.append(f"{name}: {error}")
+    log.error(f"[scalelab] job {name} FAILED: {error}")
+    return {"status": "failed", "error": error}
 
 
 def main() -> None:

@@ -277,6 +277,12 @@ SUBPROCESS_ROWS = [
     (TRAIN, ["strategy._target_=nosuch.mod.DDP"], "strategy=ddp: Error loading 'nosuch.mod.DDP': "
                                                   "ModuleNotFoundError(\"No module named 'nosuch'\")"),
     ([sys.executable, "-m", "scalelab.cli", "plan"], ["optim.optimizer.eps=-1"], "optim.optimizer.eps=-1"),
+    # Hydra launched 0 jobs, exit 0, and wrote the sweep folder's multirun.yaml
+    (TRAIN, ["-m", "trainer.devices=range(2,1)"], "the sweep expands to 0 jobs (trainer.devices=range(2,1) is empty)"),
+    (TRAIN, ["=5"], "'=5' has no key"),   # a ValueError traceback
+    # every Optuna trial failed in its job with a ConfigError traceback (67 lines)
+    (TRAIN, ["-m", "experiment=lr_search", "optim.lr=choice(-1,-2)"],
+     "optim.lr=-1 must be a number > 0 (the base LR at lr_scaling.base_batch_size) [search space: optim.lr="),
 ]
 
 

@@ -9,6 +9,20 @@ from scalelab.errors import ConfigError
 from scalelab.preflight import preflight
 
 
+def _torch_file() -> bytes:
+    """A file as torch.save writes it: preflight reads a checkpoint file's zip directory."""
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({}, buf)
+    return buf.getvalue()
+
+
+CKPT = _torch_file()
+
+
 def test_the_step_comes_from_the_manifest_or_the_name(tmp_path):
     periodic = tmp_path / "step-00000060.ckpt"
     periodic.write_bytes(b"x")
@@ -25,7 +39,7 @@ def test_the_step_comes_from_the_manifest_or_the_name(tmp_path):
 @pytest.mark.parametrize("max_steps,ok", [(30, False), (60, False), (61, True)])
 def test_resume_from_needs_max_steps_past_its_step(tmp_path, max_steps, ok):
     ckpt = tmp_path / "step-00000060.ckpt"
-    ckpt.write_bytes(b"x")
+    ckpt.write_bytes(CKPT)
     args = ["model=gpt_nano", f"checkpoint.resume_from={ckpt}", f"trainer.max_steps={max_steps}"]
     if ok:
         assert preflight(args, data=False) == 1
@@ -42,7 +56,7 @@ def _saved(tmp_path, strategy, target, d_model=64, dropout=0.0, stage=None, devi
 
     job = tmp_path / strategy
     (job / "checkpoints").mkdir(parents=True)
-    (job / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    (job / "checkpoints" / "last.ckpt").write_bytes(CKPT)
     arch = {"_target_": "scalelab.models.gpt.GPTConfig", "n_layers": 2, "n_heads": 4, "d_model": d_model,
             "seq_len": 64, "vocab_size": 256, "mlp_ratio": 4, "dropout": dropout, "activation_checkpointing": "none"}
     (job / "config_resolved.yaml").write_text(yaml.safe_dump(
@@ -74,7 +88,7 @@ def test_resume_from_another_kind_of_strategy_or_model_shape_is_one_line(tmp_pat
     with pytest.raises(ConfigError, match=r"\(strategy.stage: 2 vs 3; world size: 2 x 1 node\(s\) vs 1 x 1 "):
         preflight([*args, "strategy=zero3", "trainer.devices=1"], data=False)
     # a checkpoint copied away from its run: nothing to compare with, the rank finds out
-    (tmp_path / "copy.ckpt").write_bytes(b"x")
+    (tmp_path / "copy.ckpt").write_bytes(CKPT)
     assert preflight(["model=gpt_nano", "strategy=zero2", f"checkpoint.resume_from={tmp_path / 'copy.ckpt'}"],
                      data=False) == 1
 
