@@ -32,7 +32,7 @@ from scalelab.console import StepProgressBar, quiet_rank
 from scalelab.data.datamodule import ByteCorpusDataModule, ValidationCurve, validation_trainer_args
 from scalelab.launch import host_cores, too_few_gpus
 from scalelab.models.gpt import num_params
-from scalelab.models.lit import LitModule
+from scalelab.models.lit import LitModule, RankRandomness
 from scalelab.strategies.base import without_teardown_copies
 from scalelab.results.record import RUN_FILE, base_record, write_json
 from scalelab.results.run_logger import build_logger, global_rank, log_summary
@@ -106,7 +106,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
                           replicas=world // spec.batch.dp_size,   # tp x pp ranks share each sample
                           **({"length_fn": lambda b: b.shape[0] * seq} if seq else {}))
     # HostLRMonitor: Lightning's LearningRateMonitor without its per-step torch.tensor(lr, device=cuda)
-    callbacks = [metrics, live] + ([HostLRMonitor("step")] if cfg.logger.name != "none" else [])
+    callbacks = [metrics, live, RankRandomness(cfg.seed)] + ([HostLRMonitor("step")] if cfg.logger.name != "none" else [])
     if cfg.trainer.enable_progress_bar:
         callbacks.append(StepProgressBar(seq, spec.batch.global_batch_size))
     val_curve = ValidationCurve.for_config(cfg.trainer)  # None unless trainer.val_every_n_steps

@@ -155,3 +155,19 @@ def test_a_run_trained_longer_follows_its_own_lr_schedule(prepared, tmp_path):
     for s in (13, 23, 40):
         assert fresh[s] == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * (s - 5) / 36)))
     assert [resumed[s] for s in range(13, 41)] == pytest.approx([fresh[s] for s in range(13, 41)])
+
+
+def test_each_rank_draws_its_own_dropout_masks():
+    """Every rank seeds alike before the model is built (the same weights everywhere); training
+    then draws per rank: two ranks' masks differ, and a rank's masks repeat with the seed."""
+    from types import SimpleNamespace
+
+    from scalelab.models.lit import RankRandomness
+
+    def masks(seed, rank):
+        torch.manual_seed(seed)              # what seed_everything left every rank with
+        RankRandomness(seed).on_train_start(SimpleNamespace(global_rank=rank), None)
+        return torch.nn.functional.dropout(torch.ones(64), 0.5).ne(0).tolist()
+
+    assert masks(1, 0) != masks(1, 1) and masks(1, 1) != masks(1, 2)
+    assert masks(1, 1) == masks(1, 1) and masks(2, 1) != masks(1, 1)

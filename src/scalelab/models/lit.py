@@ -211,3 +211,18 @@ def follow_schedule(scheduler: Any, schedule: dict, lr: float, step: int) -> flo
     for group in scheduler.optimizer.param_groups:
         group["initial_lr"], group["lr"] = lr, now
     return now
+
+
+class RankRandomness(L.Callback):
+    """Each rank its own random stream for training (dropout), from the run's seed and its rank.
+
+    Every rank seeds the same before the model is built (the same initial weights everywhere),
+    so without this every rank drew the same dropout masks: tensor-parallel ranks (other heads),
+    pipeline stages (other layers) and data-parallel replicas (other samples) alike. Reseeded at
+    the start of training, after the model is built and materialized."""
+
+    def __init__(self, seed: int):
+        self.seed = int(seed)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        torch.manual_seed((self.seed * 1_000_003 + int(trainer.global_rank)) % 2 ** 63)
