@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scalelab.checkpointing import check_resume_from
+from scalelab.resume_checks import check_resume_from
 from scalelab.errors import ConfigError
 from scalelab.schema_fields import Bool, Choice, Field, Float, Int, Str
 

@@ -96,7 +96,7 @@ def test_resume_from_another_kind_of_strategy_or_model_shape_is_one_line(tmp_pat
 def test_an_mlp_s_widths_are_its_shape(tmp_path):
     import yaml
 
-    from scalelab.checkpointing import resume_mismatch
+    from scalelab.resume_checks import resume_mismatch
 
     job = tmp_path / "mlp"
     (job / "checkpoints").mkdir(parents=True)

@@ -1,0 +1,114 @@
+"""Checks of `checkpoint.resume_from` before any rank starts: the path is a checkpoint (a torch
+zip file or a sharded checkpoint's folder) of the same kind of strategy and model shape, and the
+run goes past its step. The ranks would only fail on any of these, after the queue wait."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from scalelab.checkpointing import _NAME, checkpoint_step, saved_by
+
+# Strategy classes whose checkpoints another class loads as its own (else each class has its own
+# format): single and ddp both save Lightning's full checkpoint (checked: single's resumed by ddp
+# at world 2 and ddp's by single).
+_FORMAT: dict[str, str] = {"scalelab.strategies.single.Single": "scalelab.strategies.ddp.DDP"}
+# DeepSpeed's checkpoints are per ZeRO stage and data-parallel size (its engine refuses another:
+# "Automatic adjustment of ZeRO's optimizer state partitioning with a new world size is not
+# currently supported"); the others reshard (DCP) or hold the whole model.
+_ZERO = "scalelab.strategies.deepspeed.ZeRO"
+
+
+def resume_mismatch(ckpt: Path, cfg: dict) -> str | None:
+    """What makes checkpoint `ckpt` unloadable by the run of `cfg` (a composed config), as
+    "KEY: saved vs now; ...", from the config of the run that saved it (None when unknown or the
+    same): its kind of strategy (each strategy class has its own format: a full file, a DCP
+    folder, DeepSpeed's folder; ZeRO also its stage and world size), and its model's shape (the
+    integer keys of model.arch: layers, width, heads, context, vocab, an MLP's widths; dropout
+    or recomputation may differ)."""
+    saved = saved_by(ckpt)
+    if saved is None:
+        return None
+
+    def shape(c: dict) -> dict:
+        strategy, arch = c.get("strategy") or {}, (c.get("model") or {}).get("arch") or {}
+        target = strategy.get("_target_")
+        out = {"strategy": _FORMAT.get(target, target)}
+        if target == _ZERO:
+            trainer = c.get("trainer") or {}
+            out.update({"strategy.stage": strategy.get("stage"),
+                        "world size": f"{trainer.get('devices')} x {trainer.get('num_nodes')} node(s)"})
+        out.update({f"model.arch.{k}": v for k, v in arch.items() if k == "_target_" or _ints(v)})
+        return out
+
+    was, now = shape(saved), shape(cfg)
+    if was["strategy"] != now["strategy"]:   # ZeRO's stage and world size matter only between ZeRO runs
+        for d in (was, now):
+            d.pop("strategy.stage", None), d.pop("world size", None)
+    name = lambda c, k: (c.get("strategy") or {}).get("name") if k == "strategy" else None  # noqa: E731
+    diff = [f"{k}: {name(saved, k) or was.get(k, '-')} vs {name(cfg, k) or now.get(k, '-')}"
+            for k in dict.fromkeys([*was, *now]) if was.get(k) != now.get(k)]
+    return "; ".join(diff) or None
+
+
+def _ints(v: Any) -> bool:
+    """An integer or a list of integers (a shape), not a flag."""
+    if isinstance(v, (list, tuple)):
+        return bool(v) and all(_ints(x) for x in v)
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_resume_from(c: dict) -> None:
+    """checkpoint.resume_from of a resolved config, before any rank: it exists, is a checkpoint,
+    was saved by a run the ranks can load it in, and is before trainer.max_steps. Each problem is
+    one ConfigError line (the ranks crashed on each, in tracebacks)."""
+    from scalelab.errors import ConfigError
+
+    resume = (c.get("checkpoint") or {}).get("resume_from")
+    if not resume:
+        return
+    path, what = Path(str(resume)).expanduser(), f"checkpoint.resume_from={resume!r}"
+    if not path.exists():
+        raise ConfigError(f"{what} does not exist: give a checkpoint (file or folder) saved by a run of the same "
+                          "kind of strategy (ZeRO: stage and world size) and model shape, or null")
+    not_one = folder_problem(path) or file_problem(path)
+    if not_one:
+        raise ConfigError(f"{what} {not_one}")
+    differs = resume_mismatch(path, c)
+    if differs:   # a load traceback in the ranks (or another model's weights loaded)
+        raise ConfigError(f"{what} was saved by another kind of run ({differs}): resume it with the same kind of "
+                          "strategy (ZeRO: stage and world size) and model shape, or start without it")
+    max_steps, at = (c.get("trainer") or {}).get("max_steps"), checkpoint_step(path)
+    if at is not None and isinstance(max_steps, int) and at >= max_steps:   # no step left to measure
+        raise ConfigError(f"{what} is at step {at}: trainer.max_steps={max_steps} must be larger (it counts every "
+                          "step, the resumed ones included)")
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why folder `path` is not a checkpoint (None when it is one, or is a file): a sharded
+    checkpoint is a torch.distributed.checkpoint folder (`.metadata`) or DeepSpeed's (`latest`);
+    a job's checkpoints/ folder, or the job folder itself, names the ones inside it."""
+    path = Path(path)
+    if not path.is_dir() or (path / ".metadata").exists() or (path / "latest").exists():
+        return None
+    inner = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    found = sorted(p.name for p in inner.iterdir() if p.name == "last.ckpt" or _NAME.match(p.name))
+    hint = f": the checkpoints in it are {inner}/{{{', '.join(found[-3:])}}}" if found else ""
+    return f"is a folder but not a checkpoint (no .metadata or latest file in it){hint}"
+
+
+def file_problem(path: Path) -> str | None:
+    """Why file `path` is not a checkpoint (None when it is one, or is a folder): torch.save's zip
+    archive with a data.pkl, as Lightning's .ckpt is. Only the central directory at its end is read:
+    a truncated copy or another file (a run.json) crashed every rank in torch.load instead."""
+    import zipfile
+
+    if not Path(path).is_file():
+        return None
+    try:
+        with zipfile.ZipFile(path) as z:
+            if any(n.rsplit("/", 1)[-1] == "data.pkl" for n in z.namelist()):
+                return None
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        pass
+    return ("is not a checkpoint file (torch.save's zip archive, as Lightning's .ckpt; a truncated copy is not "
+            "one either): give a .ckpt or a sharded checkpoint's folder that a run saved, or null")
