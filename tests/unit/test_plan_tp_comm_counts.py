@@ -214,7 +214,8 @@ def test_pipeline_send_is_the_fp32_residual_stream_under_autocast():
     lay = resolve_layout(st, model, 2, pp=2, micro_batch=3, global_batch=12)
     send = {c.name: c for c in collectives(model, st, lay, "bf16-mixed")}["pp_activation_send"]
     assert send.bytes_per_call == 3 * 8 * 32 * 4
-    assert send.calls == 2 * lay.micro_batches        # one forward, one backward per micro-batch
+    # 2 stages: stage 0 sends one activation forward, stage 1 one gradient back per micro-batch
+    assert send.calls == lay.micro_batches == 4
 
 
 def test_pipeline_send_under_fsdp2_mixed_precision_is_bf16(fake_world):

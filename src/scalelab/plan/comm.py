@@ -42,11 +42,13 @@ parameter element):
   all-reduce the sequence-sharded LayerNorms' parameter gradients over tp. Bytes per element
   follow what each tensor is under autocast (tp_element_bytes). On the critical path. Counted on
   the real modules: tests/unit/test_plan_tp_comm_counts.py.
-- Pipeline (Narayanan et al. 2021): per micro-batch one b s h send forward and one backward per
-  stage boundary, of the residual stream's dtype (fp32 under autocast; 16-bit where FSDP2's
-  MixedPrecisionPolicy casts each Block's input) and, with sequence parallelism, each TP rank's
-  sequence shard (s / t); the tied embedding's gradient is all-reduced between the first and last
-  stage.
+- Pipeline (Narayanan et al. 2021): per micro-batch one b s h send forward from every virtual
+  stage but the last and one backward from every one but the first, counted per rank (the
+  busiest: 2 v m a step in the middle, (2 v - 1) m at pp 2; measured on torch's stage sends at
+  pp 2, m 4: m a step at v 1, 3 m at v 2), of the residual stream's dtype (fp32 under autocast;
+  16-bit where FSDP2's MixedPrecisionPolicy casts each Block's input) and, with sequence
+  parallelism, each TP rank's sequence shard (s / t); the tied embedding's gradient is
+  all-reduced between the first and last stage.
 - ZeRO-Offload (Ren et al. 2021): fp32 gradient partition device->host every backward, updated
   16-bit partition host->device every step; ZeRO-3 param offload also fetches each partition from
   host for every gather.
@@ -56,6 +58,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, asdict, replace
 
+from . import mesh
 from .flops import stage_layers
 from .model_states import fsdp_root_params, local_params, persistent_params, tied, zero3_kept_gathered
 from .spec import Layout, ModelSpec, Strategy
@@ -271,19 +274,32 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
         r = tp_element_bytes(strategy, layout, precision, device)["residual"]
         shard = layout.tp if layout.sequence_parallel and layout.tp > 1 else 1
         act = layout.micro_batch * model.seq_len * model.hidden * r / shard
-        pp_x = layout.group_spans_nodes("pp")
-        out.append(Collective("pp_activation_send", "p2p", "pp", layout.pp, act, 2 * m, False, pp_x))
+        pp, v, dpn = layout.pp, layout.stages_per_rank, layout.devices_per_node
+        # per rank from its virtual stages (not 2 m: an end rank of a 2-stage pipeline sends m, an
+        # interleaved middle one 2 v m); the busiest rank binds the step, and only its sends to
+        # another node go over the network (mesh.worst_rank_sends)
+        cross, sends = mesh.worst_rank_sends(pp, layout.dp, layout.tp, v, dpn)
+        if cross:
+            out.append(Collective("pp_activation_send", "p2p", "pp", pp, act, cross * m, False, True, nodes=2))
+        if sends > cross:
+            out.append(Collective("pp_activation_send_in_node" if cross else "pp_activation_send", "p2p", "pp",
+                                  pp, act, (sends - cross) * m, False))
         if model.kind == "gpt" and tied(model):
             # Megatron's tied embedding: the last stage's copy and the first's all-reduce their
             # gradient (model_states.local_params); an untied head, as scalelab's GPT, has none
+            ends_x = mesh.pp_ends_cross_nodes(pp, layout.dp, layout.tp, dpn)
             out.append(Collective("pp_tied_embedding_all_reduce", "all_reduce", "pp", 2,
-                                  model.vocab * model.hidden / layout.tp * g, 1, False, pp_x))
+                                  model.vocab * model.hidden / layout.tp * g, 1, False, ends_x,
+                                  nodes=2 if ends_x else 1))
     if strategy.family == "deepspeed":
         # ZeRO's collectives are DeepSpeed's own code (partitioned reduces for stage 1/2,
         # coalesced gathers for stage 3): a profile may give them their own figures
         # ("reduce_scatter@deepspeed"); --calibrate fits one per op (separate ones fitted noise).
         out = [replace(c, impl="deepspeed") if c.group == "dp" else c for c in out]
-    return [replace(c, nodes=layout.group_nodes(c.group)) if c.crosses_nodes else c for c in out]
+    # a crossing collective still at nodes=1 spans its group kind's worst group's nodes (the
+    # pipeline's, between two ranks, set theirs above)
+    return [replace(c, nodes=layout.group_nodes(c.group)) if c.crosses_nodes and c.nodes == 1 else c
+            for c in out]
 
 
 def _wrapped_by_fsdp2(strategy: Strategy, layout: Layout) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from . import mesh
 from .base import PlanError, conf_dir
 from .splits import _divisors, check_sequence_length, check_tp_splits, padded_vocab, pipeline_schedule_refusal, tp_indivisible
 from .strategies import STRATEGIES, Strategy, _strategy_config, get_strategy, strategy_names
@@ -274,26 +275,20 @@ class Layout:
     def dp_shard(self) -> int:
         return self.dp // self.dp_replicate
 
-    def _span_and_size(self, group: str) -> tuple[int, int]:
-        """Megatron rank order: tp fastest, then dp, then pp. (the group's span of consecutive
-        ranks, its size)."""
-        span = {"tp": self.tp, "dp": self.tp * self.dp, "dp_shard": self.tp * self.dp_shard,
-                "dp_replicate": self.tp * self.dp, "pp": self.world, "world": self.world}[group]
-        size = {"tp": self.tp, "dp": self.dp, "dp_shard": self.dp_shard, "dp_replicate": self.dp_replicate,
-                "pp": self.pp, "world": self.world}[group]
-        return span, size
-
-    def group_spans_nodes(self, group: str) -> bool:
-        """A group crosses a node boundary when its span of consecutive ranks exceeds a node."""
-        span, size = self._span_and_size(group)
-        return size > 1 and span > self.devices_per_node
+    def group_ranks(self, group: str) -> tuple[tuple[int, ...], ...]:
+        """Every group of kind `group` (tp, dp, dp_shard, dp_replicate, pp, world) as the mesh
+        (pp, [dp_replicate,] dp_shard, tp) lays its ranks out, tp fastest (mesh.py)."""
+        return mesh.group_ranks(group, self.pp, self.dp, self.tp, self.dp_replicate)
 
     def group_nodes(self, group: str) -> int:
-        """The nodes a group's ranks are on (1 inside a node): its span in nodes, at most its size."""
-        span, size = self._span_and_size(group)
-        if size <= 1 or span <= self.devices_per_node:
-            return 1
-        return min(size, -(-span // self.devices_per_node))
+        """The most nodes one group of this kind is on (1: each inside a node), from where its
+        ranks land (rank r on node r // devices_per_node), not its span: 3 nodes x 8, tp 2, pp 4
+        puts the dp group [6, 8, 10] on nodes 0, 1, 1 (found by a planner review)."""
+        return mesh.worst_group_nodes(group, self.pp, self.dp, self.tp, self.dp_replicate, self.devices_per_node)
+
+    def group_spans_nodes(self, group: str) -> bool:
+        """Some group of this kind crosses a node boundary (the slowest group binds the step)."""
+        return self.group_nodes(group) > 1
 
 
 def resolve_layout(strategy: Strategy, model: ModelSpec, devices: int, nodes: int = 1,
