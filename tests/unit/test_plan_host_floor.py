@@ -30,10 +30,10 @@ RUNS = [("gpt_nano", "single", 8), ("gpt_nano", "single", 64), ("gpt_small", "si
         ("gpt_small", "ddp", 16), ("gpt_nano", "fsdp", 8), ("gpt_small", "fsdp", 8), ("gpt_small", "zero3", 8)]
 
 
-def gpu_sweep(root):
+def gpu_sweep(root, accelerator: str = "cuda"):
     for i, (model, strategy, micro) in enumerate(RUNS):
         rec = run_record(model, strategy, 1, micro)
-        rec["hardware"] = {"accelerator": "cuda", "threads_per_rank": 16}
+        rec["hardware"] = {"accelerator": accelerator, "threads_per_rank": 16}
         rec.pop("host_speed")
         t = step_time(terms_from_run(rec), GPU)["step_s"]
         rec["step_time_s"] = {"median": t, "p90": t, "mean": t}
@@ -69,5 +69,5 @@ def test_calibrate_finds_the_host_bound_runs_and_their_floors(tmp_path):
 def test_a_cpu_profile_gets_no_floor(tmp_path):
     """On a CPU the host computes: its Python time is in the step the linear terms fit."""
     cpu = replace(PRIOR, kind="cpu", strategy_host_layer_s={})
-    hw, rep = calibrate(str(gpu_sweep(tmp_path)), cpu)
+    hw, rep = calibrate(str(gpu_sweep(tmp_path, accelerator="cpu")), cpu)   # (a CPU profile fits CPU runs only)
     assert hw.strategy_host_layer_s == {} and not any(r["host_bound"] for r in rep["runs"])

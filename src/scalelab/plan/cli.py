@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import yaml
 
-from .cli_measured import refuse_unused, tolerance
+from .cli_measured import TOLERANCE_HELP, refuse_unused, tolerance
 from .report import fmt_bytes, fmt_time, render, render_alternatives, render_rows
 from .spec import ATTENTION, CHECKPOINTING, STRATEGIES, ModelSpec, PlanError, conf_dir, get_strategy, strategy_names
 
@@ -91,9 +91,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--validate", metavar="SWEEP_DIR", nargs="+",
                    help="predicted vs measured for every run under these sweep dirs")
     c.add_argument("--out", help="where --probe / --calibrate write the profile")
-    c.add_argument("--tolerance", type=tolerance,
-                   help="with --validate: exit 1 if any config's step-time ratio (median over its repeats) is off by "
-                        "more than this (a finite number > 0, e.g. 0.15)")
+    c.add_argument("--tolerance", type=tolerance, help=TOLERANCE_HELP)
+    c.add_argument("--as-planned", action="store_true",
+                   help="with --validate --tolerance: judge the step time as `scalelab plan` prints it (the "
+                        "profile's reference host speed), not at each run's measured host speed")
 
 
 # The job flags the override form's own keys decide (flag attribute: the override to give instead);

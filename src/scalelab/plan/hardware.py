@@ -44,6 +44,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import sys
 import time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
@@ -240,7 +241,24 @@ def load_hardware(name_or_path: str, cache: str | Path | None = None) -> Hardwar
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
         raise PlanError(f"hardware profile {str(p)!r} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    return parse_hardware(data, str(p))
+    hw = parse_hardware(data, str(p))
+    _warn_other_host(hw)
+    return hw
+
+
+_WARNED_HOSTS: set[str] = set()
+
+
+def _warn_other_host(hw: Hardware) -> None:
+    """One stderr line (once per profile and process) when a CPU profile calibrated on another
+    host is used: its rates are that host's, as this_cpu's probe is keyed by _host_key."""
+    key = (hw.calibration or {}).get("host_key") if isinstance(hw.calibration, dict) else None
+    if not key or key == _host_key() or hw.source in _WARNED_HOSTS:
+        return
+    _WARNED_HOSTS.add(hw.source)
+    print(f"warning: hardware profile {hw.source} was calibrated on another host "
+          f"({hw.calibration.get('host') or key}): its rates may not hold here; "
+          "calibrate again on this host (scalelab plan --calibrate SWEEP_DIR)", file=sys.stderr)
 
 
 def save_hardware(hw: Hardware, path: str | Path, header: str = "") -> Path:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from scalelab.scaling.run_summary import MIN_MEASURED_STEPS
+
 from .hardware import Hardware
 from .spec import ModelSpec, PlanError, get_strategy
 from .peak_memory import peak_states_and_activations
@@ -182,19 +184,61 @@ def smooth_host_speeds(runs: list[tuple[Path, dict, Terms]], window: int = SPEED
             run["_host_flops_smoothed"] = float(np.median(near))
 
 
+def _skip_reason(run: dict) -> str | None:
+    """Why a run's step time cannot be fitted or judged, or None."""
+    if run.get("status") != "completed":
+        error = str(run.get("error") or "").strip().splitlines()
+        return f"status {run.get('status')!r}" + (f": {error[0][:80]}" if error else "")
+    if measured(run)["step_s"] <= 0:
+        return "no step_time_s.median"
+    steps = (run.get("step_time_s") or {}).get("measured_steps")
+    if run.get("short_run") or (steps is not None and int(steps) < MIN_MEASURED_STEPS):
+        # its median is over a few steps right after the warm-up ones (a 3x slower first step
+        # made it 3x the steady step): not a steady-state figure to fit or judge the model by
+        return (f"short run: {steps if steps is not None else 'too few'} measured step(s), fewer than "
+                f"{MIN_MEASURED_STEPS}: its median is not a steady-state step time")
+    return None
+
+
 def usable_runs(sweep_dir, speed_window: int = SPEED_WINDOW
                 ) -> tuple[list[tuple[Path, dict, Terms]], list[tuple[Path, str]]]:
+    """The runs whose step time the planner can be fitted to or judged by, and the others with
+    the reason; PlanError when none is usable (a report of 0 runs passed any --tolerance)."""
     ok, skipped = [], []
     for path, run in find_runs(sweep_dir):
-        if run.get("status") != "completed":
-            skipped.append((path, f"status {run.get('status')!r}"))
-            continue
-        if measured(run)["step_s"] <= 0:
-            skipped.append((path, "no step_time_s.median"))
+        reason = _skip_reason(run)
+        if reason:
+            skipped.append((path, reason))
             continue
         try:
             ok.append((path, run, terms_from_run(run)))
         except (PlanError, KeyError, TypeError, ValueError) as exc:
             skipped.append((path, str(exc)))
+    if not ok:
+        counts: dict[str, int] = {}
+        for _, reason in skipped:
+            counts[reason] = counts.get(reason, 0) + 1
+        why = "; ".join(f"{r} x{n}" if n > 1 else r for r, n in list(counts.items())[:3])
+        more = f"; {len(counts) - 3} other reasons" if len(counts) > 3 else ""
+        raise PlanError(f"no usable run under {', '.join(map(str, as_dirs(sweep_dir)))}: "
+                        f"{len(skipped)} skipped ({why}{more})")
     smooth_host_speeds(ok, speed_window)
     return ok, skipped
+
+
+def accelerator_kind(run: dict) -> str | None:
+    """"cpu" or "gpu" as a profile's `kind` says it, from run.json hardware.accelerator (None: not recorded)."""
+    acc = (run.get("hardware") or {}).get("accelerator")
+    return None if not acc else ("cpu" if acc == "cpu" else "gpu")
+
+
+def check_accelerators(runs, hw: Hardware, what: str) -> None:
+    """One PlanError line when a run ran on another kind of device than the profile describes:
+    GPU runs calibrated without --hardware fitted this_cpu's rates to them (rms error 3688) and
+    wrote the result over this_cpu_calibrated.yaml."""
+    other = [path for path, run, _ in runs if accelerator_kind(run) not in (None, hw.kind)]
+    if other:
+        kind = "GPU" if hw.kind == "cpu" else "CPU"
+        raise PlanError(f"{what}: {len(other)} of {len(runs)} runs ran on {kind} (e.g. {other[0].parent}) but "
+                        f"profile {hw.name!r} is a {hw.kind.upper()} profile; give --hardware a {kind} profile"
+                        f" or only {hw.kind.upper()} sweeps")
