@@ -168,21 +168,21 @@ def expand(args: list[str]) -> list[list[str]]:
     return flat
 
 
-def search_space(args: list[str]) -> list[tuple[str, list[str]]]:
-    """(what, overrides) for each value an Optuna sweep may give a key (hydra.sweeper.params and
-    the command's sweeps, the command's last): every choice, both bounds of an interval or range,
-    each with the command's fixed overrides. A bad one otherwise failed in the job, as a traceback."""
+def search_space(args: list[str]) -> tuple[list[str], list[tuple[str, str, list]]]:
+    """(fixed overrides, [(key, what, values)]) of an Optuna sweep (hydra.sweeper.params and the
+    command's sweeps, the command's last): every choice, both bounds of an interval or range. A bad
+    one otherwise failed in the job, as a traceback."""
     if "-m" not in args and "--multirun" not in args:
-        return []
+        return [], []
     overrides = [a for a in args if not a.startswith("-")]
     parser = _parser()
     fixed = [o.input_line for o in parser.parse_overrides(overrides) if not o.is_sweep_override()]
     base = _compose(fixed, hydra_cfg=True)
     if _basic(base):
-        return []
+        return fixed, []
     params = base.hydra.sweeper.get("params") or {}
     space = {o.get_key_element(): o for o in _parse(parser, [f"{k}={v}" for k, v in params.items()] + overrides)}
-    probes = []
+    keys = []
     for key, o in space.items():
         if not o.is_sweep_override():   # the command's own fixed values are `fixed` (they replace params')
             continue
@@ -191,8 +191,40 @@ def search_space(args: list[str]) -> list[tuple[str, list[str]]]:
             values = [value.start, value.end if isinstance(value, IntervalSweep) else value.stop]
         else:
             values = list(o.sweep_string_iterator())
-        probes += [(o.input_line, [*fixed, f"{key}={v}"]) for v in values]
-    return probes
+        keys.append((key, o.input_line, values))
+    return fixed, keys
+
+
+# Combinations of a search space's values checked together; a larger space is checked value by value.
+_MAX_SEARCH_PROBES = 64
+
+
+def check_search_space(args: list[str], elsewhere: bool) -> None:
+    """A searched value is refused when no combination with the other searched keys' values is a
+    valid job (a cross-key rule: `trainer.devices=choice(1,3) data.global_batch_size=choice(6,12)`
+    has valid trials, though the default batch 16 does not divide by 3); each combination is
+    composed and validated as a job is."""
+    import itertools
+
+    fixed, keys = search_space(args)
+    combos = list(itertools.product(*(values for _, _, values in keys)))
+    if len(combos) > _MAX_SEARCH_PROBES:   # each key alone, the others at their fixed values
+        combos = [tuple(v if j == i else None for j in range(len(keys))) for i, (_, _, vs) in enumerate(keys)
+                  for v in vs]
+    ok, first_error = set(), {}
+    for combo in combos:
+        chosen = [(i, v) for i, v in enumerate(combo) if v is not None]
+        try:
+            cfg = _compose([*fixed, *(f"{keys[i][0]}={v}" for i, v in chosen)])
+            _validate(cfg, ("cpu" if str(cfg.trainer.accelerator) == "cpu" else "gpu") if elsewhere else None)
+            ok.update(chosen)
+        except ConfigError as e:
+            for c in chosen:
+                first_error.setdefault(c, e)
+    for i, (_, what, values) in enumerate(keys):
+        for v in values:
+            if (i, v) not in ok:
+                raise ConfigError(f"{first_error[(i, v)]} [search space: {what}]")
 
 
 def _validate(cfg, target: str | None):
@@ -284,12 +316,8 @@ def preflight(args: list[str], data: bool = True, elsewhere: bool = False) -> in
                 raise ConfigError(f"hydra.sweep.subdir={raw_sub} puts jobs {same} ({swept(jobs[same])}) and {num} "
                                   f"({swept(job)}) in one folder ({sweep_dir or 'hydra.sweep.dir'}/{sub}): give each "
                                   "job its own (the default ${hydra.job.num}, or ${hydra.job.override_dirname})")
-        for what, probe in search_space(args) if sampled else ():
-            try:
-                cfg = _compose(probe)
-                _validate(cfg, ("cpu" if str(cfg.trainer.accelerator) == "cpu" else "gpu") if elsewhere else None)
-            except ConfigError as e:
-                raise ConfigError(f"{e} [search space: {what}]") from e
+        if sampled:
+            check_search_space(args, elsewhere)
         for job, cfg, spec in checked if data else ():
             # Prepared once and cached, so the jobs find it (and a corpus too small for the run is
             # a one-line error here, not a crash in the ranks).

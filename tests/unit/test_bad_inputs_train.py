@@ -88,6 +88,16 @@ def test_an_optuna_search_space_is_validated_value_by_value():
     assert preflight(base, data=False) == 1
 
 
+def test_a_search_space_with_valid_combinations_is_not_refused():
+    """Each searched value alone, the others at their defaults, refused valid trials: batch 16
+    does not divide by 3 ranks, though batches 6 and 12 do. A value no combination makes valid
+    still is."""
+    base = ["-m", "hydra/sweeper=optuna", "strategy=ddp", "logger=none"]
+    assert preflight([*base, "trainer.devices=choice(1,3)", "data.global_batch_size=choice(6,12)"], data=False) == 1
+    _refused([*base, "trainer.devices=choice(1,3)", "data.global_batch_size=choice(8,16)"],
+             r"does not divide.*\[search space: ")
+
+
 def test_a_config_error_in_a_job_is_a_failed_job_not_a_traceback(monkeypatch, tmp_path):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
