@@ -171,3 +171,45 @@ def test_each_rank_draws_its_own_dropout_masks():
 
     assert masks(1, 0) != masks(1, 1) and masks(1, 1) != masks(1, 2)
     assert masks(1, 1) == masks(1, 1) and masks(2, 1) != masks(1, 1)
+
+
+@pytest.fixture(scope="module")
+def with_val(tmp_path_factory):
+    root = tmp_path_factory.mktemp("with_val")
+    text = root / "corpus.txt"
+    text.write_bytes((bytes(range(65, 91)) * 8)[:201])     # 25 blocks: 5 val, 20 train
+    return prepare({"source": "files", "files": [str(text)], "val_fraction": 0.2}, SEQ, root / "cache", progress=False)
+
+
+class Validating(Tagged):
+    def __init__(self):
+        super().__init__()
+        self.validated_at = []
+
+    def validation_step(self, batch, i):
+        return None
+
+    def on_validation_end(self):
+        self.validated_at.append(int(self.trainer.global_step))
+
+
+@pytest.mark.parametrize("first_max", [4, 5])
+def test_validation_keeps_its_steps_after_a_resume(with_val, tmp_path, first_max):
+    """Validation every 2 optimizer steps (val_check_interval counts every batch, as the worker
+    sets it) is at steps 2, 4, 6, ... in a resumed run too, also from a last.ckpt written at an
+    epoch's last step (5 steps per epoch here: 20 train blocks, batch 4)."""
+    def run(job, max_steps, ckpt=None):
+        module = Validating()
+        trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, max_epochs=-1,
+                            accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
+                            num_sanity_val_steps=0, val_check_interval=2 * 2, check_val_every_n_epoch=None,
+                            limit_val_batches=1)
+        trainer.fit(module, datamodule=ByteCorpusDataModule(with_val, BATCH, 2, 0, 1, seed=1), ckpt_path=ckpt)
+        return module, trainer
+
+    _, first = run(tmp_path / "a", first_max)
+    assert first.num_training_batches == 10          # 5 steps x 2 micro-batches: the epoch is 5 steps
+    first.save_checkpoint(str(tmp_path / "last.ckpt"))
+    resumed, _ = run(tmp_path / "b", 12, ckpt=str(tmp_path / "last.ckpt"))
+    assert resumed.validated_at == [s for s in range(2, 13, 2) if s > first_max]

@@ -63,7 +63,7 @@ class ByteCorpusDataModule(L.LightningDataModule):
         loader = self._loader(self.train_ds, shuffle=True, start_step=step, lightning_epoch=epoch)
         if self.trainer is not None:
             align_epoch_progress(self.trainer.fit_loop.epoch_loop.batch_progress,
-                                 loader.sampler.first * loader.sampler.A)
+                                 loader.sampler.first * loader.sampler.A, step * loader.sampler.A)
         return loader
 
     def val_dataloader(self) -> DataLoader:
@@ -76,23 +76,23 @@ class ByteCorpusDataModule(L.LightningDataModule):
                           num_workers=self.num_workers, collate_fn=_collate, pin_memory=self.pin_memory)
 
 
-def align_epoch_progress(batch_progress: Any, batches_done: int) -> None:
-    """Make Lightning's restored count of this epoch's batches the sampler's: `batches_done`
-    (the optimizer steps the sampler skips in its epoch x batches per step).
+def align_epoch_progress(batch_progress: Any, batches_done: int, total_done: int) -> None:
+    """Make Lightning's restored batch counts the sampler's: `batches_done` in this epoch (the
+    optimizer steps the sampler skips in its epoch x batches per step) and `total_done` in all
+    (global_step x batches per step).
 
     Lightning resumes mid-epoch by counting the restored in-epoch batches as fetched and ends the
     epoch once the count reaches len(loader); it fast-forwards no data itself (the sampler does).
-    Its restored count is wrong for the sampler in two cases: a checkpoint written after a run
+    Its restored counts are wrong for the sampler in two cases: a checkpoint written after a run
     stopped at an epoch's last step (last.ckpt: the finished epoch's full count, so the next epoch
     ended after one batch, stepping on a partial accumulation), and a resume with a different
     accumulation count (a different world size at the same micro-batch: k x A_old batches, so
-    every later step straddled two global batches). Every counter moves by the same amount, so
-    Lightning's restart bookkeeping (which compares them) reads the same. Called before the fit
-    loop's reset, which reads them."""
-    shift = batches_done - batch_progress.current.ready
-    if not shift:
-        return
-    for tracker in (batch_progress.current, batch_progress.total):
+    every later step straddled two global batches). The total count schedules validation
+    (val_check_interval counts all batches). Within `current` and within `total` every counter
+    moves by the same amount, so Lightning's restart bookkeeping (which compares them) reads the
+    same. Called before the fit loop's reset, which reads them."""
+    for tracker, done in ((batch_progress.current, batches_done), (batch_progress.total, total_done)):
+        shift = done - tracker.ready
         for field in ("ready", "started", "processed", "completed"):
             setattr(tracker, field, getattr(tracker, field) + shift)
 
