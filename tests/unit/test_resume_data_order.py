@@ -115,7 +115,7 @@ class LRs(L.Callback):
         self.at[int(trainer.global_step) + 1] = trainer.optimizers[0].param_groups[0]["lr"]
 
 
-def fit_lm(prepared, job, max_steps, stop_at=None, ckpt=None):
+def fit_lm(prepared, job, max_steps, stop_at=None, ckpt=None, warmup=0.1):
     """The platform's LitModule (cosine decay after a 10 % warmup) on a 1-layer GPT."""
     from scalelab.models.gpt import GPTConfig
     from scalelab.models.lit import LitModule
@@ -128,7 +128,7 @@ def fit_lm(prepared, job, max_steps, stop_at=None, ckpt=None):
     job.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     module = Stopping(GPTConfig(n_layers=1, n_heads=2, d_model=16, seq_len=SEQ, vocab_size=256), "lm",
-                      torch.optim.SGD, 1.0, max_steps, 0.1, "cosine", 0.1)
+                      torch.optim.SGD, 1.0, max_steps, warmup, "cosine", 0.1)
     lrs = LRs()
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, max_epochs=-1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -164,13 +164,14 @@ def test_each_rank_draws_its_own_dropout_masks():
 
     from scalelab.models.lit import RankRandomness
 
-    def masks(seed, rank):
+    def masks(seed, rank, step=0):
         torch.manual_seed(seed)              # what seed_everything left every rank with
-        RankRandomness(seed).on_train_start(SimpleNamespace(global_rank=rank), None)
+        RankRandomness(seed).on_train_start(SimpleNamespace(global_rank=rank, global_step=step), None)
         return torch.nn.functional.dropout(torch.ones(64), 0.5).ne(0).tolist()
 
     assert masks(1, 0) != masks(1, 1) and masks(1, 1) != masks(1, 2)
     assert masks(1, 1) == masks(1, 1) and masks(2, 1) != masks(1, 1)
+    assert masks(1, 1, step=30) != masks(1, 1)      # a resumed run does not repeat its first masks
 
 
 @pytest.fixture(scope="module")
@@ -213,3 +214,13 @@ def test_validation_keeps_its_steps_after_a_resume(with_val, tmp_path, first_max
     first.save_checkpoint(str(tmp_path / "last.ckpt"))
     resumed, _ = run(tmp_path / "b", 12, ckpt=str(tmp_path / "last.ckpt"))
     assert resumed.validated_at == [s for s in range(2, 13, 2) if s > first_max]
+
+
+def test_a_run_trained_longer_with_a_warmup_now_resumes(prepared, tmp_path):
+    """A 0-warmup run saved a bare cosine's state, which the warmup + cosine chain of the longer
+    run could not load (KeyError '_schedulers'): steps 13-40 follow the fresh 40-step schedule."""
+    fresh = fit_lm(prepared, tmp_path / "fresh", 40)
+    fit_lm(prepared, tmp_path / "job", 20, stop_at=12, warmup=0)
+    (ckpt,) = (tmp_path / "job" / "checkpoints").glob("step-*.ckpt")
+    resumed = fit_lm(prepared, tmp_path / "job", 40, ckpt=str(ckpt))
+    assert [resumed[s] for s in range(13, 41)] == pytest.approx([fresh[s] for s in range(13, 41)])

@@ -179,6 +179,11 @@ class LitModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._saved_schedule = checkpoint.get("scalelab_schedule")
+        if self._saved_schedule not in (None, {**self.schedule, "lr": self.lr}):
+            # another schedule's state need not even load into this one (no warmup then: a bare
+            # cosine's state, which SequentialLR's load_state_dict refused with KeyError); it is
+            # replaced at the start of training anyway (on_train_start)
+            checkpoint["lr_schedulers"] = []
 
     def on_train_start(self) -> None:
         saved, now = getattr(self, "_saved_schedule", None), {**self.schedule, "lr": self.lr}
@@ -219,10 +224,13 @@ class RankRandomness(L.Callback):
     Every rank seeds the same before the model is built (the same initial weights everywhere),
     so without this every rank drew the same dropout masks: tensor-parallel ranks (other heads),
     pipeline stages (other layers) and data-parallel replicas (other samples) alike. Reseeded at
-    the start of training, after the model is built and materialized."""
+    the start of training (from its step, after a resume), after the model is built and
+    materialized. (A resumed run's masks are not the uninterrupted run's: no RNG state is saved.)"""
 
     def __init__(self, seed: int):
         self.seed = int(seed)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        torch.manual_seed((self.seed * 1_000_003 + int(trainer.global_rank)) % 2 ** 63)
+        # the step too: a resumed run does not repeat the masks of its first steps
+        rank, step = int(trainer.global_rank), int(trainer.global_step)
+        torch.manual_seed(((self.seed * 1_000_003 + rank) * 1_000_033 + step) % 2 ** 63)
