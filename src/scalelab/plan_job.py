@@ -59,7 +59,7 @@ def _validated(overrides: list[str], target: str | None):
     from scalelab.config import validate
     from scalelab.paths import conf_dir
     from scalelab.preflight import _check_group_values, _compose
-    from scalelab.scaling.mfu import profile_name
+    from scalelab.scaling.mfu import is_cpu_profile, profile_name
 
     if any(("," in o.split("=", 1)[-1] and not o.split("=", 1)[-1].startswith("[")) for o in overrides):
         raise PlanError("one job at a time: a sweep value (a,b) is not a plan; use --strategy a,b for strategies")
@@ -75,7 +75,7 @@ def _validated(overrides: list[str], target: str | None):
             cfg = _compose(overrides)
         requested = cfg.get("hardware_profile", "auto")
         if target is None:
-            target = "cpu" if requested in (None, "auto") or "cpu" in str(requested) else "gpu"
+            target = "cpu" if requested in (None, "auto") or is_cpu_profile(str(requested)) else "gpu"
         spec = validate(cfg, target=target)
         # auto on a GPU elsewhere: its name is read there (profile_name would ask this machine's CUDA)
         unnamed_gpu = requested in (None, "auto") and target == "gpu"

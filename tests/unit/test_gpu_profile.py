@@ -52,3 +52,17 @@ def test_a_cpu_profile_of_any_name_is_a_cpu_profile(tmp_path):
         mfu.profile_name(str(gpu), "cpu")
     with pytest.raises(ConfigError, match="is a GPU profile but this run is on CPU"):
         mfu.profile_name("h200", "cpu")
+
+
+def test_plan_of_a_job_on_a_cpu_profile_of_any_name_is_a_cpu_job(tmp_path):
+    """`scalelab plan hardware_profile=workstation.yaml ...` validated the job as a GPU job."""
+    import yaml
+
+    from scalelab.plan.hardware import conf_dir
+    from scalelab.plan_job import _validated
+
+    h200 = yaml.safe_load((conf_dir() / "hardware" / "h200.yaml").read_text())
+    cpu = tmp_path / "workstation.yaml"
+    cpu.write_text(yaml.safe_dump({**h200, "name": "workstation", "kind": "cpu"}))
+    cfg, spec, target, hardware = _validated([f"hardware_profile={cpu}", "model=gpt_nano", "strategy=single"], None)
+    assert target == "cpu" and hardware == str(cpu)

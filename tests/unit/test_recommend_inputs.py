@@ -243,3 +243,13 @@ def test_slurm_verification_of_a_cpu_profile_asks_no_gpus_and_none_started_is_an
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "error: " + doc["error"]
     assert doc["error"].startswith("no verification job started (scalelab-train exited 1): error: sbatch: Invalid")
+
+
+def test_optimizer_settings_recommend_does_not_choose_are_free():
+    """`--optimizer` picks optim=NAME and the advice optim.lr; the optimizer's own settings are the
+    user's (optim.optimizer.weight_decay was refused with 'set it with --optimizer')."""
+    from scalelab.recommend.verify import set_by
+
+    assert set_by("optim.optimizer.weight_decay") is None and set_by("optim.fused_on_gpu") is None
+    assert set_by("optim") == "--optimizer" and set_by("optim.lr") == "--base-lr"
+    assert set_by("lr_scaling.decay") is not None and set_by("strategy.bucket_cap_mb") == "--strategies"

@@ -114,9 +114,14 @@ def set_by(key: str, slurm: bool = False) -> str | None:
                                                  "hydra.launcher.tasks_per_node")):
         return "--slurm"
     for name in (k, *(k.rsplit(".", i)[0] for i in range(1, k.count(".") + 1))):   # the key, then its parents
-        if name in SET_BY:
+        if name in SET_BY and (name == k or name not in OWN_KEYS_FREE):
             return SET_BY[name]
     return None
+
+
+# Groups recommend chooses whose other keys stay the user's: `--optimizer` picks optim=NAME and
+# the advice sets optim.lr, but optim.optimizer.weight_decay or optim.fused_on_gpu are free
+OWN_KEYS_FREE = {"optim"}
 
 
 def check_train_args(extra: list[str], req, steps: int | None, slurm: bool = False) -> None:

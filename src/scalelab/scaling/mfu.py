@@ -54,7 +54,7 @@ def no_profile_note(requested: str, accelerator: str) -> str | None:
 def profile_name(requested: str, accelerator: str) -> str | None:
     """The hardware profile for MFU (None: an unknown GPU; set hardware_profile=NAME)."""
     if requested not in (None, "auto"):
-        if accelerator == "cpu" and not _is_cpu_profile(str(requested)):
+        if accelerator == "cpu" and not is_cpu_profile(str(requested)):
             raise ConfigError(f"hardware={requested} (hardware_profile) is a GPU profile but this run is on CPU: "
                               "use hardware=this_cpu or leave it unset (a GPU peak would understate CPU MFU)")
         return str(requested)
@@ -65,7 +65,7 @@ def profile_name(requested: str, accelerator: str) -> str | None:
     return gpu_profile(torch.cuda.get_device_name(0))
 
 
-def _is_cpu_profile(requested: str) -> bool:
+def is_cpu_profile(requested: str) -> bool:
     """By the profile's own `kind` (a CPU profile may have any name, a calibrated `workstation`,
     and a GPU profile's path may hold "cpu"); by its name only for this host's probe (loading it
     may probe) and a profile that does not load (the config check names an unknown one)."""
