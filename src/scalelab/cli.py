@@ -86,7 +86,7 @@ def _job_folder_hint(job: Path) -> str:
     except BadRecord:
         rec = {}
     if not has_job_section(rec) or "sweep_dir" not in rec["job"]:
-        # unreadable, a very old record, or slurm.finalize's (a task that ended before its record)
+        # unreadable, a very old record, or slurm_jobs.finalize's (a task that ended before its record)
         return f"give its sweep folder, e.g. {job.resolve().parent}"
     if not rec["job"].get("sweep_dir"):
         return "its run.json is of a single run, with no sweep to aggregate (scalelab compare shows it)"
@@ -98,7 +98,7 @@ def _not_one_sweep(folder: Path, records: list[dict]) -> str | None:
     runs: nothing to aggregate, and pooled they got efficiencies against each other), several (a
     parent of sweeps: pooled against one baseline), or another folder (a parent of one sweep).
     None where they name FOLDER (or a folder of its name: a moved sweep), and where no record says
-    either (very old records without a job section; slurm.finalize's records of tasks that ended
+    either (very old records without a job section; slurm_jobs.finalize's records of tasks that ended
     before train.py wrote one)."""
     from scalelab.results.sweep import has_job_section
 

@@ -222,7 +222,8 @@ def refuse_decided(overrides: list[str], cpu: bool, gpus: str = "requests GPUs")
     trainer.accelerator=cpu held the GPUs it asked for idle). trainer.devices / num_nodes: _layout."""
     for o in overrides:
         key, _, value = o.lstrip("+~").partition("=")
-        if key in ("launcher", "hydra/launcher"):
+        if key in ("launcher", "hydra/launcher") and not (key == "launcher" and value.strip() == "srun"):
+            # (launcher=srun is what it runs: the commands plan and recommend print carry it)
             raise ValueError(f"{o}: the script runs launcher=srun, one job (--nodes / --devices, --array for "
                              "several; a sweep through SLURM is `scalelab-train -m ... hydra/launcher=slurm`): drop it")
         if key == "trainer.accelerator" and (value.strip() != "cpu") == cpu:

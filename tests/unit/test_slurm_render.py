@@ -104,6 +104,14 @@ def test_overrides_of_what_the_script_decides_are_refused(args, needle, capsys):
     assert code == 2 and cap.err.startswith("error: ") and needle in cap.err and cap.err.count("\n") == 1, cap.err
 
 
+def test_the_launcher_the_script_runs_may_be_given():
+    """The multi-node commands plan and recommend print carry launcher=srun: pasted into render,
+    they were refused."""
+    slurm.refuse_decided(["launcher=srun", "strategy=ddp"], cpu=False)
+    with pytest.raises(ValueError, match="launcher=torchrun: the script runs launcher=srun"):
+        slurm.refuse_decided(["launcher=torchrun"], cpu=False)
+
+
 def test_a_hung_sbatch_is_one_line_and_keeps_no_script(monkeypatch, tmp_path):
     def hang(cmd, **kw):
         raise subprocess.TimeoutExpired(cmd, kw.get("timeout"))

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import platform
+import re
 import sysconfig
 from pathlib import Path
 

@@ -39,7 +39,7 @@ def record_event(device: torch.device):
 # steps are still queued on the device. tests/unit/test_host_syncs.py checks the platform adds no
 # other per-step read.
 LAG_STEPS = 2
-# StepMetrics moves step events and losses older than this many steps off the device (flush_old).
+# Every this many steps StepMetrics moves its older step events and losses off the device (flush_old).
 FLUSH_EVERY = 1000
 
 
@@ -135,7 +135,7 @@ class StepMetrics(L.Callback):
         # which drains the device queue and leaves the device idle while the host prepares the
         # next step; a plain training loop lets the host run ahead). Intervals between
         # consecutive events on the stream are the steps' device-timeline durations, idle gaps
-        # included. Losses stay device tensors until then.
+        # included. Losses stay device tensors until then (or until flush_old, every FLUSH_EVERY steps).
         self._events: list = []              # (start, end) event per optimizer step, unread
         self._last_event = None
         self._pending_losses: list[torch.Tensor] = []
