@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from scalelab.paths import SWEEP_MARKS
 from scalelab.same_job import NODE_OWN
 
 # The folders this command's jobs were refused in (train.run_job): the sweep is not summarized then,
@@ -85,9 +86,8 @@ def refusal(job_dir: Path, cfg: dict) -> str | None:
             "of it there)")
 
 
-# What marks a sweep's folder (results.sweep.SWEEP_MARKS: Hydra's multirun.yaml, aggregation's
-# sweep.json) and a single run's (its record, or the resolved config it writes before any rank).
-SWEEP_MARKS = ("multirun.yaml", "sweep.json")
+# What marks a single run's folder (its record, or the resolved config it writes before any rank);
+# a sweep's: paths.SWEEP_MARKS
 RUN_MARKS = ("run.json", CONFIG_FILE)
 
 

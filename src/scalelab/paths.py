@@ -57,8 +57,11 @@ def write_out(path: str | Path, text: str) -> None:
 # What --out must never replace: a job's record and resolved config, a sweep's summary and Hydra's
 # sweep config (`slurm render --out RUN/run.json` replaced a record with a script, exit 0).
 RECORD_NAMES = ("run.json", "sweep.json", "config_resolved.yaml", "multirun.yaml")
-JOB_MARKS = ("run.json", "config_resolved.yaml", ".hydra")   # a folder holding one is a job's folder
-SWEEP_MARKS = ("sweep.json", "multirun.yaml")                # ... a sweep's folder
+# What marks a sweep's folder (Hydra's multirun.yaml, aggregation's sweep.json) and a job's (its
+# record, the resolved config it writes before any rank, Hydra's .hydra): one list for job_dir's
+# refusals, the --out guard and results.sweep's search for a sweep.
+SWEEP_MARKS = ("multirun.yaml", "sweep.json")
+JOB_MARKS = ("run.json", "config_resolved.yaml", ".hydra")
 
 
 def overwrites_input(path: str | Path, inputs: list[str | Path], what: str = "--out") -> str | None:

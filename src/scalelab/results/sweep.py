@@ -16,6 +16,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
+from scalelab.paths import SWEEP_MARKS
 from scalelab.results.record import num_nodes, read_records, write_json
 
 SWEEP_FILE = "sweep.json"
@@ -171,9 +172,6 @@ def attach_efficiency(records: list[dict], summary: dict) -> None:
              r["scaling_baseline_short"]) = figures
 
 
-# What marks a sweep folder: Hydra writes multirun.yaml into every multirun's sweep dir, and
-# aggregation writes sweep.json.
-SWEEP_MARKS = ("multirun.yaml", SWEEP_FILE)
 
 
 def has_job_section(rec: dict) -> bool:
