@@ -64,9 +64,7 @@ def run_job(cfg: DictConfig) -> dict:
     cache = Path(cfg.cache_dir)
     if profile_name(cfg.get("hardware_profile", "auto"), spec.run.accelerator) == HOST_CPU:
         host_cpu_profile(cache)  # MFU's peak: probe this host once (cached), while no rank runs
-    sweep_dir, num = (Path(hc.sweep.dir).resolve(), hc.job.num) if multirun else (None, 0)
-    if not multirun and os.environ.get(SWEEP_ENV):  # one job of a sweep run as a SLURM job (scalelab.slurm)
-        sweep_dir, num = Path(os.environ[SWEEP_ENV]).resolve(), int(os.environ.get(NUM_ENV) or 0)
+    sweep_dir, num = _sweep_and_num(hc, multirun)
     group = sweep_dir.name if sweep_dir else job_dir.name
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["job"] = {
@@ -236,12 +234,22 @@ def _hydra_main(cfg: DictConfig) -> float:
     return float(final) if record["status"] == "completed" and final is not None else float("nan")
 
 
+def _sweep_and_num(hc, multirun: bool) -> tuple[Path | None, int]:
+    """The job's sweep folder and number: Hydra's in a multirun; the environment's for one job of a
+    sweep run as a SLURM job (scalelab.slurm); (None, 0) for a single run."""
+    if multirun:
+        return Path(hc.sweep.dir).resolve(), hc.job.num
+    if os.environ.get(SWEEP_ENV):
+        return Path(os.environ[SWEEP_ENV]).resolve(), int(os.environ.get(NUM_ENV) or 0)
+    return None, 0
+
+
 def _refused(error: str) -> dict:
     """The job's ConfigError as a failed job (one line; its folder's records are left as they were),
     where before a traceback ended the job inside Hydra."""
     hc = HydraConfig.get()
-    multirun = hc.mode == RunMode.MULTIRUN
-    name = f"{Path(hc.sweep.dir).name}/{hc.job.num}" if multirun else Path(hc.runtime.output_dir).name
+    sweep_dir, num = _sweep_and_num(hc, hc.mode == RunMode.MULTIRUN)
+    name = f"{sweep_dir.name}/{num}" if sweep_dir else Path(hc.runtime.output_dir).name
     error = redact_text(error)
     _FAILED.append(f"{name}: {error}")
     log.error(f"[scalelab] job {name} FAILED: {error}")
