@@ -139,7 +139,7 @@ class StepMetrics(L.Callback):
         self._events: list = []              # (start, end) event per optimizer step, unread
         self._last_event = None
         self._pending_losses: list[torch.Tensor] = []
-        self._loss_chunks: list = []         # host_copy of older losses, in step order (flush_old)
+        self._loss_reads = LaggedReads(lag=1)   # older losses' host copies, in step order (flush_old)
 
     def on_train_start(self, trainer, pl_module) -> None:
         if pl_module.device.type == "cpu":
@@ -221,35 +221,34 @@ class StepMetrics(L.Callback):
     def flush_old(self) -> None:
         """Bounded memory on long runs, without draining the device queue: the step events older
         than LAG_STEPS are read (waiting on an old event only) and released, and the pending losses
-        go to one pinned host copy (non_blocking) read later: a CUDA event pair and a device scalar
-        per step would otherwise pile up for the whole run (100k steps: ~50 MB of device memory
-        in 512-byte allocator blocks, counted in the run's own peak)."""
-        self._read_chunks()
-        old = len(self._events) - LAG_STEPS
-        if old > 0:
-            self._events[old - 1][1].synchronize()
-            self.step_times.extend(a.elapsed_time(b) / 1e3 for a, b in self._events[:old])  # ms -> s
-            del self._events[:old]
+        go to one pinned host copy (non_blocking) read at the next flush: a CUDA event pair and a
+        device scalar per step would otherwise pile up for the whole run (100k steps: ~50 MB of
+        device memory in 512-byte allocator blocks, counted in the run's own peak)."""
+        self._take_losses(self._loss_reads.drain())   # copied FLUSH_EVERY steps ago: long done
+        self._read_events(keep=LAG_STEPS)
         if self._pending_losses:
-            self._loss_chunks.append(host_copy(torch.stack(self._pending_losses)))
+            self._take_losses(self._loss_reads.push(None, torch.stack(self._pending_losses)))
             self._pending_losses = []
 
-    def _read_chunks(self) -> None:
-        for host, event in self._loss_chunks:
-            if event is not None:
-                event.synchronize()   # recorded FLUSH_EVERY steps ago (or training has ended)
-            self.losses.extend(read_host(host))
-        self._loss_chunks = []
+    def _take_losses(self, due: list) -> None:
+        for _, values in due:
+            self.losses.extend(values)
+
+    def _read_events(self, keep: int) -> None:
+        """Step times of the events but the newest `keep`, after waiting on the last one read."""
+        n = len(self._events) - keep
+        if n > 0:
+            self._events[n - 1][1].synchronize()
+            self.step_times.extend(a.elapsed_time(b) / 1e3 for a, b in self._events[:n])  # ms -> s
+            del self._events[:n]
 
     def resolve(self) -> None:
         """Read the CUDA step events and the losses recorded so far (one device sync)."""
-        self._read_chunks()
-        if self._events:
-            self._events[-1][1].synchronize()
-            self.step_times.extend(a.elapsed_time(b) / 1e3 for a, b in self._events)  # ms -> s
+        self._take_losses(self._loss_reads.drain())
+        self._read_events(keep=0)
         if self._pending_losses:
             self.losses.extend(torch.stack(self._pending_losses).tolist())
-        self._events, self._pending_losses = [], []
+        self._pending_losses = []
 
     def curve_so_far(self) -> dict:
         """This rank's loss per optimizer step since the run's first (a checkpoint keeps it: one
