@@ -174,20 +174,27 @@ class LitModule(L.LightningModule):
     # The checkpoint records the schedule it ran; where this run's differs, the schedule from the
     # resumed step on is this run's own, as if it had been planned this long from step 0.
 
+    @property
+    def schedule_run(self) -> dict:
+        """The LR schedule this run trains with, as its checkpoints record it."""
+        return {**self.schedule, "lr": self.lr}
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["scalelab_schedule"] = {**self.schedule, "lr": self.lr}
+        checkpoint["scalelab_schedule"] = self.schedule_run
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self._saved_schedule = checkpoint.get("scalelab_schedule")
-        if self._saved_schedule not in (None, {**self.schedule, "lr": self.lr}):
+        saved = checkpoint.get("scalelab_schedule")
+        # the earlier schedule where it is not this run's (followed at the start of training)
+        self._schedule_before = saved if saved not in (None, self.schedule_run) else None
+        if self._schedule_before is not None:
             # another schedule's state need not even load into this one (no warmup then: a bare
             # cosine's state, which SequentialLR's load_state_dict refused with KeyError); it is
             # replaced at the start of training anyway (on_train_start)
             checkpoint["lr_schedulers"] = []
 
     def on_train_start(self) -> None:
-        saved, now = getattr(self, "_saved_schedule", None), {**self.schedule, "lr": self.lr}
-        if saved is None or saved == now:
+        saved, now = getattr(self, "_schedule_before", None), self.schedule_run
+        if saved is None:
             return
         step = int(self.trainer.global_step)
         for config in self.trainer.lr_scheduler_configs:
