@@ -140,20 +140,32 @@ def _basic(cfg) -> bool:
     return "BasicSweeper" in str(cfg.hydra.sweeper.get("_target_", ""))
 
 
+def _sweep(args: list[str]):
+    """(the command's overrides, their fixed part, the sweeper's config composed with it, and a
+    function giving the sweep's overrides: hydra.sweeper.params (an experiment's) then the
+    command's, the command's last), of `-m ARGS`."""
+    overrides = [a for a in args if not a.startswith("-")]
+    parser = _parser()
+    fixed = [o.input_line for o in _parse(parser, overrides) if not o.is_sweep_override()]
+    base = _compose(fixed, hydra_cfg=True)
+
+    def swept() -> list:
+        params = base.hydra.sweeper.get("params") or {}
+        return _parse(parser, [f"{k}={v}" for k, v in params.items()] + overrides)
+
+    return overrides, fixed, base, swept
+
+
 def expand(args: list[str]) -> list[list[str]]:
     """The override lists of every job the command would run (one list for a single run)."""
-    overrides = [a for a in args if not a.startswith("-")]
-    multirun = "-m" in args or "--multirun" in args
-    parser = _parser()
-    parsed = _parse(parser, overrides)
-    if not multirun:
+    if "-m" not in args and "--multirun" not in args:
+        overrides = [a for a in args if not a.startswith("-")]
+        _parse(_parser(), overrides)
         return [overrides]
-    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-    base = _compose(fixed, hydra_cfg=True)
+    _, fixed, base, sweep_overrides = _sweep(args)
     if not _basic(base):
         return [fixed]  # other sweepers (Optuna) choose values at run time: the fixed part, and search_space
-    params = base.hydra.sweeper.get("params") or {}
-    swept = _parse(parser, [f"{k}={v}" for k, v in params.items()] + overrides)   # an experiment's too
+    swept = sweep_overrides()
     try:
         jobs = BasicSweeper.split_arguments(swept, max_batch_size=None)
     except HydraException as e:   # interval(): only a sweeper that samples (Optuna) takes one
@@ -174,14 +186,10 @@ def search_space(args: list[str]) -> tuple[list[str], list[tuple[str, str, list]
     one otherwise failed in the job, as a traceback."""
     if "-m" not in args and "--multirun" not in args:
         return [], []
-    overrides = [a for a in args if not a.startswith("-")]
-    parser = _parser()
-    fixed = [o.input_line for o in parser.parse_overrides(overrides) if not o.is_sweep_override()]
-    base = _compose(fixed, hydra_cfg=True)
+    _, fixed, base, sweep_overrides = _sweep(args)
     if _basic(base):
         return fixed, []
-    params = base.hydra.sweeper.get("params") or {}
-    space = {o.get_key_element(): o for o in _parse(parser, [f"{k}={v}" for k, v in params.items()] + overrides)}
+    space = {o.get_key_element(): o for o in sweep_overrides()}
     keys = []
     for key, o in space.items():
         if not o.is_sweep_override():   # the command's own fixed values are `fixed` (they replace params')
@@ -216,7 +224,7 @@ def check_search_space(args: list[str], elsewhere: bool) -> None:
         chosen = [(i, v) for i, v in enumerate(combo) if v is not None]
         try:
             cfg = _compose([*fixed, *(f"{keys[i][0]}={v}" for i, v in chosen)])
-            _validate(cfg, ("cpu" if str(cfg.trainer.accelerator) == "cpu" else "gpu") if elsewhere else None)
+            _validate(cfg, _target(cfg, elsewhere))
             ok.update(chosen)
         except ConfigError as e:
             for c in chosen:
@@ -225,6 +233,12 @@ def check_search_space(args: list[str], elsewhere: bool) -> None:
         for v in values:
             if (i, v) not in ok:
                 raise ConfigError(f"{first_error[(i, v)]} [search space: {what}]")
+
+
+def _target(cfg, elsewhere: bool) -> str | None:
+    """The device kind a job is validated for: its own accelerator's where it runs elsewhere
+    (SLURM, k8s, recommend), else None (this machine's)."""
+    return ("cpu" if str(cfg.trainer.accelerator) == "cpu" else "gpu") if elsewhere else None
 
 
 def _validate(cfg, target: str | None):
@@ -298,8 +312,7 @@ def preflight(args: list[str], data: bool = True, elsewhere: bool = False) -> in
                 sampled = multirun and not _basic(cfg)
                 with open_dict(cfg):
                     cfg.pop("hydra")
-                target = ("cpu" if str(cfg.trainer.accelerator) == "cpu" else "gpu") if elsewhere else None
-                checked.append((job, cfg, _validate(cfg, target)))
+                checked.append((job, cfg, _validate(cfg, _target(cfg, elsewhere))))
                 refused = where is not None and (
                     path_problem(where, "the job's folder (hydra.sweep.dir/subdir)" if multirun else "hydra.run.dir",
                                  folder=True)
