@@ -18,13 +18,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scalelab.paths import SWEEP_MARKS
+from scalelab.paths import CONFIG_FILE, RUN_MARKS, SWEEP_MARKS
 from scalelab.same_job import NODE_OWN
 
 # The folders this command's jobs were refused in (train.run_job): the sweep is not summarized then,
 # since its folder holds another sweep's records (results.callbacks.SweepSummary).
 REFUSED: list[str] = []
-CONFIG_FILE = "config_resolved.yaml"  # JOB_DIR/config_resolved.yaml: the resolved config the ranks read
 # Keys free to differ between two runs of the same job: where it writes and how it logs, its host
 # resources (same_job.NODE_OWN), how it checkpoints and restarts (not what it trains), and how long
 # it trains (the same run continued to a larger trainer.max_steps: "train it longer").
@@ -84,11 +83,6 @@ def refusal(job_dir: Path, cfg: dict) -> str | None:
             "job would replace its record and resume its checkpoints; give this run a new folder (hydra.run.dir "
             "or hydra.sweep.dir; scalelab k8s: a new --name; checkpoint.resume_from=PATH continues a checkpoint "
             "of it there)")
-
-
-# What marks a single run's folder (its record, or the resolved config it writes before any rank);
-# a sweep's: paths.SWEEP_MARKS
-RUN_MARKS = ("run.json", CONFIG_FILE)
 
 
 def kind_refusal(folder: Path, multirun: bool) -> str | None:

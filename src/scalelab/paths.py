@@ -56,12 +56,14 @@ def write_out(path: str | Path, text: str) -> None:
 
 # What --out must never replace: a job's record and resolved config, a sweep's summary and Hydra's
 # sweep config (`slurm render --out RUN/run.json` replaced a record with a script, exit 0).
-RECORD_NAMES = ("run.json", "sweep.json", "config_resolved.yaml", "multirun.yaml")
-# What marks a sweep's folder (Hydra's multirun.yaml, aggregation's sweep.json) and a job's (its
-# record, the resolved config it writes before any rank, Hydra's .hydra): one list for job_dir's
-# refusals, the --out guard and results.sweep's search for a sweep.
+CONFIG_FILE = "config_resolved.yaml"  # JOB_DIR/config_resolved.yaml: the resolved config the ranks read
+RECORD_NAMES = ("run.json", "sweep.json", CONFIG_FILE, "multirun.yaml")
+# What marks a sweep's folder (Hydra's multirun.yaml, aggregation's sweep.json) and a single run's
+# (its record, or the resolved config it writes before any rank); a job's folder also by Hydra's
+# .hydra. One list each for job_dir's refusals, the --out guard and results.sweep.
 SWEEP_MARKS = ("multirun.yaml", "sweep.json")
-JOB_MARKS = ("run.json", "config_resolved.yaml", ".hydra")
+RUN_MARKS = ("run.json", CONFIG_FILE)
+JOB_MARKS = (*RUN_MARKS, ".hydra")
 
 
 def overwrites_input(path: str | Path, inputs: list[str | Path], what: str = "--out") -> str | None:
