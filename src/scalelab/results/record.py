@@ -131,6 +131,11 @@ def base_record(cfg: dict, batch, lr: float, world_size: int, plan_degrees: dict
     }
 
 
+def max_of(values) -> int | float | None:
+    """The largest of the per-rank values a record holds (None entries skipped); None if none."""
+    return max((v for v in values or [] if v is not None), default=None)
+
+
 def num_nodes(rec: dict) -> int:
     """The nodes a run spanned: run.json num_nodes, else its config's trainer.num_nodes, else 1 (a
     record from before num_nodes was written ran on one node)."""

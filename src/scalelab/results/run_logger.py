@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from scalelab.results.record import lr_rule_label, scrub
+from scalelab.results.record import lr_rule_label, max_of, scrub
 
 
 def global_rank() -> int:
@@ -123,9 +123,9 @@ def log_summary(logger, record: dict) -> None:
                "memory/model_state_bytes_max": max(record["memory"]["model_state_bytes_per_rank"]),
                "loss/final": record["loss"]["final"], "lr/used": record["lr"]}
     # the device's own peak (GPUs): the memory a run is short of; RSS above is host memory only
-    device = [b for b in record["memory"].get("peak_device_bytes_per_rank") or [] if b is not None]
-    if device:
-        summary["memory/peak_device_bytes_max"] = max(device)
+    device = max_of(record["memory"].get("peak_device_bytes_per_rank"))
+    if device is not None:
+        summary["memory/peak_device_bytes_max"] = device
     if record.get("mfu") and record["mfu"].get("value") is not None:
         summary["mfu"] = record["mfu"]["value"]
     if record.get("breakdown"):

@@ -6,17 +6,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from scalelab.results.record import num_nodes
+from scalelab.results.record import max_of, num_nodes
 from scalelab.results.table import sort_key
 
 RUN_COLUMNS = ["job", "strategy", "world_size", "num_nodes", "global_batch_size", "per_device_batch_size",
                "accumulate_grad_batches", "lr", "samples_per_s", "tokens_per_s", "step_time_median_s",
                "step_time_p90_s", "peak_rss_bytes_max", "peak_device_bytes_max", "mfu", "loss_final",
                "scaling_efficiency", "status", "error"]
-
-
-def _max(values) -> int | None:
-    return max((m for m in values or [] if m is not None), default=None)
 
 
 def _row(r: dict) -> list:
@@ -27,7 +23,7 @@ def _row(r: dict) -> list:
             r.get("global_batch_size"), r.get("per_device_batch_size"), r.get("accumulate_grad_batches"), r.get("lr"),
             r.get("throughput", {}).get("samples_per_s"), r.get("throughput", {}).get("tokens_per_s"),
             r.get("step_time_s", {}).get("median"), r.get("step_time_s", {}).get("p90"),
-            _max(mem.get("peak_rss_bytes_per_rank")), _max(mem.get("peak_device_bytes_per_rank")),
+            max_of(mem.get("peak_rss_bytes_per_rank")), max_of(mem.get("peak_device_bytes_per_rank")),
             (r.get("mfu") or {}).get("value"), r.get("loss", {}).get("final"),
             r.get("scaling_efficiency"), r.get("status"), r.get("error")]
 
