@@ -106,7 +106,9 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
                           replicas=world // spec.batch.dp_size,   # tp x pp ranks share each sample
                           **({"length_fn": lambda b: b.shape[0] * seq} if seq else {}))
     # HostLRMonitor: Lightning's LearningRateMonitor without its per-step torch.tensor(lr, device=cuda)
-    callbacks = [metrics, live, RankRandomness(cfg.seed)] + ([HostLRMonitor("step")] if cfg.logger.name != "none" else [])
+    callbacks = [metrics, live, RankRandomness(cfg.seed)]
+    if cfg.logger.name != "none":
+        callbacks.append(HostLRMonitor("step"))
     if cfg.trainer.enable_progress_bar:
         callbacks.append(StepProgressBar(seq, spec.batch.global_batch_size))
     val_curve = ValidationCurve.for_config(cfg.trainer)  # None unless trainer.val_every_n_steps

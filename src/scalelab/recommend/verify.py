@@ -210,13 +210,14 @@ def measured_row(c: Candidate, recs: list[dict], objective: str, hw: Hardware, t
                error=bad[0].get("error") if bad else None, run_dirs=[(r.get("job") or {}).get("dir") for r in recs])
     if not ok:
         return row
-    tps = statistics.median(measured_tokens_per_s(r, c) for r in ok)
+    tps_runs = [measured_tokens_per_s(r, c) for r in ok]
+    tps = statistics.median(tps_runs)
     step = statistics.median(float(r["step_time_s"]["median"]) for r in ok)
     speed = statistics.median(speed_factor(r, c.terms, hw) for r in ok)
     peaks = [max(p) for r in ok for p in [(r.get("memory") or {}).get("peak_device_bytes_per_rank")
                                           or (r.get("memory") or {}).get("peak_rss_bytes_per_rank") or []] if p]
     row.update(measured_step_s=step, measured_tokens_per_s=tps, measured_score=score(c, objective, hw, tokens, tps=tps),
-               measured_tokens_per_s_runs=[measured_tokens_per_s(r, c) for r in ok],
+               measured_tokens_per_s_runs=tps_runs,
                step_ratio=pred_step / step, host_speed_factor=speed, step_ratio_at_host_speed=pred_step / speed / step,
                measured_peak_bytes=max(peaks) if peaks else None, predicted_total_bytes=c.memory_bytes,
                loss_final=statistics.median(float((r.get("loss") or {}).get("final") or "nan") for r in ok),
