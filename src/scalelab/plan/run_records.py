@@ -8,6 +8,7 @@ drifts by up to 1.5x over an hour. A GPU run's probe says nothing of its device,
 """
 from __future__ import annotations
 
+import collections
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -215,9 +216,7 @@ def usable_runs(sweep_dir, speed_window: int = SPEED_WINDOW
         except (PlanError, KeyError, TypeError, ValueError) as exc:
             skipped.append((path, str(exc)))
     if not ok:
-        counts: dict[str, int] = {}
-        for _, reason in skipped:
-            counts[reason] = counts.get(reason, 0) + 1
+        counts = collections.Counter(reason for _, reason in skipped)
         why = "; ".join(f"{r} x{n}" if n > 1 else r for r, n in list(counts.items())[:3])
         more = f"; {len(counts) - 3} other reasons" if len(counts) > 3 else ""
         raise PlanError(f"no usable run under {', '.join(map(str, as_dirs(sweep_dir)))}: "

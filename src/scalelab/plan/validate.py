@@ -9,7 +9,8 @@ Two step ratios per run: `step_ratio_raw` is predicted / measured as `scalelab p
 the profile's reference host speed), `step_ratio` the prediction scaled by the run's host-speed
 factor. The factor's probe (mean FLOP/s of n=256 matmuls) is not the profile's reference (fastest
 call of n=256/512/1024), so it reads < 1 even on an idle host: a profile calibrated at that
-reference plans ~1/speed too fast, which only the raw ratio shows (--tolerance judges it).
+reference plans ~1/speed too fast, which only the raw ratio shows (--tolerance judges the scaled
+ratio, --as-planned the raw one; both are printed).
 """
 from __future__ import annotations
 
