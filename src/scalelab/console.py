@@ -30,7 +30,7 @@ _VERBOSE = [False]   # this rank's verbose=, for quiet_banner
 @contextlib.contextmanager
 def quiet_banner(banner: str = "built successfully"):
     """Lines with `banner` that a library prints to stdout meanwhile (DeepSpeed's
-    'deepspeed_shm_comm_op built successfully', every CPU job) only with verbose=true; anything
+    '... built successfully' of DeepSpeed's op builders) only with verbose=true; anything
     else it printed still comes out, after (or as it fails)."""
     if _VERBOSE[0]:
         yield

@@ -80,7 +80,7 @@ def _alive(opt, net) -> tuple[int, int, int]:
 
 
 def main(out: str, names: str = "all") -> None:
-    from scalelab.strategies.deepspeed_cpu import select_cpu_accelerator
+    from scalelab.strategies.deepspeed_cpu import select_cpu_accelerator, skip_shm_comm_build
 
     select_cpu_accelerator()   # before deepspeed is imported
     import deepspeed
@@ -90,6 +90,7 @@ def main(out: str, names: str = "all") -> None:
     from scalelab.strategies.deepspeed import ZeRO
 
     dist.init_process_group("gloo")
+    skip_shm_comm_build()   # the inference-only op: a compile, not part of what is measured
     deepspeed.init_distributed(dist_backend="gloo")
     torch.set_num_threads(1)
     seen = {"allocated": 0, "flattened": 0}

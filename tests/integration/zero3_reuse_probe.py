@@ -33,7 +33,7 @@ SHAPE = dict(n_layers=4, n_heads=2, d_model=32, seq_len=16, vocab_size=64)
 
 
 def main(out: str, names: str) -> None:
-    from scalelab.strategies.deepspeed_cpu import select_cpu_accelerator
+    from scalelab.strategies.deepspeed_cpu import select_cpu_accelerator, skip_shm_comm_build
 
     select_cpu_accelerator()   # before deepspeed is imported
     import deepspeed
@@ -43,6 +43,7 @@ def main(out: str, names: str) -> None:
     from scalelab.strategies.deepspeed import ZeRO
 
     dist.init_process_group("gloo")
+    skip_shm_comm_build()   # the inference-only op: a compile, not part of what is measured
     deepspeed.init_distributed(dist_backend="gloo")
     torch.set_num_threads(1)
     result = {}

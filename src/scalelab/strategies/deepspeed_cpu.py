@@ -29,6 +29,18 @@ def select_cpu_accelerator() -> None:
             raise RuntimeError(f"deepspeed was imported before DS_ACCELERATOR=cpu was set and chose {name!r}")
 
 
+def skip_shm_comm_build() -> None:
+    """Fixes a C++ compile at the first DeepSpeed job on CPU (25-36 s on an idle 2-core machine,
+    minutes under load, and a compiler required): DeepSpeed's TorchBackend JIT-builds its
+    shared-memory all-reduce op (deepspeed_shm_comm) when it initializes, for
+    `inference_all_reduce` only; training's collectives are torch.distributed's (gloo here).
+    Call after select_cpu_accelerator, before deepspeed.init_distributed."""
+    import importlib
+
+    # by module name: `import deepspeed.comm.torch as m` gives torch itself (deepspeed.comm's `torch`)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
 class CPUDeepSpeedStrategy(ScaleLabDeepSpeedStrategy):
     """DeepSpeedStrategy on CPU ranks. Built with process_group_backend="gloo" (ZeRO.lightning_strategy),
     which Lightning passes to deepspeed.init_distributed; DeepSpeed's CPU accelerator would
@@ -49,7 +61,8 @@ class CPUDeepSpeedStrategy(ScaleLabDeepSpeedStrategy):
 
         reset_seed()
         self.set_world_ranks()
-        with quiet_banner():   # DeepSpeed builds its shared-memory op here and prints that it did
+        skip_shm_comm_build()
+        with quiet_banner():   # DeepSpeed's op builders print that they built or loaded an op
             self._init_deepspeed_distributed()
 
     def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
