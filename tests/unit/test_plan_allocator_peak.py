@@ -43,6 +43,15 @@ def tolerance(precision: str, ckpt: str) -> float:
 # (layers, width, heads, context, vocabulary, batch)
 SHAPES = [(2, 64, 4, 128, 256, 2), (2, 64, 4, 128, 32768, 2), (4, 128, 4, 256, 256, 4),
           (2, 256, 8, 128, 4096, 4), (3, 96, 2, 256, 2048, 1)]
+# The largest shapes of each test (4-15 s each on 2 cores under the profiler) run with -m slow;
+# the default suite keeps at least one shape of each kind each test was written for.
+SLOW = {(4, 128, 4, 256, 256, 4), (8, 128, 4, 256, 256, 4), (6, 64, 2, 512, 256, 8), (2, 1024, 8, 8, 256, 1)}
+
+
+def shapes(listed: list, slow_too: tuple = ()) -> list:
+    """pytest params of `listed`, those in SLOW (or `slow_too`) marked slow."""
+    return [pytest.param(s, marks=pytest.mark.slow if s in SLOW or s in slow_too else (),
+                         id="L{}-h{}-a{}-s{}-V{}-b{}".format(*s)) for s in listed]
 
 
 def allocator_peak(shape, precision: str, ckpt: str, tmp_path, grads_alive: bool = False) -> int:
@@ -118,7 +127,7 @@ def planned(shape, precision: str, ckpt: str, grads_alive: bool = False) -> floa
 
 @pytest.mark.parametrize("ckpt", ["none", "selective", "full"])
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "L{}-h{}-a{}-s{}-V{}-b{}".format(*s))
+@pytest.mark.parametrize("shape", shapes(SHAPES))
 def test_planner_matches_the_cpu_allocator_peak(shape, precision, ckpt, tmp_path):
     got = allocator_peak(shape, precision, ckpt, tmp_path)
     ratio = planned(shape, precision, ckpt) / got
@@ -138,7 +147,7 @@ DEPTHS = [(1, 128, 4, 256, 256, 4), (8, 128, 4, 256, 256, 4), (4, 128, 4, 256, 2
 
 
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
-@pytest.mark.parametrize("shape", DEPTHS, ids=lambda s: "L{}-h{}-a{}-s{}-V{}-b{}".format(*s))
+@pytest.mark.parametrize("shape", shapes(DEPTHS))
 def test_full_recompute_late_moment_over_depth(shape, precision, tmp_path):
     ratio = planned(shape, precision, "full") / allocator_peak(shape, precision, "full", tmp_path)
     print(f"{shape} {precision} full: planned / allocator = {ratio:.3f}")
@@ -151,7 +160,7 @@ HEAVY = [(4, 512, 8, 16, 256, 1), (2, 256, 4, 32, 4096, 1)]
 
 @pytest.mark.parametrize("ckpt", ["none", "full"])
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
-@pytest.mark.parametrize("shape", HEAVY, ids=lambda s: "L{}-h{}-a{}-s{}-V{}-b{}".format(*s))
+@pytest.mark.parametrize("shape", shapes(HEAVY))
 def test_gradients_alive_through_the_forward(shape, precision, ckpt, tmp_path):
     """Gradient accumulation's second micro-batch: the first one's gradients are there from the
     start (grads_at_peak: the sum); under full recompute autocast still caches every weight copy
@@ -177,7 +186,7 @@ FREED = [*HEAVY, (2, 1024, 8, 8, 256, 1), (8, 512, 8, 8, 256, 1), (6, 384, 6, 64
 
 
 @pytest.mark.parametrize("precision,ckpt", [("32", "none"), ("bf16-mixed", "none"), ("bf16-mixed", "full")])
-@pytest.mark.parametrize("shape", FREED, ids=lambda s: "L{}-h{}-a{}-s{}-V{}-b{}".format(*s))
+@pytest.mark.parametrize("shape", shapes(FREED, slow_too=HEAVY[:1]))
 def test_weight_heavy_peak_is_the_gradients_without_the_weight_copies(shape, precision, ckpt, tmp_path):
     ratio = planned(shape, precision, ckpt) / allocator_peak(shape, precision, ckpt, tmp_path)
     print(f"{shape} {precision} {ckpt} grads freed: planned / allocator = {ratio:.3f}")
