@@ -5,6 +5,8 @@ Every check raises ConfigError with one line naming the bad value and what would
 from __future__ import annotations
 
 import math
+import os
+import socket
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,11 +42,15 @@ class JobSpec:
     seq_len: int
 
 
-def resolve_accelerator(requested: str) -> str:
+def resolve_accelerator(requested: str, launched: str | None = None) -> str:
+    """"gpu" | "cpu" for trainer.accelerator. `launched`: the job's as its launcher resolved it
+    (a rank's config: job.accelerator), which the rank uses rather than resolving `auto` again."""
     import torch
 
     if requested not in ACCELERATORS:
         raise ConfigError(f"trainer.accelerator={requested!r} is not known: choose one of {', '.join(ACCELERATORS)}")
+    if launched is not None:
+        return _as_launched(requested, launched)
     if requested == "auto":
         return "gpu" if torch.cuda.is_available() else "cpu"
     if requested in ("gpu", "cuda"):
@@ -52,6 +58,25 @@ def resolve_accelerator(requested: str) -> str:
             raise ConfigError(f"trainer.accelerator={requested} but no CUDA device is visible: use auto or cpu")
         return "gpu"
     return "cpu"
+
+
+def _as_launched(requested: str, launched: str) -> str:
+    """Fixes (found by review): every rank resolved `auto` again, so on a node where CUDA failed
+    to initialize its ranks silently took cpu / gloo while the others took NCCL, and the job hung
+    until trainer.collective_timeout_s. A rank runs on what the launcher chose for the job, and
+    stops at once, in one line naming its host, where that is a GPU it cannot see."""
+    import torch
+
+    if launched not in ("cpu", "gpu"):
+        raise ConfigError(f"job.accelerator={launched!r} must be cpu or gpu (written by scalelab-train)")
+    if launched == "gpu" and not torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise ConfigError(f"host {socket.gethostname()} sees no CUDA device"
+                          + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else "")
+                          + f" but the job runs on GPUs (trainer.accelerator={requested}, resolved to gpu at "
+                          "launch): this rank stops rather than run on cpu and gloo beside NCCL ranks; check "
+                          "this node's GPUs and driver (nvidia-smi), or run the job with trainer.accelerator=cpu")
+    return launched
 
 
 def _int(cfg: DictConfig, key: str, minimum: int) -> int:
@@ -203,7 +228,8 @@ def _validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
         from scalelab.launch import torchrun_layout
 
         torchrun_layout(cfg.launcher, nodes, require=target is None)
-    accelerator = target or resolve_accelerator(cfg.trainer.accelerator)
+    # in a rank: the accelerator the launcher resolved for the whole job (train.run_job records it)
+    accelerator = target or resolve_accelerator(cfg.trainer.accelerator, OmegaConf.select(cfg, "job.accelerator"))
     from scalelab.scaling.mfu import profile_name
 
     if target is None or cfg.get("hardware_profile", "auto") not in (None, "auto"):

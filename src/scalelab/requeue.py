@@ -228,8 +228,11 @@ class RequeueOnSignal:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized() and dist.get_backend() != "gloo":
-            # every rank runs on_train_start, so every rank creates the group (a collective)
-            self._group = dist.new_group(backend="gloo")
+            from scalelab.strategies.group_timeout import default_timeout
+
+            # every rank runs on_train_start, so every rank creates the group (a collective); its
+            # timeout the default group's (trainer.collective_timeout_s), not gloo's 30 min
+            self._group = dist.new_group(backend="gloo", timeout=default_timeout())
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step

@@ -11,7 +11,6 @@ import os
 import sys
 import time
 import traceback
-from datetime import timedelta
 from pathlib import Path
 
 from scalelab import requeue
@@ -34,6 +33,7 @@ from scalelab.launch import host_cores, too_few_gpus
 from scalelab.models.gpt import num_params
 from scalelab.models.lit import LitModule, RankRandomness
 from scalelab.strategies.base import without_teardown_copies
+from scalelab.strategies.group_timeout import with_collective_timeout
 from scalelab.results.record import RUN_FILE, base_record, write_json
 from scalelab.results.run_logger import build_logger, global_rank, log_summary
 from scalelab.scaling.breakdown import ProfileWindow, combine
@@ -66,7 +66,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     marks = marks if marks is not None else {}
     cfg = OmegaConf.load(job_dir / "config_resolved.yaml")
     quiet_rank(global_rank(), bool(cfg.get("verbose", False)))
-    spec = validate(cfg)
+    spec = validate(cfg)   # on the job's accelerator as launched (job.accelerator), not `auto` again
     if spec.run.accelerator == "gpu" and (few := too_few_gpus(torch.cuda.device_count(), spec.run.devices_per_node,
                                                                cfg.launcher.name)):
         raise RuntimeError(few)   # not Lightning's "invalid device ordinal" after the queue wait
@@ -74,12 +74,13 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # same initial weights on every rank
     rank, world = global_rank(), spec.run.world_size
     resume, resumed_at = _resume_point(cfg, job_dir, rank)
+    timeout_s = float(cfg.trainer.get("collective_timeout_s", 600))   # conf/trainer/default.yaml's
     if cfg.launcher.name == "torchrun" and spec.run.num_nodes > 1:  # nodes started by hand: the same command?
         from scalelab import same_job
 
         # ... and global rank 0's checkpoint to go on from, for every node (each has its own folder)
         resume, resumed_at = same_job.check(list(cfg.job.overrides), int(cfg.launcher.node_rank),
-                                            float(cfg.trainer.get("collective_timeout_s", 600)), resume=(resume, resumed_at))
+                                            timeout_s, resume=(resume, resumed_at))
     plan = spec.plan
     with plan.init_device(spec.run, _local_rank()):  # on the GPU itself where it can
         module = LitModule(spec.run.model_arch, cfg.model.task, hydra.utils.instantiate(cfg.optim.optimizer),
@@ -154,9 +155,9 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         callbacks.append(on_signal)
     requeue.gloo_interface(spec.run.num_nodes)   # before any gloo group: not the loopback one on several nodes
     logger = build_logger(cfg, job_dir, resumed=resume is not None)
-    strategy = without_teardown_copies(plan.lightning_strategy(spec.run))
-    if hasattr(strategy, "_timeout"):  # collectives fail after this instead of Lightning's 30 min
-        strategy._timeout = timedelta(seconds=float(cfg.trainer.get("collective_timeout_s", 1800)))
+    # collectives fail after trainer.collective_timeout_s (Lightning's default: 30 min), on the default
+    # group and on the strategies' sub-groups (strategies/group_timeout.py)
+    strategy = with_collective_timeout(without_teardown_copies(plan.lightning_strategy(spec.run)), timeout_s)
     trainer = L.Trainer(
         accelerator=spec.run.accelerator, devices=spec.run.devices_per_node, num_nodes=spec.run.num_nodes,
         strategy=strategy, precision=cfg.trainer.precision,

@@ -175,11 +175,16 @@ class ND(Pipeline):
     def build_mesh(self, device_type: str, world: int):
         from torch.distributed.device_mesh import init_device_mesh
 
+        from scalelab.strategies.group_timeout import like_default
+
         dp = self.dp_size(world)
         if self.dp_replicate > 1:
-            return init_device_mesh(device_type, (self.pp, self.dp_replicate, dp // self.dp_replicate, self.tp),
+            mesh = init_device_mesh(device_type, (self.pp, self.dp_replicate, dp // self.dp_replicate, self.tp),
                                     mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
-        return init_device_mesh(device_type, (self.pp, dp, self.tp), mesh_dim_names=MESH_DIMS)
+        else:
+            mesh = init_device_mesh(device_type, (self.pp, dp, self.tp), mesh_dim_names=MESH_DIMS)
+        like_default(mesh)   # its groups fail after trainer.collective_timeout_s too, not torch's 10 / 30 min
+        return mesh
 
     def parallelize(self, net: nn.Module, device_mesh: Any) -> nn.Module:
         """Stage of this rank's pp coordinate -> TP on the tp sub-mesh -> FSDP2 on the dp sub-mesh
