@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ..conftest import FAST, REPO, env, train
+from ..conftest import FAST, REPO, env, run_cli, train
 
 pytestmark = pytest.mark.integration
 
@@ -62,34 +62,27 @@ def test_train_log_holds_the_jobs_lines(short_job):
     assert "strategy=ddp world=2" in log and "completed" in log
 
 
-@pytest.mark.parametrize("value,want", [("true", "full"), ("false", "none"), ("selective", "selective"),
-                                        ("sometimes", None)])
-def test_checkpointing_values(tmp_path, value, want):
-    """The config takes none|selective|full (booleans mapped); anything else stops before a rank."""
-    key = f"model.arch.activation_checkpointing={value}"
-    if want is not None:   # composed and validated as the trainer does, then read back by the planner
-        proc = subprocess.run([sys.executable, "-m", "scalelab.cli", "plan", key, "--json"], cwd=tmp_path,
-                              env=env(), capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stderr
-        assert json.loads(proc.stdout)["inputs"]["activation_checkpointing"] == want
-        return
-    proc = subprocess.run([sys.executable, "-m", "scalelab.train", key, f"hydra.run.dir={tmp_path / 'job'}"],
-                          cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and not (tmp_path / "job").exists()
-    assert proc.stderr.count("\n") == 1
-    assert "'sometimes' is not valid: choose one of none, selective, full" in proc.stderr
+@pytest.mark.parametrize("value,want", [("true", "full"), ("false", "none"), ("selective", "selective")])
+def test_checkpointing_values(tmp_path, monkeypatch, capsys, value, want):
+    """The config takes none|selective|full (booleans mapped), composed and validated as the
+    trainer does, then read back by the planner (`scalelab plan KEY=VALUE`, in this process).
+    Anything else stops before a rank: test_bad_inputs_table's activation_checkpointing=sometimes."""
+    monkeypatch.chdir(tmp_path)
+    code, out = run_cli(["plan", f"model.arch.activation_checkpointing={value}", "--json"], capsys)
+    assert code == 0, out.err
+    assert json.loads(out.out)["inputs"]["activation_checkpointing"] == want
 
 
-def test_slurm_render_keeps_the_trainer_layout(tmp_path):
-    def render(*args):
-        return subprocess.run([sys.executable, "-m", "scalelab.cli", "slurm", "render", *args,
-                               "--log-dir", str(tmp_path / "logs")], cwd=tmp_path, env=env(),
-                              capture_output=True, text=True, timeout=120)
+def test_slurm_render_keeps_the_trainer_layout(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
 
-    proc = render("--nodes", "2", "trainer.devices=4", "strategy=ddp")
-    assert proc.returncode == 0, proc.stderr
-    assert "#SBATCH --ntasks-per-node=4" in proc.stdout and "#SBATCH --gpus-per-node=4" in proc.stdout
-    assert "trainer.num_nodes=2 trainer.devices=4" in proc.stdout
+    def render(*args):   # `scalelab slurm render ARGS`, in this process
+        return run_cli(["slurm", "render", *args, "--log-dir", str(tmp_path / "logs")], capsys)
+
+    code, out = render("--nodes", "2", "trainer.devices=4", "strategy=ddp")
+    assert code == 0, out.err
+    assert "#SBATCH --ntasks-per-node=4" in out.out and "#SBATCH --gpus-per-node=4" in out.out
+    assert "trainer.num_nodes=2 trainer.devices=4" in out.out
     assert (tmp_path / "logs").is_dir()                  # sbatch would not create --output's folder
-    proc = render("--devices", "2", "trainer.devices=4")
-    assert proc.returncode == 2 and "disagree" in proc.stderr and proc.stderr.count("\n") == 1
+    code, out = render("--devices", "2", "trainer.devices=4")
+    assert code == 2 and "disagree" in out.err and out.err.count("\n") == 1

@@ -84,6 +84,7 @@ def test_hugging_face_dataset_saved_to_disk(tmp_path):
     assert meta["source"] == "hub" and meta["documents"] == 4 and meta["val_blocks"] >= 1
 
 
+@pytest.mark.slow   # in-process: test_data_split.py::test_preflight_prepares_the_data_and_rejects_a_corpus_too_small
 def test_corpus_too_small_for_one_global_batch_exits_2_before_any_rank(tmp_path, monkeypatch):
     write_text(tmp_path / "tiny.txt", 40 * 65)  # 40 blocks of 65 bytes: 39 train + 1 val
     t0 = time.time()

@@ -13,13 +13,14 @@ from scalelab.results.record import (BadRecord, load_record, read_records, recor
 
 
 def test_every_shipped_config_passes_the_schema():
-    """Each yaml of every group, merged into the default job, is valid as shipped."""
+    """Each yaml of the data and launcher groups, merged into the default job, is valid as shipped
+    (the other groups' yamls pass config.validate, which runs schema.check: test_compose.py)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        for group in ("strategy", "model", "data", "optim", "lr_scaling", "logger", "launcher"):
+        for group in ("data", "launcher"):
             for f in sorted((conf_dir() / group).glob("*.yaml")):
                 extra = ["data.files=[x]"] if f.stem == "text_files" else ["data.hub_name=x"] if f.stem == "hub" else []
                 cfg = compose("train", overrides=[f"{group}={f.stem}", *extra])
