@@ -16,7 +16,7 @@ import pytest
 from scalelab.errors import ConfigError
 from scalelab.preflight import preflight
 
-from ..conftest import FAST, assert_nano_flops, records, run_jobs, train, worker_pids
+from ..conftest import FAST, assert_nano_flops, losses_by_step, max_rel_diff, records, run_jobs, train, worker_pids
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ DDP_TOL = 1e-4
 # leave >= 8x margin yet stay below what a coarser gradient does (PowerSGD rank 1 moves the loss by 5.7e-3
 # one step after it starts, 3.4e-3..1.0e-2 after), and far below a hook without its 1/world division
 # (twice the gradient: 1.1e-2 at the first step it shows, up to 0.85;
-# test_core_sweep.py::test_ddp_summing_gradients_fails_the_equivalence). A hook that is not applied at
+# test_ddp_summing_gradients_fails_the_equivalence below). A hook that is not applied at
 # all is caught by the separate "not bit-identical to plain DDP" check.
 BF16_TOL, FP16_TOL = 1e-3, 2e-4
 # Local SGD with period 1 averages the parameters after every step. With plain or momentum SGD (linear
@@ -59,7 +59,7 @@ def _close(a, b, rel):
 
 @pytest.fixture(scope="module")
 def opts(tmp_path_factory) -> dict:
-    # one multirun of the four (each its own overrides: conftest.run_jobs); the default launcher
+    # one multirun of the five (each its own overrides: conftest.run_jobs); the default launcher
     # (ranks forked from the fork server), as users run it. Its PowerSGD ranks used to abort now
     # and then with heap corruption: the profile window stopped torch.profiler while a gloo worker
     # was still finishing the hook's collective (fixed by ProfileWindow's barrier,
@@ -69,10 +69,23 @@ def opts(tmp_path_factory) -> dict:
         "fp16": ["strategy=ddp_compress", "strategy.comm_hook=fp16", *TWO_JOB],
         "powersgd": ["strategy=ddp_powersgd", *TWO_JOB],
         "local1_sgd": ["strategy=local_sgd", "strategy.local_sgd_period=1", *TWO_JOB],
+        "summing": ["strategy=ddp", "strategy._target_=tests.mutations.SummingDDP", *TWO_JOB],
     })
     out = {name: json.loads((job / "run.json").read_text()) for name, job in jobs.items()}
     out["root"] = jobs["bf16"].parent.parent
     return out
+
+
+def test_ddp_summing_gradients_fails_the_equivalence(opts, core_sweep):
+    """A DDP whose all-reduce sums the ranks' gradients (no 1/world_size) steps with twice the
+    gradient: the equivalence check must reject it, while it accepts plain DDP."""
+    bad = opts["summing"]
+    assert bad["status"] == "completed" and bad["world_size"] == 2
+    assert bad["config"]["strategy"]["_target_"] == "tests.mutations.SummingDDP"
+    single, ddp = _by(core_sweep, "single", 1), _by(core_sweep, "ddp", 2)
+    assert sorted(losses_by_step(bad)) == list(range(1, 11))
+    assert max_rel_diff(ddp, single) <= DDP_TOL
+    assert max_rel_diff(bad, single) > 100 * DDP_TOL  # measured 0.85 (1.1e-2 at step 2)
 
 
 def test_bf16_compression_matches_single_within_rounding(opts, core_sweep):

@@ -17,7 +17,7 @@ resume (steps 11-20, where SGD's loss spikes amplify rounding) 1.8e-6; earlier, 
 <= 2e-7 for zero1/2/3 and the offload variants (DeepSpeedCPUAdam, which keeps AdamW: see
 test_offload_variants_learn_and_reuse_the_cpu_adam_build). 1e-4 leaves room for rounding to
 grow, and still catches real errors: a gradient twice too large (DDP summing instead of
-averaging: test_core_sweep.py) is 1e-2 off at the first step it shows, up to 0.85; the double
+averaging: test_ddp_options.py) is 1e-2 off at the first step it shows, up to 0.85; the double
 loss scaling under accumulation fixed in strategies/deepspeed.py was 1e-2..1e-1.
 
 First-use cost: DeepSpeed JIT-builds C++ ops into TORCH_EXTENSIONS_DIR (the launcher sets

@@ -14,7 +14,7 @@ floating-point sums relative to one device, so the loss curves agree to float ro
 3.8e-6 by step 20). 1e-4 relative leaves >= 25x room for the reordering to grow, and is far below
 a gradient-scale error: twice the gradient (DDP summing instead of averaging) moves the loss by
 1.1e-2 at the first step it shows and up to 0.85
-(test_core_sweep.py::test_ddp_summing_gradients_fails_the_equivalence).
+(test_ddp_options.py::test_ddp_summing_gradients_fails_the_equivalence).
 """
 from __future__ import annotations
 
