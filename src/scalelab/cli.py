@@ -10,13 +10,16 @@ from pathlib import Path
 def _compare(args: argparse.Namespace) -> int:
     from scalelab.results.record import read_records
     from scalelab.results.sweep import summaries_for
-    from scalelab.results.table import SelectError, filter_records, group_records, render, rich_table, sort_records
+    from scalelab.results.table import SelectError, filter_records, group_records, print_rich, render, sort_records
 
     from scalelab.paths import out_problem, write_out
 
     missing = [p for p in args.paths if not Path(p).exists()]
     if missing:
         print(f"error: {missing[0]} does not exist (give run.json files, job dirs or sweep dirs)", file=sys.stderr)
+        return 2
+    if args.format == "html" and not args.out and sys.stdout.isatty():   # megabytes of HTML on the terminal
+        print("error: --format html writes a file: add --out report.html", file=sys.stderr)
         return 2
     problem = args.out and out_problem(args.out, "--out", args.paths)
     if problem:
@@ -42,11 +45,7 @@ def _compare(args: argparse.Namespace) -> int:
         if args.group_by:
             group_records(records, args.group_by)
         if args.format == "table" and not args.out and sys.stdout.isatty():
-            from rich.console import Console
-
-            console = Console()
-            for t in rich_table(records, args.group_by, args.sort, width=console.width):
-                console.print(t)
+            print_rich(records, args.group_by, args.sort)
             return 0
         text = render(records, args.format, group_by=args.group_by, sort=args.sort, summaries=summaries)
     except SelectError as exc:

@@ -6,7 +6,9 @@ gives each pod MASTER_ADDR / MASTER_PORT (the master's service) and RANK (the po
 Worker i -> i + 1, i.e. the node rank, as no nprocPerNode is set), which launcher=torchrun reads when
 launcher.rdzv_endpoint / launcher.node_rank are null. The container command is a list (no shell):
 an override's spaces, quotes or `$()` reach scalelab-train as written. Rendered with
-yaml.safe_dump, so every string is quoted where YAML needs it.
+yaml.safe_dump, so every string is quoted where YAML needs it. The command is kept by the cluster
+(the manifest, `kubectl describe`): a secret-named override is refused, and `--secret NAME` gives
+the pods a Secret's keys as their environment instead (W&B online: WANDB_API_KEY).
 """
 from __future__ import annotations
 
@@ -24,18 +26,33 @@ _LAYOUT_KEYS = ("trainer.devices=", "trainer.num_nodes=", "launcher=", "launcher
                 "launcher.node_rank=", "hydra/launcher=")
 
 
+# Kubernetes quantities (resource.Quantity): CPUs as cores or millicores, memory in bytes with a suffix
+_CPU = re.compile(r"(\d+(\.\d+)?|\d+m)")
+_MEMORY = re.compile(r"\d+(\.\d+)?([KMGTPE]i?|k)?")
+# Secret names are DNS subdomains
+_SECRET = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
 def manifest(nodes: int, devices: int, image: str, overrides: list[str], name: str = "scalelab",
              namespace: str | None = None, port: int = 29500, gpus: bool = True, rdzv_timeout_s: int | None = None,
              cpu: str | None = None, memory: str | None = None, pvc: str | None = None,
-             mount: str = OUTPUTS_MOUNT) -> dict:
+             mount: str = OUTPUTS_MOUNT, secrets: list[str] = ()) -> dict:
     """The PyTorchJob as a dict (render() dumps it). Every pod mounts a memory-backed /dev/shm (a
     container's default is 64 MiB: too small for NCCL's and the DataLoader's shared memory); with a
     PersistentVolumeClaim `pvc`, each pod's job folder is on it (MOUNT/NAME/nodeK, K = the pod's
     RANK, which the operator sets: node 0's run.json, every node's ranks.log, never one folder
-    written by two nodes), since a finished pod's own disk cannot be read back."""
+    written by two nodes), since a finished pod's own disk cannot be read back.
+    cpu / memory: each pod's, as requests = limits (with the GPUs: the Guaranteed QoS class; with
+    neither the pods were BestEffort, the first evicted, their CPUs not reserved); on GPUs each
+    rank's threads are the pod's CPUs / ranks (the cores a container sees are its node's).
+    secrets: Kubernetes Secrets whose keys become every pod's environment (envFrom): a secret
+    (WANDB_API_KEY) never in the command, which the manifest and the cluster's API keep."""
     cpu_only = [] if gpus or any(o.lstrip("+").startswith("trainer.accelerator=") for o in overrides) else \
         ["trainer.accelerator=cpu"]   # as validated: a pod without a GPU limit may still see a node's GPUs
-    command = ["scalelab-train", *[o for o in overrides if not o.startswith(_LAYOUT_KEYS)], *cpu_only,
+    threads = [] if not (cpu and gpus) or any(o.lstrip("+").startswith("trainer.threads_per_rank=")
+                                               for o in overrides) else \
+        [f"trainer.threads_per_rank={max(1, int(_cores(cpu)) // devices)}"]
+    command = ["scalelab-train", *[o for o in overrides if not o.startswith(_LAYOUT_KEYS)], *cpu_only, *threads,
                "launcher=torchrun",
                f"trainer.num_nodes={nodes}", f"trainer.devices={devices}",
                *([f"launcher.rdzv_timeout_s={rdzv_timeout_s}"] if rdzv_timeout_s else []),
@@ -46,9 +63,12 @@ def manifest(nodes: int, devices: int, image: str, overrides: list[str], name: s
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, *([{"name": "outputs", "mountPath": mount}] if pvc else [])]
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}},
                *([{"name": "outputs", "persistentVolumeClaim": {"claimName": pvc}}] if pvc else [])]
+    requests = {k: v for k, v in limits.items() if k in ("cpu", "memory")}
     container = {"name": "pytorch", "image": image, "imagePullPolicy": "IfNotPresent", "command": command,
+                 **({"envFrom": [{"secretRef": {"name": n}} for n in secrets]} if secrets else {}),
                  "ports": [{"name": "pytorchjob-port", "containerPort": port}],
-                 **({"resources": {"limits": limits}} if limits else {}), "volumeMounts": mounts}
+                 **({"resources": {**({"requests": requests} if requests else {}), "limits": limits}}
+                    if limits else {}), "volumeMounts": mounts}
 
     def replica(count: int) -> dict:
         return {"replicas": count, "restartPolicy": "Never",
@@ -60,6 +80,11 @@ def manifest(nodes: int, devices: int, image: str, overrides: list[str], name: s
     meta = {"name": name, **({"namespace": namespace} if namespace else {})}
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": meta,
             "spec": {"pytorchReplicaSpecs": specs}}
+
+
+def _cores(cpu: str) -> float:
+    """A CPU quantity (8, 7.5, 500m) in cores."""
+    return int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -88,6 +113,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--namespace")
     p.add_argument("--port", type=int, default=29500, help="the master's rendezvous port (MASTER_PORT)")
     p.add_argument("--cpu", action="store_true", help="no GPUs (gloo ranks on CPU cores): no nvidia.com/gpu limit")
+    p.add_argument("--pod-cpus", metavar="Q", help="CPUs per pod, requested and limited (8, 7.5 or 500m); on GPUs "
+                   "each rank gets pod CPUs / ranks threads")
+    p.add_argument("--pod-memory", metavar="Q", help="memory per pod, requested and limited (e.g. 64Gi, 512Mi); "
+                   "/dev/shm counts against it")
+    p.add_argument("--secret", action="append", default=[], metavar="NAME",
+                   help="a Kubernetes Secret whose keys become every pod's environment (e.g. WANDB_API_KEY for "
+                   "logger.mode=online); repeatable")
     p.add_argument("--rdzv-timeout", type=int, help="launcher.rdzv_timeout_s (pods start at different times)")
     p.add_argument("--pvc", help="a PersistentVolumeClaim (ReadWriteMany) for the results: each pod's job folder "
                    f"is {OUTPUTS_MOUNT}/NAME/nodeK on it")
@@ -110,6 +142,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {flag} {value!r} is not a Kubernetes name: lowercase letters, digits and '-', starting "
                   "and ending with a letter or digit, at most 63 characters", file=sys.stderr)
             return 2
+    for value in args.secret:
+        if not _SECRET.fullmatch(value):
+            print(f"error: --secret {value!r} is not a Kubernetes Secret name: lowercase letters, digits, '-' and "
+                  "'.', starting and ending with a letter or digit, at most 253 characters", file=sys.stderr)
+            return 2
+    for flag, value, pattern, valid in (
+            ("--pod-cpus", args.pod_cpus, _CPU, "cores (8, 7.5) or millicores (500m)"),
+            ("--pod-memory", args.pod_memory, _MEMORY, "bytes with a suffix (64Gi, 512Mi, 1G)")):
+        if value is not None and (not pattern.fullmatch(value) or not float(re.match(r"[\d.]+", value)[0])):
+            print(f"error: {flag} {value!r} is not a Kubernetes quantity above 0: give {valid}", file=sys.stderr)
+            return 2
     if not args.image.strip() or any(c.isspace() for c in args.image):
         print(f"error: --image {args.image!r} must be an image reference (e.g. registry/scalelab:tag), without "
               "spaces", file=sys.stderr)
@@ -119,10 +162,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {clash[0]}: the layout comes from --nodes / --devices and the pods' environment (MASTER_ADDR, "
               "RANK); drop it", file=sys.stderr)
         return 2
-    from scalelab.slurm import refuse_decided
+    from scalelab.slurm import refuse_decided, refuse_secrets
 
     try:   # --cpu sets no GPU limit: `--cpu trainer.accelerator=gpu` ran on none
         refuse_decided(args.overrides, args.cpu, "sets a GPU limit")
+        # the command is in the manifest, the cluster's API objects and `kubectl describe`
+        refuse_secrets(args.overrides, ("the PyTorchJob's container command", "put it in a Kubernetes Secret and "
+                                        "pass --secret NAME (its keys become the pods' environment, e.g. "
+                                        "WANDB_API_KEY)"))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -143,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     text = render(args.nodes, args.devices, args.image, args.overrides, name=args.name, namespace=args.namespace,
-                  port=args.port, gpus=not args.cpu, rdzv_timeout_s=args.rdzv_timeout, pvc=args.pvc)
+                  port=args.port, gpus=not args.cpu, rdzv_timeout_s=args.rdzv_timeout, pvc=args.pvc,
+                  cpu=args.pod_cpus, memory=args.pod_memory, secrets=args.secret)
     if args.out:
         write_out(args.out, text)
         print(f"wrote {args.out}")

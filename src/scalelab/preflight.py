@@ -284,6 +284,18 @@ def _job_dir(cfg, num: int, multirun: bool) -> tuple[Path | None, Path | None, s
     return ((base / sub).resolve() if base and sub is not None else None), base, sub
 
 
+def _run_folder_kind(folder: Path) -> str | None:
+    """job_dir.kind_refusal for a run's folder, where the nodeK/run.json of a launcher=torchrun job's
+    other nodes (scalelab.train.node_folder) are its own nodes' parts, not a sweep's jobs: the same
+    command run again on node 0 or 1 was refused as if its folder were a sweep's."""
+    from scalelab.paths import SWEEP_MARKS
+
+    jobs = [p for p in folder.glob("*/run.json") if not re.fullmatch(r"node[1-9]\d*", p.parent.name)]
+    if not jobs and not any((folder / m).is_file() for m in SWEEP_MARKS):
+        return None
+    return kind_refusal(folder, False)
+
+
 def preflight(args: list[str], data: bool = True, elsewhere: bool = False) -> int:
     """Validate all jobs; returns how many. Raises ConfigError on the first bad one.
     data: also prepare each job's data (cached) and check it is enough for the run.
@@ -316,7 +328,7 @@ def preflight(args: list[str], data: bool = True, elsewhere: bool = False) -> in
                 refused = where is not None and (
                     path_problem(where, "the job's folder (hydra.sweep.dir/subdir)" if multirun else "hydra.run.dir",
                                  folder=True)
-                    or (not multirun and kind_refusal(where, False))
+                    or (not multirun and _run_folder_kind(where))
                     or refusal(where, OmegaConf.to_container(cfg, resolve=True)))
                 refused = refused or (sweep_dir is not None and kind_refusal(sweep_dir, True))
                 if refused:

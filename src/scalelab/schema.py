@@ -225,19 +225,42 @@ def fail(key: str, value: Any, field: Field) -> ConfigError:
 CLOSED = ("checkpoint", "trainer", "data", "optim", "lr_scaling", "launcher")
 
 
-def not_a_key(parent: str, bad: str, keys, closed: bool = True) -> str:
-    """One line for a key `bad` that `parent` does not have: the nearest one it has, and its keys
-    (closed: the only valid ones; else the ones set, and how to add a new one)."""
+def not_a_key(parent: str, bad: str, keys, closed: bool = True, groups=()) -> str:
+    """One line for a key `bad` that `parent` does not have: the nearest one it has (or of `groups`,
+    the config groups, at the top), and its keys (closed: the only valid ones; else the ones set,
+    and how to add a new one). A new key is offered only where no key is near: `strategi=fsdp` was
+    told "did you mean strategy? (... a new key is added with +strategi=VALUE)", and the + trained
+    the default strategy with an unread key beside it."""
     import difflib
 
     keys = sorted(str(k) for k in keys if not str(k).startswith("_"))
     where = f"{parent}." if parent else ""
-    near = difflib.get_close_matches(bad, keys, n=1, cutoff=0.6)
+    near = difflib.get_close_matches(bad, sorted({*keys, *map(str, groups)}), n=1, cutoff=0.6)
     hint = f": did you mean {where}{near[0]}?" if near else ""
     if closed:
         return f"{where}{bad} is not a key of {parent or 'the config'}{hint} (valid: {', '.join(keys)})"
-    return (f"{where}{bad} is not set in {parent or 'the config'}{hint} (set: {', '.join(keys)}; a new key is "
+    if near:
+        return f"{where}{bad} is not set in {parent or 'the config'}{hint} (set: {', '.join(keys)})"
+    return (f"{where}{bad} is not set in {parent or 'the config'} (set: {', '.join(keys)}; a new key is "
             f"added with +{where}{bad}=VALUE)")
+
+
+#: how near a new top-level key's name must be to a known one to be taken for its typo
+#: (difflib's ratio: seeed/seed 0.89, strategi/strategy 0.88, modle/model 0.8; optimizer/optim 0.71,
+#: dataset/data 0.73 and date/data 0.75 stay new keys)
+NEAR_CUTOFF = 0.8
+
+
+def near_top_level(bad: str, names) -> str | None:
+    """The known top-level key or config group a new top-level key `bad` (+KEY=VALUE) is a near
+    spelling of: `+seeed=3` ran with seed 1234 and `+strategi=fsdp` trained the default strategy, each
+    with a key beside them that nothing reads. None where `bad` is no near spelling of one (a note
+    of the user's own, +note=..., stays free)."""
+    import difflib
+
+    near = difflib.get_close_matches(bad, sorted(set(map(str, names)) - {bad}), n=1, cutoff=NEAR_CUTOFF)
+    return near[0] if near else None
+
 
 
 def check_fields(values: dict, table: dict[str, Field], prefix: str) -> None:
@@ -263,25 +286,11 @@ def _class_tables(target: Any, tables: dict[str, dict[str, Field]]) -> dict[str,
 
 def check(c: dict) -> None:
     """Check a resolved config (a plain dict, OmegaConf.to_container(cfg, resolve=True))."""
-    for group, table in GROUPS.items():
-        if group == "":
-            check_fields(c, table, "")
-            continue
-        node: Any = c
-        for part in group.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if node is None:
-            continue
-        if not isinstance(node, dict):
-            raise ConfigError(f"{group}={node!r} must be a mapping of the {group} group's keys (choose the group with "
-                              f"{group}=NAME and set its keys with {group}.KEY=VALUE)")
-        check_fields(node, table, group + ".")
-        unknown = sorted(set(node) - set(table) - {"_target_"}) if group in CLOSED else []
-        if unknown:
-            raise ConfigError(not_a_key(group, unknown[0], table))
+    check_keys(c)
     # which hardware profile, and a resume path the ranks can use (they would only fail on it)
     _hardware_profile(c.get("hardware_profile", "auto"))
     check_resume_from(c)   # a checkpoint the ranks could not load, or one at or past max_steps
+    _restarts_under_srun(c)
     warm = (c.get("lr_scaling") or {}).get("warmup_steps")
     if isinstance(warm, float) and warm >= 1 and not warm.is_integer():
         raise ConfigError(f"lr_scaling.warmup_steps={warm!r} {GROUPS['lr_scaling']['warmup_steps'].what()}: "
@@ -298,6 +307,38 @@ def check(c: dict) -> None:
     strategy = c.get("strategy")
     if isinstance(strategy, dict):
         check_fields(strategy, _class_tables(strategy.get("_target_"), STRATEGY), "strategy.")
+
+
+def check_keys(c: dict) -> None:
+    """Each key's own type and range, and unknown keys of the CLOSED groups (no cross-key rule, no
+    file looked at): what `--cfg job` checks before it prints a config."""
+    for group, table in GROUPS.items():
+        if group == "":
+            check_fields(c, table, "")
+            continue
+        node: Any = c
+        for part in group.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"{group}={node!r} must be a mapping of the {group} group's keys (choose the group with "
+                              f"{group}=NAME and set its keys with {group}.KEY=VALUE)")
+        check_fields(node, table, group + ".")
+        unknown = sorted(set(node) - set(table) - {"_target_"}) if group in CLOSED else []
+        if unknown:
+            raise ConfigError(not_a_key(group, unknown[0], table))
+
+
+def _restarts_under_srun(c: dict) -> None:
+    """trainer.max_restarts > 0 with launcher=srun: srun never restarts ranks (only spawn and torchrun
+    do), so the setting was silently ignored and the first failure ended the job."""
+    restarts = (c.get("trainer") or {}).get("max_restarts")
+    if (c.get("launcher") or {}).get("name") == "srun" and isinstance(restarts, int) and restarts > 0:
+        raise ConfigError(f"trainer.max_restarts={restarts} with launcher=srun: srun does not restart ranks, so it "
+                          "would be ignored; on SLURM set trainer.max_restarts=0 and checkpoint.every_n_steps=N: a "
+                          "preempted or timed-out job saves, requeues itself and resumes from its newest checkpoint "
+                          "(`scontrol requeue JOBID` resumes a failed one there too)")
 
 
 def _hardware_profile(value: Any) -> None:

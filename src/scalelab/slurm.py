@@ -4,7 +4,9 @@ for several override sets, `--wait` to block until done and print the comparison
 The same script (slurm/run.sbatch.template) runs each job of a sweep launched with
 `hydra/launcher=slurm` (hydra_plugins/scalelab_slurm_launcher). Every value that reaches the
 script is shell-quoted; a #SBATCH value with a line break or control character is refused (a line
-break would start a new script line). Requeue and resume: scalelab.requeue."""
+break would start a new script line). --setup lines go in as shell lines: one that writes a secret's
+value into the script (which SLURM keeps) is refused, as a secret-named override is. Requeue and
+resume: scalelab.requeue."""
 from __future__ import annotations
 
 import argparse
@@ -118,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
             if getattr(args, name) is not None:
                 sbatch_value("--" + name.replace("_", "-"), getattr(args, name))
         refuse_secrets([*args.overrides, *sum(sets, [])])
+        refuse_secret_lines(args.setup)
         refuse_decided([*args.overrides, *sum(sets, [])], args.cpu)
         if args.out and args.action == "submit":
             raise ValueError(f"--out {args.out} is for render: submit keeps its script under --log-dir {args.log_dir}")
@@ -203,16 +206,35 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(st["state"] == "COMPLETED" for st in states.values()) and len(states) == len(dirs) else 1
 
 
-def refuse_secrets(overrides: list[str]) -> None:
+_IN_SLURM = ("the SLURM job script", "pass secrets in the environment instead (sbatch exports it to the job), "
+             "e.g. WANDB_API_KEY")
+
+
+def refuse_secrets(overrides: list[str], where: tuple[str, str] = _IN_SLURM) -> None:
     """A secret given as an override would be written into the job script (kept by SLURM and
-    beside the logs): ValueError pointing at the environment, which sbatch passes to the job."""
+    beside the logs) or the manifest: ValueError naming the key and `where` = (what it would be
+    written into, the safe route)."""
     from scalelab.results.record import is_secret_key
 
     for o in overrides:
         key = o.split("=", 1)[0].lstrip("+~")
         if "=" in o and is_secret_key(key.rsplit(".", 1)[-1]):
-            raise ValueError(f"{key}=... would be written into the SLURM job script: pass secrets in the "
-                             "environment instead (sbatch exports it to the job), e.g. WANDB_API_KEY")
+            raise ValueError(f"{key}=... would be written into {where[0]}: {where[1]}")
+
+
+def refuse_secret_lines(lines, name: str = "--setup") -> None:
+    """A setup line that sets a secret to a literal value (`export WANDB_API_KEY=abc...`), or holds
+    the value of a secret of this environment, would be written into the job script as is (kept by
+    SLURM, beside the logs): ValueError. A reference the job's shell expands (`$WANDB_API_KEY`,
+    `"$(cat ~/.wandb_key)"`) is no secret in the script and passes."""
+    from scalelab.results.record import REDACTED, literal_secret, redact_text
+
+    for line in lines or ():
+        if literal_secret(str(line)):
+            shown = redact_text(str(line)).replace(REDACTED, "...")
+            raise ValueError(f"{name} {shown!r} would write a secret into the SLURM job script: give it in the "
+                             "environment instead (sbatch exports it to the job; a line may refer to it, e.g. "
+                             "'export WANDB_API_KEY=$MY_KEY')")
 
 
 def refuse_decided(overrides: list[str], cpu: bool, gpus: str = "requests GPUs") -> None:

@@ -7,9 +7,12 @@ under the warning signal's delay requeued the job every 30 s, forever).
   train before the USR1 warning (scalelab.requeue saves and requeues on it).
 - test_only: `sbatch --test-only` on the finished script: slurmctld answers whether and when the
   job could run on this cluster (its partitions, nodes, CPUs, GPUs, limits) without queueing it.
+- srun_cpus_per_task / srun_threads / srun_crowded: what a launcher=srun job's ranks get of the
+  allocation, from its environment, not from the host scalelab-train runs on.
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -122,3 +125,36 @@ def test_only(script: Path, asked: str) -> None:
     have = _partitions()
     raise ValueError(f"SLURM would never start this job ({why}): asked for {asked}"
                      + (f"; partitions here: {have}" if have else "") + "; nothing was submitted")
+
+
+def srun_cpus_per_task(ranks_per_node: int, environ=None) -> int | None:
+    """launcher=srun: the CPUs each rank's task gets in the job's allocation, from its environment
+    (SLURM_CPUS_PER_TASK; else the allocation's CPUs per node over the node's ranks); None outside
+    an allocation. scalelab-train may run on a login node (an salloc shell), whose cores are not
+    the ranks' (threads_per_rank was the login node's cores / ranks)."""
+    env = os.environ if environ is None else environ
+    given = str(env.get("SLURM_CPUS_PER_TASK", "")).strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    # SLURM_JOB_CPUS_PER_NODE: "8(x2)" or "40,8" (each node's); the smallest node bounds every rank
+    per_node = [int(n) for n in re.findall(r"(\d+)(?:\(x\d+\))?", str(env.get("SLURM_JOB_CPUS_PER_NODE", "")))]
+    if not per_node and str(env.get("SLURM_CPUS_ON_NODE", "")).strip().isdigit():
+        per_node = [int(env["SLURM_CPUS_ON_NODE"])]
+    return max(1, min(per_node) // max(1, ranks_per_node)) if per_node and min(per_node) > 0 else None
+
+
+def srun_threads(requested, per_task: int, accelerator: str) -> int:
+    """launch.threads_per_rank for srun ranks: a task's CPUs are its rank's cores (null on GPU,
+    auto); null on CPU is 1 thread, a number is that number."""
+    if requested == "auto" or (requested is None and accelerator != "cpu"):
+        return per_task
+    return 1 if requested is None else max(1, int(requested))
+
+
+def srun_crowded(ranks_per_node: int, threads: int, per_task: int, accelerator: str) -> str | None:
+    """launch.oversubscribed for srun ranks: threads above the task's CPUs share them."""
+    if accelerator != "cpu" or threads <= per_task:
+        return None
+    return (f"[scalelab] warning: {ranks_per_node} ranks x {threads} thread(s) on {per_task} CPU(s) per task: the "
+            "ranks share cores, so step time, throughput, scaling efficiency and MFU measure that contention "
+            f"(trainer.threads_per_rank <= {per_task}, or more CPUs per task)")

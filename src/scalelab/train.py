@@ -23,6 +23,7 @@ from scalelab.job_outcome import RERUN_MARK, collect, failed_on_node, mark_attem
 from scalelab.paths import conf_dir
 from scalelab.results.record import (RUN_FILE, BadRecord, install_log_redaction, load_record,
                                      redact_text, register_override_secrets, scrub, scrub_file, write_json)
+from scalelab.slurm_request import srun_cpus_per_task, srun_crowded, srun_threads
 
 # Light imports only at the top: main() starts the ranks' fork server before anything imports
 # torch (scalelab.config, preflight), so the server's imports overlap the launcher's own.
@@ -39,7 +40,7 @@ SWEEP_ENV, NUM_ENV = "SCALELAB_SWEEP_DIR", "SCALELAB_JOB_NUM"
 def run_job(cfg: DictConfig) -> dict:
     from scalelab.config import validate
     from scalelab.plan.hardware import HOST_CPU, host_cpu_profile
-    from scalelab.results.table import render
+    from scalelab.results.table import print_table
     from scalelab.scaling.mfu import profile_name
 
     job_start = timing.now()
@@ -57,8 +58,12 @@ def run_job(cfg: DictConfig) -> dict:
     spec = validate(cfg)  # cheap; preflight already checked, this guards programmatic use
     from scalelab.data.prepare import prepare_for_run
 
-    threads = launch.threads_per_rank(cfg.trainer.threads_per_rank, spec.run.devices_per_node, spec.run.accelerator)
-    crowded = launch.oversubscribed(spec.run.devices_per_node, threads, spec.run.accelerator)
+    # under srun the ranks run on the allocation's nodes, with its CPUs per task, not on this host
+    per_task = srun_cpus_per_task(spec.run.devices_per_node) if cfg.launcher.name == "srun" else None
+    threads = launch.threads_per_rank(cfg.trainer.threads_per_rank, spec.run.devices_per_node, spec.run.accelerator) \
+        if per_task is None else srun_threads(cfg.trainer.threads_per_rank, per_task, spec.run.accelerator)
+    crowded = (launch.oversubscribed(spec.run.devices_per_node, threads, spec.run.accelerator) if per_task is None
+               else srun_crowded(spec.run.devices_per_node, threads, per_task, spec.run.accelerator))
     if crowded:
         log.warning(crowded)
     cache = Path(cfg.cache_dir)
@@ -72,9 +77,10 @@ def run_job(cfg: DictConfig) -> dict:
         "sweep_dir": str(sweep_dir) if sweep_dir else None,
         "num": num, "overrides": list(hc.overrides.task),
         "threads_per_rank": threads,
-        # this node's cores as the launcher sees them (its affinity: the job's allocation); a rank's
-        # own affinity under srun is its task's --cpus-per-task, not the node's
-        "host_cores": launch.host_cores(),
+        "accelerator": spec.run.accelerator,   # as resolved here, for every rank (config._as_launched)
+        # this node's cores as the launcher sees them (its affinity: the job's allocation); under
+        # srun, a node's ranks x the allocation's CPUs per task (this process may run elsewhere)
+        "host_cores": launch.host_cores() if per_task is None else per_task * spec.run.devices_per_node,
         "data_prepared": str(prepare_for_run(resolved, spec)),  # preflight prepared it: a cache hit
     }
     layout = None
@@ -83,6 +89,9 @@ def run_job(cfg: DictConfig) -> dict:
         layout["rdzv_id"] = layout["rdzv_id"] or same_job.rdzv_id(layout["endpoint"], resolved["job"]["num"])
         resolved["launcher"].update(rdzv_endpoint=layout["endpoint"], node_rank=layout["node_rank"],
                                     rdzv_id=layout["rdzv_id"])
+        job_dir = node_folder(job_dir, layout["node_rank"])   # nodes that share the job's folder
+        resolved["job"]["dir"] = str(job_dir)
+        _MARKS["job_dir"] = job_dir
     refused = job_dir_check.refusal(job_dir, resolved)  # preflight checks the folders it can name
     if refused:   # another job's run: the job writes nothing there (Hydra has written .hydra/ and train.log)
         job_dir_check.REFUSED.append(str(job_dir))
@@ -107,7 +116,7 @@ def run_job(cfg: DictConfig) -> dict:
         # the same command run again into this folder (a sweep rerun after a crash or Ctrl-C)
         log.info(f"[scalelab] {resolved['job']['name']}: completed earlier in {job_dir}; record kept, nothing to "
                  "run (checkpoint.resume=never runs it again)")
-        log.info(one_line(done) if multirun else render([done]))
+        print_table([done], log) if not multirun else log.info(one_line(done))
         return done
     OmegaConf.save(OmegaConf.create(scrub(resolved)), job_dir / job_dir_check.CONFIG_FILE)
     (job_dir / RUN_FILE).unlink(missing_ok=True)
@@ -211,8 +220,35 @@ def run_job(cfg: DictConfig) -> dict:
         _FAILED.append(f"{resolved['job']['name']}: {record.get('error')}")
         log.error(f"[scalelab] job {resolved['job']['name']} FAILED: {record.get('error')}")
     # To the console and the job's train.log (Hydra's job logging): a sweep prints its table at the end.
-    log.info(one_line(record) if multirun or record.get("record_on_node") is not None else render([record]))
+    if multirun or record.get("record_on_node") is not None:
+        log.info(one_line(record))
+    else:
+        print_table([record], log)   # a terminal gets the fitted rich table; train.log and pipes the plain text
     return record
+
+
+def node_folder(job_dir: Path, node_rank: int) -> Path:
+    """launcher=torchrun: the folder of this node's own files (its resolved config, which its ranks
+    read, run.json, ranks.log, marks). Node 0: the job's folder. Node K > 0: JOB_DIR/nodeK, unless
+    the job's folder is named nodeK already (scalelab k8s --pvc, a folder given per node). Nodes
+    started from one shared checkout share the default hydra.run.dir when started in the same
+    second (or given one hydra.run.dir): node 1 replaced node 0's config (node 0's ranks ran
+    with node_rank 1), its run.json and marks, and printed the comparison as if it held rank 0.
+    Its checkpoints/ is the job folder's (a relative link): the ranks of every node write their
+    parts of one checkpoint into one folder, as they did in the shared folder."""
+    if not node_rank or job_dir.name == f"node{node_rank}":
+        return job_dir
+    own = job_dir / f"node{node_rank}"
+    own.mkdir(exist_ok=True)
+    link = own / "checkpoints"
+    if not link.exists() and not link.is_symlink():
+        (job_dir / "checkpoints").mkdir(exist_ok=True)   # a link to nothing fails the ranks' mkdir
+        link.symlink_to(Path("..") / "checkpoints", target_is_directory=True)
+    for h in logging.getLogger().handlers:   # Hydra's train.log: this node's lines into its own folder
+        if isinstance(h, logging.FileHandler) and Path(h.baseFilename).parent == job_dir:
+            h.close()   # reopened at the new name by its next line
+            h.baseFilename = str(own / Path(h.baseFilename).name)
+    return own
 
 
 def job_timeout(cfg: DictConfig) -> float:

@@ -196,8 +196,8 @@ def test_a_calibrated_cpu_profile_warns_on_another_host(tmp_path, capsys, monkey
     here = hardware._host_key()
     assert load_hardware(str(out)).calibration["host_key"] == here and capsys.readouterr().err == ""
     monkeypatch.setattr(hardware, "_host_key", lambda: "another-host")
-    code, cap = run_cli(["plan", "--params", "100M", "--strategy", "ddp", "--devices", "2", "--hardware", str(out)],
-                        capsys)
+    code, cap = run_cli(["plan", "--params", "100M", "--strategy", "ddp", "--devices", "2", "--global-batch", "2",
+                         "--hardware", str(out)], capsys)
     assert code == 0 and cap.err.count("\n") == 1, cap.err
     assert cap.err.startswith(f"warning: hardware profile {out} was calibrated on another host (")
     load_hardware(str(out))

@@ -198,10 +198,10 @@ def test_rich_table_fits_and_marks_failed_runs_red(loaded):
         text = console.export_text(styles=False, clear=False)
         assert max(len(line) for line in text.splitlines()) <= width
         assert ("hidden to fit the terminal: step ms (p90)" in text) == (width == 100)   # 300: every column
-        assert "fx/8" in text and "64000" in text and "0.75" in text          # job, tokens/s, efficiency kept
+        assert "sweep fx" in text and "│ 8 " in text and "64000" in text and "0.75" in text   # job, tokens/s, eff.
         styled = console.export_text(styles=True)
         red = [line for line in styled.splitlines() if "\x1b[31m" in line]
-        assert red and any("fx/7" in line for line in red) and not any("fx/8" in line for line in red)
+        assert red and any("zero2" in line for line in red) and not any("single" in line for line in red)
         status = "".join(line.rsplit("│", 2)[-2] for line in text.splitlines() if line.count("│") > 2)
         assert "failed: RuntimeError: out of memory (rank 1)" in " ".join(status.split())   # whole, wrapped
 

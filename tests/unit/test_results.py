@@ -101,3 +101,38 @@ def test_hardware_group_selects_the_profile(tmp_path):
     help_ = subprocess.run([sys.executable, "-m", "scalelab.train", "hardware=this_cpu", "--cfg", "job",
                             "--resolve"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert "hardware_profile: this_cpu" in help_.stdout
+
+
+class _Tty:
+    """A terminal's stdout (what `scalelab compare` checks before writing HTML there)."""
+
+    def __init__(self):
+        self.written = []
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        self.written.append(text)
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+def test_compare_html_to_a_terminal_is_refused(sweep, monkeypatch, capsys):
+    """`compare SWEEP --format html` without --out wrote ~5 MB of HTML onto the terminal."""
+    from scalelab.cli import build_parser
+
+    tty = _Tty()
+    args = build_parser().parse_args(["compare", str(sweep), "--format", "html"])
+    monkeypatch.setattr(sys, "stdout", tty)
+    code = args.func(args)
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert code == 2 and "".join(tty.written) == ""
+    assert err == "error: --format html writes a file: add --out report.html\n"
+    # piped: the page goes to the pipe
+    proc = subprocess.run([sys.executable, "-m", "scalelab.cli", "compare", str(sweep), "--format", "html"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.lstrip().lower().startswith("<!doctype html"), proc.stderr

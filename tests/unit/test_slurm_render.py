@@ -122,3 +122,43 @@ def test_a_hung_sbatch_is_one_line_and_keeps_no_script(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match=r"^sbatch gave no answer in 60 s .*the job may or may not be queued") as e:
         slurm.sbatch(script)
     assert "\n" not in str(e.value) and not script.exists()
+
+
+def test_srun_ranks_threads_come_from_the_allocation_not_this_host(tmp_path):
+    """launcher=srun from an salloc shell on a login node: each rank's threads were the login node's
+    cores / ranks (scalelab-train's own host), not the allocation's CPUs per task. A stand-in srun
+    reports the environment the ranks would get; SLURM_CPUS_PER_TASK is more than this host has."""
+    per_task = launch.host_cores() + 3
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "srun"
+    fake.write_text('#!/bin/sh\necho "$OMP_NUM_THREADS" > "$SRUN_PROBE"\nexit 3\n')
+    fake.chmod(0o755)
+    e = env()
+    e.update(PATH=f"{tmp_path / 'bin'}:{e['PATH']}", SRUN_PROBE=str(tmp_path / "threads"),
+             SLURM_CPUS_PER_TASK=str(per_task))
+    for k in [k for k in e if k.startswith("SLURM_") and k != "SLURM_CPUS_PER_TASK"]:
+        e.pop(k)
+    job = tmp_path / "job"
+    proc = subprocess.run([sys.executable, "-m", "scalelab.train", "model=gpt_nano", "launcher=srun",
+                           "trainer.accelerator=cpu", "trainer.devices=1", "trainer.threads_per_rank=auto",
+                           "trainer.max_steps=2", "trainer.warmup_steps=0", "logger=none", f"hydra.run.dir={job}"],
+                          cwd=tmp_path, env=e, capture_output=True, text=True, timeout=300)
+    assert (tmp_path / "threads").exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (tmp_path / "threads").read_text().strip() == str(per_task)
+    import yaml
+
+    saved = yaml.safe_load((job / "config_resolved.yaml").read_text())["job"]
+    assert saved["threads_per_rank"] == per_task and saved["host_cores"] == per_task   # MFU's cores too
+
+
+def test_srun_cpus_per_task_from_the_allocation():
+    from scalelab.slurm_request import srun_cpus_per_task, srun_threads
+
+    assert srun_cpus_per_task(4, {"SLURM_CPUS_PER_TASK": "6", "SLURM_JOB_CPUS_PER_NODE": "64(x2)"}) == 6
+    assert srun_cpus_per_task(4, {"SLURM_JOB_CPUS_PER_NODE": "32(x2)"}) == 8
+    assert srun_cpus_per_task(4, {"SLURM_JOB_CPUS_PER_NODE": "40,8"}) == 2    # the smallest node bounds all
+    assert srun_cpus_per_task(4, {"SLURM_CPUS_ON_NODE": "12"}) == 3
+    assert srun_cpus_per_task(8, {"SLURM_CPUS_ON_NODE": "4"}) == 1
+    assert srun_cpus_per_task(4, {}) is None                                 # no allocation: this host's cores
+    assert srun_threads(None, 6, "gpu") == 6 and srun_threads("auto", 6, "cpu") == 6
+    assert srun_threads(None, 6, "cpu") == 1 and srun_threads(2, 6, "gpu") == 2

@@ -154,3 +154,7 @@ def check_settings(p: dict) -> None:
         raise ValueError(f"hydra.launcher.gpus_per_node={gpus!r} must be auto (trainer.devices) or an integer >= 0")
     check_times(str(p.get("time", "01:00:00")), p.get("signal_delay_s", 90),
                 ("hydra.launcher.time", "hydra.launcher.signal_delay_s"))
+    from scalelab.slurm import refuse_secret_lines
+
+    # each line goes into every job's script as written, as `scalelab slurm --setup` lines do
+    refuse_secret_lines(list(p.get("setup") or []), "hydra.launcher.setup")

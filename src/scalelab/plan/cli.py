@@ -20,6 +20,7 @@ from dataclasses import replace
 
 import yaml
 
+from .cli_job import _micro_batch, default_global_batch, default_precision, train_command  # noqa: F401 (importers)
 from .cli_measured import TOLERANCE_HELP, refuse_unused, tolerance
 from .report import fmt_bytes, fmt_time, render, render_alternatives, render_rows
 from .spec import ATTENTION, CHECKPOINTING, STRATEGIES, ModelSpec, PlanError, conf_dir, get_strategy, strategy_names
@@ -70,9 +71,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     j.add_argument("--nodes", type=int, help="nodes (default 1)")
     j.add_argument("--tp", type=int, help="tensor-parallel degree (tp, fsdp_tp)")
     j.add_argument("--pp", type=int, help="pipeline stages (pipeline)")
-    j.add_argument("--micro-batch", type=int, help="sequences per device per micro-batch (default: global "
-                                                   "batch / data-parallel ranks, as the trainer derives it)")
-    j.add_argument("--global-batch", type=int, help="sequences per optimizer step (default dp x micro)")
+    j.add_argument("--global-batch", type=int,
+                   help="sequences per optimizer step, over all data-parallel ranks (default: the trainer's "
+                        f"data.global_batch_size{_said(default_global_batch)}, as the override form plans)")
+    j.add_argument("--micro-batch", type=int,
+                   help="sequences per device per forward/backward (default as the trainer derives it: the global "
+                        "batch / data-parallel ranks, no accumulation; a pipeline cuts that into its micro-batches); "
+                        "smaller than that: gradient accumulation")
     j.add_argument("--precision", help="32, bf16-mixed or fp16-mixed (default: 32 on a CPU profile such as "
                                        "this_cpu, bf16-mixed on a GPU one; as recommend and the trainer)")
     j.add_argument("--optimizer", help="adam or sgd (with momentum) (default adam)")
@@ -95,6 +100,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--as-planned", action="store_true",
                    help="with --validate --tolerance: judge the step time as `scalelab plan` prints it (the "
                         "profile's reference host speed), not at each run's measured host speed")
+
+
+def _said(default) -> str:
+    """", 16": a default read from conf/ for a help text; nothing where it cannot be read."""
+    try:
+        return f", {default()}"
+    except PlanError:
+        return ""
 
 
 # The job flags the override form's own keys decide (flag attribute: the override to give instead);
@@ -261,14 +274,19 @@ def _plan(a, job_terms=None) -> int:
             model.n_layers, model.hidden, model.vocab, model.seq_len, model.ffn)
         hw = load_hardware(a.hardware or DEFAULT_HARDWARE)
         precision = a.precision or default_precision(hw)
+        # the trainer's own default batch, as the override form plans it (the flags planned dp x 1)
+        global_batch = a.global_batch if a.global_batch is not None else default_global_batch()
         for name in names:
             kw = dict(devices=_job_flag(a, "devices"), nodes=_job_flag(a, "nodes"), tp=a.tp, pp=a.pp,
-                      global_batch=a.global_batch, precision=precision, optimizer=_job_flag(a, "optimizer"),
+                      global_batch=global_batch, precision=precision, optimizer=_job_flag(a, "optimizer"),
                       activation_checkpointing=_job_flag(a, "activation_checkpointing"),
                       sequence_parallel=not a.no_sequence_parallel, device=hw.kind)
             try:
                 terms = build_terms(model, name, micro_batch=_micro_batch(a, model, name, kw), **kw)
             except PlanError as exc:
+                if a.global_batch is None and "--global-batch" in str(exc):   # a value the user did not give
+                    exc = PlanError(f"{exc} (without --global-batch the plan takes the trainer's default "
+                                    f"data.global_batch_size, {global_batch}: give --global-batch)")
                 refused.append(_refused(name, exc, len(names)))
                 continue
             plans.append((terms, hw, train_command(a, terms, hw.name) if built == model.n_params else None))
@@ -334,70 +352,3 @@ def _fits_with_note(docs: list[dict]) -> str:
         lines += [f"  {d['inputs']['strategy']}: " + d["refused"].removeprefix(f"strategy={d['inputs']['strategy']}: ")
                   for d in refused]
     return "\n".join(lines)
-
-
-def _micro_batch(a, model: ModelSpec, name: str, kw: dict) -> int:
-    """--micro-batch, else as the trainer derives it: global batch / data-parallel ranks, no
-    accumulation; a pipeline cuts that into its micro-batches (strategy.microbatches, 4). 1 when
-    no global batch is given."""
-    if a.micro_batch is not None:
-        return a.micro_batch
-    if a.global_batch is None:
-        return 1
-    from .step_time import build_terms
-    dp = build_terms(model, name, micro_batch=1, **{**kw, "global_batch": None}).layout.dp
-    per_rank = a.global_batch // dp if a.global_batch % dp == 0 else 1
-    chunks = int(_strategy_option(name, "microbatches") or 4) if get_strategy(name).pipeline else 1
-    return per_rank // chunks if per_rank % chunks == 0 else per_rank
-
-
-def _strategy_option(name: str, key: str):
-    from .spec import _strategy_config
-    return _strategy_config(name).get(key)
-
-
-_TRAIN_PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed"}
-
-
-def default_precision(hw) -> str:
-    """The flag form's --precision when none is given: the trainer's 32-true on a CPU profile (what
-    `recommend` searches there too), bf16 autocast on a GPU one."""
-    return "32" if hw.kind == "cpu" else "bf16-mixed"
-
-
-def train_command(a, terms, hardware: str) -> str | None:
-    """The scalelab-train overrides that run the job a flag-form plan describes (None when the
-    model is not one the trainer builds: an MLP, or an MLP width that is not a multiple)."""
-    L, m = terms.layout, terms.model
-    if a.model:
-        model = [f"model={a.model}"]
-    elif m.kind == "gpt" and m.ffn % m.hidden == 0:
-        model = ["model=gpt_nano", f"model.arch.n_layers={m.n_layers}", f"model.arch.d_model={m.hidden}",
-                 f"model.arch.n_heads={m.heads}", f"model.arch.vocab_size={m.vocab}",
-                 f"model.arch.seq_len={m.seq_len}", f"model.arch.mlp_ratio={m.ffn // m.hidden}"]
-    else:
-        return None
-    ov = [f"strategy={terms.strategy.name}", *model, f"trainer.devices={L.devices_per_node}",
-          f"data.global_batch_size={L.global_batch}", f"trainer.precision={_TRAIN_PRECISION[terms.precision]}",
-          f"optim={'adamw' if terms.optimizer == 'adam' else 'sgd'}", f"hardware_profile={hardware}"]
-    if L.nodes > 1:
-        ov += [f"trainer.num_nodes={L.nodes}", "launcher=srun"]
-    if terms.strategy.pipeline and terms.strategy.tensor_parallel:   # nd: the degrees by name
-        ov += [f"strategy.tp={L.tp}", f"strategy.pp={L.pp}", f"strategy.microbatches={L.micro_batches}"]
-    elif terms.strategy.pipeline:    # stages = world / strategy.dp: the trainer names the replicas
-        ov += [f"strategy.dp={L.dp}", f"strategy.microbatches={L.micro_batches}"]
-    elif L.micro_batches > 1:
-        ov.append(f"data.micro_batch_size={L.micro_batch}")
-    if terms.strategy.tensor_parallel and not terms.strategy.pipeline:
-        ov.append(f"strategy.tensor_parallel_size={L.tp}")
-    if terms.strategy.tensor_parallel and L.tp > 1 and L.sequence_parallel:
-        ov.append("strategy.sequence_parallel=true")          # the trainer's default is off
-    if terms.strategy.pipeline and L.stages_per_rank > 1:
-        ov += ["strategy.schedule=interleaved_1f1b", f"strategy.stages_per_rank={L.stages_per_rank}"]
-    elif terms.strategy.pipeline and L.schedule == "gpipe":
-        ov.append("strategy.schedule=gpipe")
-    if terms.strategy.pipeline and L.split != "uniform":
-        ov.append(f"strategy.split={L.split}")
-    if terms.checkpointing != "none":
-        ov.append(f"model.arch.activation_checkpointing={terms.checkpointing}")
-    return "scalelab-train " + " ".join(map(shlex.quote, ov))

@@ -10,14 +10,14 @@ from omegaconf import DictConfig
 
 from scalelab.results.record import read_records
 from scalelab.results.sweep import aggregate, attach_efficiency, summary_run_id
-from scalelab.results.table import render
+from scalelab.results.table import print_table
 
 REPORT_FILE = "report.html"  # the sweep's dashboard (scalelab compare SWEEP_DIR --format html)
 
 
 def summarize_sweep(sweep_dir: Path, logger_cfg: Any = None, cache_dir: str | None = None) -> dict:
-    """Aggregate SWEEP_DIR (sweep.json), log to W&B when the logger is wandb, print the table,
-    write SWEEP_DIR/report.html and print its path."""
+    """Aggregate SWEEP_DIR (sweep.json), log to W&B when the logger is wandb, print the table (on
+    a terminal the rich one, fitted to its width), write SWEEP_DIR/report.html and print its path."""
     summary = aggregate(sweep_dir)
     records = read_records([sweep_dir])
     attach_efficiency(records, summary)
@@ -33,7 +33,7 @@ def summarize_sweep(sweep_dir: Path, logger_cfg: Any = None, cache_dir: str | No
 
         write_json(sweep_dir / "sweep.json", summary)
     print(f"\n== sweep {sweep_dir}: {summary['num_completed']} completed, {summary['num_failed']} failed ==")
-    print(render(records, "table"))
+    print_table(records)   # on a terminal the rich table `scalelab compare` prints, fitted to its width
     for f in summary["failed"]:
         print(f"FAILED {f['job']} ({f['strategy']} x{f['world_size']}): {f['error']}")
     print(f"sweep summary: {sweep_dir / 'sweep.json'}")

@@ -48,6 +48,14 @@ def redact_text(text: str) -> str:
     return _SECRET_ASSIGN.sub(lambda m: m.group(1) + REDACTED, text)
 
 
+def literal_secret(text: str) -> bool:
+    """Whether `text` (a shell line) holds a secret as written: a known secret value, or a
+    secret-named KEY=VALUE whose value is not a reference the shell expands ($VAR, ${VAR}, $(...))."""
+    if any(v in text for v in secret_values()):
+        return True
+    return any(not m.group(2).strip("\"'").startswith("$") for m in _SECRET_ASSIGN.finditer(text))
+
+
 def scrub(obj: Any) -> Any:
     """Drop values whose key looks like a secret (and known secret values inside strings, e.g. in
     the job's override list), so saved configs, records and logs never hold one."""
@@ -68,15 +76,27 @@ def scrub_file(path: Path) -> None:
         return
     clean = redact_text(text)
     if clean != text:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(clean)
-        os.replace(tmp, path)
+        _replace(path, clean)
 
 
 def write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)  # readers never see half a file
+    _replace(Path(path), json.dumps(obj, indent=2, default=str))  # readers never see half a file
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then rename it over `path`. The temporary
+    name is this process's own (host and pid): two processes writing one file (the nodes of a
+    launcher=torchrun job that share a folder, a Hydra file both scrub) each replaced the other's
+    half-written `run.json.tmp` before (a shared name: one rename failed or moved the other's)."""
+    import socket
+
+    tmp = path.with_name(f"{path.name}.{socket.gethostname()}-{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 # The decay each LR scaling rule's config has by default (conf/lr_scaling/{none,linear,sqrt}.yaml).
@@ -243,6 +263,8 @@ def read_records(paths: list[Path | str], problems: list[str] | None = None) -> 
             if f.resolve() in seen:   # paths that overlap (`compare S S/0`): each record once
                 continue
             seen.add(f.resolve())
+            if p.is_dir() and f.parent != p and _other_nodes(f):
+                continue
             try:
                 rec = load_record(f)
             except BadRecord as e:
@@ -261,6 +283,22 @@ def read_records(paths: list[Path | str], problems: list[str] | None = None) -> 
         else:
             problems.append(why)
     return out
+
+
+def _other_nodes(f: Path) -> bool:
+    """Whether run.json `f` is the part of a launcher=torchrun node other than node 0 kept inside
+    the job's own folder (JOB_DIR/nodeK/run.json beside node 0's JOB_DIR/run.json: scalelab.train
+    puts it there when the nodes share the job's folder). It is no run of its own: found under a
+    folder given to compare or to a sweep's aggregation, it is left out (given itself, it is read)."""
+    import re
+
+    if not re.fullmatch(r"node[1-9]\d*", f.parent.name) or not (f.parent.parent / RUN_FILE).is_file():
+        return False
+    try:
+        rank = json.loads(f.read_text()).get("node_rank")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return f.parent.name == f"node{rank}"
 
 
 def register_override_secrets(args: list[str]) -> None:

@@ -1,5 +1,5 @@
-"""Comparison tables of run records: plain text (rich on a terminal), markdown, JSON, CSV, and the
-HTML dashboard (results/report.py); plus the selection `scalelab compare` applies first:
+"""Comparison tables of run records: plain text (rich on a terminal: results/table_fit.py), markdown, JSON,
+CSV, and the HTML dashboard (results/report.py); plus the selection `scalelab compare` applies first:
 --where / --sort / --group-by on keys that are dotted paths into run.json or W&B metric names."""
 from __future__ import annotations
 
@@ -199,6 +199,18 @@ def render(records: list[dict], fmt: str = "table", group_by: str | None = None,
 
 
 FORMATS = ("table", "markdown", "json", "csv", "html")
+# The terminal table (fitted to its width) lives in results/table_fit.py, which builds on the columns
+# and cells above; its names stay importable from here, loaded on first use (an import at the top of
+# either module would make importing the other first fail half-initialized).
+_FIT_NAMES = ("rich_table", "rich_blocks", "print_rich", "print_table", "one_sweep", "NARROW_DROP")
+
+
+def __getattr__(name: str):
+    if name in _FIT_NAMES:
+        from scalelab.results import table_fit
+
+        return getattr(table_fit, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _csv(records: list[dict]) -> str:
@@ -212,50 +224,6 @@ def _csv(records: list[dict]) -> str:
         w.writerow(["" if f.get(k) is None else json.dumps(f[k]) if isinstance(f[k], (list, dict)) else f[k]
                     for k in keys])
     return buf.getvalue().rstrip("\n")
-
-
-# Columns the terminal table hides first when the terminal is too narrow for all of them.
-NARROW_DROP = ("step ms (p90)", "state KiB/rank", "loss first", "micro x acc", "samples/s", "comm %", "MFU %", "lr",
-               "lr rule", "peak RSS MiB", "device MiB/rank", "batch", "precision")
-
-
-def rich_table(records: list[dict], group_by: str | None = None, sort: str | None = None, width: int = 120):
-    """The terminal table (rich): columns fit WIDTH (the least telling hidden first, and named in
-    the caption), failed runs in red with their whole error."""
-    from rich.console import Console
-    from rich.table import Table
-
-    records = sort_records(records, sort)
-    cols = [c for c in _columns(records) if c[0] != "status"]
-    labels = job_labels(records)
-    cell = {id(r): _cells(r, cols, labels.get(id(r))) for r in records}
-    short = notes(records)
-
-    def build(members, hidden, title=None, status=True):
-        keep = [i for i, c in enumerate(cols) if c[0] not in hidden]
-        notes = short + ([f"hidden to fit the terminal: {', '.join(hidden)} (--format markdown has every column)"]
-                         if hidden else [])
-        t = Table(title=title, caption="\n".join(notes) or None, caption_justify="left")
-        for i in keep:
-            ident = cols[i][0] in IDENTITY                              # what the row is: whole, left
-            t.add_column(cols[i][0], justify="left" if ident else "right", no_wrap=ident)
-        if status:
-            t.add_column("status", overflow="fold", min_width=12)
-        for r in members:
-            ok = r.get("status") == "completed"
-            text = "completed" if ok else f"{r.get('status')}: {r.get('error', '')}"
-            t.add_row(*(cell[id(r)][i] for i in keep), *([text] if status else []), style=None if ok else "red")
-        return t
-
-    console = Console(width=width)
-    hidden: list[str] = []
-    for head in NARROW_DROP:   # hide columns until the others fit unwrapped, with room for the status
-        if console.measure(build(records, hidden, status=False)).maximum + 24 <= width:
-            break
-        if any(c[0] == head for c in cols):
-            hidden.append(head)
-    return [build(members, hidden, f"{group_by} = {_show(value)}" if group_by else None)
-            for value, members in (group_records(records, group_by) if group_by else [(None, records)])]
 
 
 # The keys a table column shows as they are (its getter returns the key's value unchanged): --where
