@@ -142,7 +142,10 @@ class LitModule(L.LightningModule):
         Not with trainer.gradient_clip_val under Lightning's mixed precision (bf16-mixed, 16-mixed
         on single, the ddp family, fsdp, tp): its MixedPrecision.clip_gradients refuses a fused
         optimizer (it unscales gradients itself), bf16 included, and failed the first step of every
-        such GPU run (found by review; CPU ranks never ask for fused): foreach there."""
+        such GPU run (found by review; CPU ranks never ask for fused): foreach there. A plan that
+        clips itself (pipeline, nd: clip_grads_with_norm_ under manual optimization) never reaches
+        Lightning's clip_gradients, so it keeps the fused kernel (config.validate allows its
+        explicit fused=true for the same reason)."""
         import torch
         from lightning.pytorch.plugins.precision import MixedPrecision
 
@@ -150,7 +153,8 @@ class LitModule(L.LightningModule):
         if not self.fused_on_gpu or self.device.type != "cuda" or kw.get("fused") is not None \
                 or kw.get("foreach") is not None:
             return {}
-        if self.trainer.gradient_clip_val and isinstance(self.trainer.precision_plugin, MixedPrecision):
+        if self.trainer.gradient_clip_val and isinstance(self.trainer.precision_plugin, MixedPrecision) \
+                and not getattr(self.plan, "clips_gradients_itself", False):
             return {}
         if getattr(self.make_optimizer, "func", None) not in (torch.optim.Adam, torch.optim.AdamW):
             return {}

@@ -15,7 +15,10 @@ nccl-tests' busbw is exactly S * factor / t, so a profile's bandwidth is a measu
 Volumes per step (Psi = parameters of the device's tp/pp chunk, g/p = comm bytes per gradient /
 parameter element):
 - DDP: all-reduce Psi g once per step (no_sync while accumulating), in 25 MiB buckets (the first
-  1 MiB), overlapped with backward (Li et al. 2020, "PyTorch Distributed", VLDB). Variants: a
+  1 MiB), overlapped with backward (Li et al. 2020, "PyTorch Distributed", VLDB); the pipeline's
+  DDP stages too (reduced in the last micro-batch's backward). tp at dp > 1: FSDP2's replicate per
+  Block and the root, one all-reduce per unit in its post-backward, once per step (no sync while
+  accumulating: strategies/tensor_parallel.py). Variants: a
   bf16/fp16 comm hook halves g; PowerSGD (Vogels et al. 2019) sends r (n + m) per n x m matrix;
   post-local SGD (Lin et al. 2020) sends no gradients, only Psi x 4 every `period` steps.
 - ZeRO-1/2 (Rajbhandari et al. 2020, Sec. 7): reduce-scatter Psi g + all-gather Psi p = 2 Psi, same
@@ -216,6 +219,11 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
             size = powersgd_elements(model, strategy.powersgd_rank) * psi / model.n_params * 4
             out.append(Collective("dp_powersgd_all_reduce", "all_reduce", "dp", n, size / calls,
                                   calls, True, dp_x))
+        elif strategy.family == "torch" and strategy.replicate_units:
+            # replicate per Block and the root (module docstring): their sizes differ, the mean keeps the bytes
+            calls = model.n_layers + 1 if model.kind == "gpt" else 1
+            out.append(Collective("dp_grad_all_reduce", "all_reduce", "dp", n, psi * g / calls,
+                                  calls, True, dp_x))
         elif strategy.family == "torch":
             g = strategy.grad_comm_bytes or g
             calls = _buckets(psi * 4, DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES)
@@ -337,7 +345,8 @@ def tp_rank_collectives(model: ModelSpec, strategy: Strategy, layout: Layout, pr
     virtual stages' under interleaving), the embedding on rank 0, the head on the last rank. Per
     micro-batch each, except the LayerNorm parameter gradients under sequence parallelism:
     FSDP2's post-backward reduces them per backward, or once a step under a pipeline schedule (as
-    its reduce-scatter: _fsdp_under_pipeline); plain TP leaves them Partial (none sent)."""
+    its reduce-scatter: _fsdp_under_pipeline), and tp's replicate once a step (it syncs on the
+    last micro-batch only); plain TP leaves them Partial (none sent)."""
     t, m, pp, v = layout.tp, layout.micro_batches, layout.pp, layout.stages_per_rank
     e = tp_element_bytes(strategy, layout, precision, device)
     bsh = layout.micro_batch * model.seq_len * model.hidden
@@ -364,7 +373,8 @@ def tp_rank_collectives(model: ModelSpec, strategy: Strategy, layout: Layout, pr
     if layout.sequence_parallel and _wrapped_by_fsdp2(strategy, layout):
         # weight and bias of each sequence-parallel LayerNorm (ln1, ln2, ln_f), parameter dtype
         out.append(Collective("tp_layernorm_grad_all_reduce", "all_reduce", "tp", t, model.hidden * e["residual"],
-                              2 * (2 * nl + last) * (1 if strategy.pipeline else m), False, x))
+                              2 * (2 * nl + last) * (1 if strategy.pipeline or strategy.replicate_units else m),
+                              False, x))
     return out
 
 

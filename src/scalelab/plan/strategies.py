@@ -29,6 +29,8 @@ class Strategy:
     powersgd_rank: int = 0              # DDP PowerSGD hook (Vogels et al. 2019), 0 = off
     local_sgd_period: int = 0           # post-local SGD: params averaged every N steps, 0 = off
     grad_buckets: bool = False          # DDP: gradients live in its persistent buckets (bucket views)
+    # tp at dp > 1: FSDP2's replicate per Block and the root, one all-reduce per unit a step (comm.py)
+    replicate_units: bool = False
     default_tp: int = 0                 # tensor_parallel_size from the strategy config (0: auto)
     default_pp: int = 0                 # nd: pp from the strategy config (0: as many stages as fit)
     pipeline_split: str = "uniform"     # pipeline / nd `split`: uniform | balanced (flops.stage_layers)
@@ -68,10 +70,12 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
              offload_optimizer=True),
     Strategy("zero3_offload", "deepspeed", True, True, True, zero_stage=3,
              offload_optimizer=True, offload_params=True, param_persistence_elements=100_000),
-    Strategy("tp", "torch", tensor_parallel=True, note="Megatron tensor parallel (+ DDP over dp)"),
+    Strategy("tp", "torch", tensor_parallel=True, replicate_units=True,
+             note="Megatron tensor parallel (+ FSDP2 replicate per block over dp)"),
     Strategy("fsdp_tp", "fsdp", True, True, True, tensor_parallel=True,
              note="2D: tensor parallel inside, FSDP over the data-parallel dimension"),
-    Strategy("pipeline", "torch", pipeline=True, note="1F1B pipeline (+ DDP over dp)"),
+    Strategy("pipeline", "torch", pipeline=True,
+             note="1F1B pipeline (+ DDP stages over dp, reduced in the last micro-batch's backward)"),
     Strategy("nd", "fsdp", True, True, True, tensor_parallel=True, pipeline=True,
              note="3D: pipeline stages x tensor parallel inside a node x FSDP over dp, one mesh"),
     Strategy("ddp_compress", "torch", grad_comm_bytes=2, grad_buckets=True,

@@ -8,13 +8,24 @@ then strategy.setup -> setup_optimizers), so the optimizer is built over the sha
 parameters and its state is sharded too. Checkpoints are torch.distributed.checkpoint folders
 (one shard file per rank + Lightning's metadata), restored into the sharded model in place.
 
+Gradient accumulation: Lightning's ModelParallelStrategy inherits ParallelStrategy's
+block_backward_sync, which skips the gradient sync of a DistributedDataParallel module only; an
+FSDP2 `replicate` module (tp at dp > 1) all-reduced its gradients on every micro-batch. The
+strategy here (`_mesh_strategy_class`) turns the replicas' sync off while Lightning accumulates
+(`replica_sync_off`), as DDP's no_sync does. fully_shard modules (fsdp, fsdp_tp) keep reducing every
+micro-batch: without the sync each rank would hold the whole unsharded gradient until the last one
+(FSDP2's no-sync accumulates it unsharded), and the planner counts their reduce-scatter per
+micro-batch (plan/comm.py).
+
 No CPU adaptation is needed here: FSDP2 (`fully_shard`) and DTensor tensor parallelism run on a
 "cpu" device mesh with gloo as they are (shared/notes/cpu-strategies.md section 3 and 5); the
 CUDA path is the same code with an NCCL "cuda" mesh, chosen by Lightning from the accelerator.
 """
 from __future__ import annotations
 
-from typing import Any
+import functools
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from torch import nn
 
@@ -27,6 +38,41 @@ PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16-true")
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@contextmanager
+def replica_sync_off(module: nn.Module) -> Iterator[None]:
+    """No gradient all-reduce by the FSDP2 `replicate` units inside `module` for the backward run
+    within (their gradients accumulate locally; the next backward outside all-reduces the sum).
+    Only replicate's: their gradients are whole on every rank anyway, so skipping costs no memory."""
+    from torch.distributed._composable.replicate_with_fsdp import ReplicateModule
+
+    replicas = [m for m in module.modules() if isinstance(m, ReplicateModule)]
+    for m in replicas:
+        m.set_requires_gradient_sync(False, recurse=False)
+    try:
+        yield
+    finally:
+        for m in replicas:
+            m.set_requires_gradient_sync(True, recurse=False)
+
+
+@functools.cache
+def _mesh_strategy_class():
+    """Lightning's ModelParallelStrategy with block_backward_sync for FSDP2's replicate (module
+    docstring). Built on first use: importing Lightning costs ~2 s, which the launcher, validating
+    plans before any rank starts, never pays."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    class MeshParallelStrategy(ModelParallelStrategy):
+        @contextmanager
+        def block_backward_sync(self) -> Iterator[None]:
+            # Lightning enters this around the forward and backward of every micro-batch but the
+            # last of an accumulation (loops/optimization/automatic.py)
+            with replica_sync_off(self.model):
+                yield None
+
+    return MeshParallelStrategy
 
 
 class MeshParallelPlan(StrategyPlan):
@@ -71,12 +117,10 @@ class MeshParallelPlan(StrategyPlan):
 
     # -- inside a rank ---------------------------------------------------------------------
     def lightning_strategy(self, run: RunSpec):
-        from lightning.pytorch.strategies import ModelParallelStrategy
-
         self.precision = run.precision  # parallelize() picks the FSDP2 mixed-precision policy from it
         dp, tp = self._degrees_or_raise(run.world_size)
-        return ModelParallelStrategy(data_parallel_size=dp, tensor_parallel_size=tp,
-                                     save_distributed_checkpoint=self.save_distributed_checkpoint)
+        return _mesh_strategy_class()(data_parallel_size=dp, tensor_parallel_size=tp,
+                                      save_distributed_checkpoint=self.save_distributed_checkpoint)
 
     def parallelize(self, net: nn.Module, device_mesh: Any) -> nn.Module:
         raise NotImplementedError

@@ -201,7 +201,7 @@ class ND(Pipeline):
         mesh = self.build_mesh(device_type, world)
         self.mesh = mesh
         self._pp_group = mesh["pp"].get_group()
-        self._dp_group = None  # FSDP2 reduces the gradients over dp (Pipeline._all_reduce_grads is not used)
+        self._dp_group = None  # FSDP2 reduces the gradients over dp (not Pipeline's DDP wrap of the stage)
         got = tuple(mesh.get_coordinate())
         want = (self._coords[0], self._coords[1] // (dp // self.dp_replicate),
                 self._coords[1] % (dp // self.dp_replicate), self._coords[2]) if self.dp_replicate > 1 \

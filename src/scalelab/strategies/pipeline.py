@@ -14,6 +14,13 @@ Ranks: pp x dp = world size. rank r is stage r // dp, data-parallel replica r % 
 the replicas of one stage are neighbours, so their gradient all-reduce stays inside a node while
 the activations travel between nodes). dp = 1 (the default) is pure pipeline: every rank gets
 the same batch; stage 0 consumes the inputs, the last stage the targets.
+With dp > 1 each stage module handed to torch's PipelineStage is wrapped in DistributedDataParallel
+over the stage's dp group (`_data_parallel`); the stage runs every micro-batch but the last under
+no_sync and the last backward with DDP's reducer armed, so the bucketed all-reduce overlaps that
+backward (torch/distributed/pipelining/stage.py backward_maybe_with_nosync), as plan/comm.py counts
+it. The gradients are views of DDP's buckets and are zeroed in place, not freed, before each step:
+no second copy of them (an all-reduce after the schedule, as before, ran serial after the backward
+and flattened the stage's gradients into an extra full copy that the planner did not count).
 
 One optimizer step = one schedule step over `microbatches` micro-batches of the per-replica batch.
 The schedule runs forward and backward itself, so the plan switches the LightningModule to manual
@@ -211,6 +218,9 @@ class Pipeline(PipelineRecord, StrategyPlan):
             device_type = "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
             mesh = init_device_mesh(device_type, (self._pp, self.dp), mesh_dim_names=("pp", "dp"))
             self._pp_group, self._dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
+            from scalelab.strategies.group_timeout import like_default
+
+            like_default(mesh)   # trainer.collective_timeout_s, not torch's 10 / 30 min (group_timeout.py)
         return self._trim(net)   # on the meta device: LitModule.configure_model allocates this stage only
 
     @property
@@ -227,7 +237,7 @@ class Pipeline(PipelineRecord, StrategyPlan):
 
         device = pl_module.device
         v, total = self.stages_per_rank, self._pp * self.stages_per_rank
-        modules = self._chunks or [pl_module.net]
+        modules = [self._data_parallel(mod, device) for mod in self._chunks or [pl_module.net]]
         stages = [PipelineStage(mod, self._stage_idx + i * self._pp, total, device, group=self._pp_group)
                   for i, mod in enumerate(modules)]
         self._timer = StageTimer(device)
@@ -244,11 +254,36 @@ class Pipeline(PipelineRecord, StrategyPlan):
         cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.schedule]
         self._schedule = cls(stages[0], n_microbatches=self.microbatches, loss_fn=timed(lm_loss), scale_grads=True)
 
+    def _data_parallel(self, module: nn.Module, device: torch.device) -> nn.Module:
+        """The stage module (a chunk under interleaving) as the schedule runs it: itself at dp 1,
+        else DDP over the stage's dp group (module docstring). The parameters and their names stay
+        the plain module's (the optimizer and checkpoints see `pl_module.net`).
+        - Its gradients exist before the wrap, so that DDP makes them views of its buckets at once
+          (gradient_as_bucket_view re-points the gradients that exist at construction; others only
+          in the first step's last backward, that step holding both), and training_step zeroes
+          them in place: the buckets hold the only copy.
+        - require_backward_grad_sync off: a forward never arms DDP's reducer. The stage runs its
+          forwards under no_sync and arms the reducer itself for the last backward; only its shape
+          inference on the first step runs the module outside no_sync, which armed the reducer for
+          the first micro-batch's backward (one all-reduce more in that step)."""
+        if self._dp_group is None:
+            return module
+        from torch.nn.parallel import DistributedDataParallel
+
+        for p in module.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+        ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
+                                      process_group=self._dp_group, gradient_as_bucket_view=True)
+        ddp.require_backward_grad_sync = False
+        return ddp
+
     def training_step(self, pl_module, batch: torch.Tensor, batch_idx: int) -> dict:
         if self._schedule is None:
             self._build_schedule(pl_module)
         opt = pl_module.optimizers()
-        opt.zero_grad(set_to_none=True)
+        # DDP stages (dp > 1): their gradients are views of DDP's buckets, zeroed in place
+        opt.zero_grad(set_to_none=self._dp_group is None)
         x, y = batch[:, :-1], batch[:, 1:]
         args = (x,) if self.is_first else ()
         kwargs: dict[str, Any] = {}
@@ -259,8 +294,6 @@ class Pipeline(PipelineRecord, StrategyPlan):
         self._timer.start_step()
         self._schedule.step(*args, return_outputs=False, **kwargs)
         self._timer.end_step()
-        if self._dp_group is not None:
-            self._all_reduce_grads(pl_module)
         self._clip_gradients(pl_module)
         opt.step()
         scheds = pl_module.lr_schedulers()
@@ -279,19 +312,6 @@ class Pipeline(PipelineRecord, StrategyPlan):
     def _loss_src(self) -> int:
         """The global rank whose loss rank 0 logs: the first rank of the last stage."""
         return (self._pp - 1) * self.dp
-
-    def _all_reduce_grads(self, pl_module) -> None:
-        """Average this stage's gradients over its dp replicas (one flat all-reduce)."""
-        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
-        grads = [p.grad for p in pl_module.net.parameters() if p.grad is not None]
-        if not grads:
-            return
-        flat = _flatten_dense_tensors(grads)
-        dist.all_reduce(flat, group=self._dp_group)
-        flat.div_(self.dp)
-        for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
-            g.copy_(reduced)
 
     def _clip_gradients(self, pl_module) -> None:
         """trainer.gradient_clip_val over the whole model: the norm's squares are summed over stages."""

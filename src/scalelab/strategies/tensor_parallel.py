@@ -27,7 +27,13 @@ rank holds (135,808 - 4,736) / tp + 4,736 = 70,272 at tp=2: 0.517 of the full mo
 (tensor_parallel_plan); its activation bytes: plan/activations.py.
 
 With `tp` at tensor_parallel_size < world size the dp replicas synchronise gradients with
-FSDP2's `replicate` (DDP built on FSDP2, DTensor-aware) over the data-parallel mesh.
+FSDP2's `replicate` (DDP built on FSDP2, DTensor-aware) over the data-parallel mesh, applied as
+fsdp applies fully_shard: each Block, then the root (`apply_replicate`). Each unit all-reduces its
+gradients in its own post-backward hook, as soon as its backward is done and while the Blocks
+below still compute (the overlap DDP gets from its buckets); the root alone would all-reduce every
+gradient in one call after the whole backward. Under gradient accumulation the replicas sync on
+the last micro-batch only (model_parallel.replica_sync_off, DDP's no_sync): plan/comm.py counts
+one all-reduce per unit and step.
 """
 from __future__ import annotations
 
@@ -40,7 +46,7 @@ from torch import nn
 
 from scalelab.errors import ConfigError
 from scalelab.strategies.base import RunSpec
-from scalelab.strategies.fsdp import apply_fsdp, mixed_precision_policy
+from scalelab.strategies.fsdp import apply_fsdp, fsdp_units, mixed_precision_policy
 from scalelab.strategies.model_parallel import MeshParallelPlan, divisors
 
 
@@ -160,6 +166,19 @@ def apply_tensor_parallel(net: nn.Module, tp_mesh: Any, sequence_parallel: bool 
     return net
 
 
+def apply_replicate(net: nn.Module, dp_mesh: Any, precision: str) -> nn.Module:
+    """FSDP2's replicate over the data-parallel mesh: each Block, then the root (the embeddings,
+    final LayerNorm and head; the whole of a model without Blocks), so that each Block's gradients
+    are all-reduced by its own post-backward hook while the backward goes on (module docstring)."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    kw = dict(mesh=dp_mesh, mp_policy=mixed_precision_policy(precision))
+    for unit in fsdp_units(net):
+        replicate(unit, **kw)
+    replicate(net, **kw)
+    return net
+
+
 def check_tp_degree(name: str, tp: int, run: RunSpec, option: str = "tensor_parallel_size") -> None:
     """Preflight: the TP degree must divide the world size, heads, width, MLP width and vocab
     (`option`: the strategy's key for the degree, named in the error)."""
@@ -196,7 +215,8 @@ def check_sequence_length(name: str, tp: int, run: RunSpec, option: str) -> None
 
 class TensorParallel(MeshParallelPlan):
     """`tp`: tensor parallelism over groups of `tensor_parallel_size` consecutive ranks
-    ("auto": all ranks); several groups (dp > 1) replicate the model with FSDP2's replicate."""
+    ("auto": all ranks); several groups (dp > 1) replicate the model with FSDP2's replicate
+    (apply_replicate)."""
 
     name = "tp"
     shard_data_parallel = False  # fsdp_tp: FSDP2 over the dp mesh instead of replicate
@@ -234,9 +254,7 @@ class TensorParallel(MeshParallelPlan):
         if self.shard_data_parallel:
             net = apply_fsdp(net, dp_mesh, self.precision, self.reshard_after_forward)
         elif dp_mesh.size() > 1:
-            from torch.distributed._composable.replicate_with_fsdp import replicate
-
-            replicate(net, mesh=dp_mesh, mp_policy=mixed_precision_policy(self.precision))
+            net = apply_replicate(net, dp_mesh, self.precision)
         return net
 
 
