@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra.utils
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from scalelab.errors import ConfigError
@@ -183,6 +183,30 @@ def build_optimizer(cfg: DictConfig, lr: float) -> None:
                           f"({cfg.optim.optimizer.get('_target_')}) refused its arguments: {why}") from e
 
 
+WARMUP_KEY = "trainer.warmup_steps"
+
+
+def warmup_given(overrides) -> bool:
+    """Whether the command line (a job's overrides) sets trainer.warmup_steps itself."""
+    return any(str(o).split("=", 1)[0].lstrip("+~") == WARMUP_KEY for o in overrides)
+
+
+def smoke_warmup(cfg: DictConfig, given: bool) -> str | None:
+    """A smoke run (trainer.max_steps=1..5) under the config's default trainer.warmup_steps (5):
+    the measurement warm-up is lowered to max_steps - 1 (0 for one step) in CFG, and the returned
+    line says so; None where nothing changed. `scalelab-train trainer.max_steps=5` was refused over
+    a value the user never set. Where the user gave both (given), validate refuses the pair."""
+    steps, warm = OmegaConf.select(cfg, "trainer.max_steps"), OmegaConf.select(cfg, WARMUP_KEY)
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (steps, warm))
+    if given or not ints or not 1 <= steps <= warm:
+        return None
+    with read_write(cfg), open_dict(cfg):
+        OmegaConf.update(cfg, WARMUP_KEY, steps - 1)
+    return (f"[scalelab] warning: trainer.max_steps={steps} is not more than the default {WARMUP_KEY}={warm}: "
+            f"this run excludes {steps - 1} warm-up step(s) from its figures instead ({WARMUP_KEY}={steps - 1}), "
+            "and its few measured steps are not steady-state (short_run)")
+
+
 def validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
     """All checks that can run without starting a rank. `target` ("cpu" | "gpu"): validate a job
     for that kind of device elsewhere (`scalelab plan`), without asking this machine for devices
@@ -214,9 +238,10 @@ def _validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
         raise ConfigError(f"trainer.threads_per_rank={threads!r} must be null (1 on CPU, cores / ranks on GPU), "
                           "auto (cores / ranks) or an integer >= 1")
     warm = _int(cfg, "trainer.warmup_steps", 0)
-    if warm >= max_steps:
+    if warm >= max_steps:   # both given (a default one is lowered first: smoke_warmup)
         raise ConfigError(f"trainer.warmup_steps={warm} must be < trainer.max_steps={max_steps} "
-                          "(warm-up steps are excluded from the measured figures)")
+                          "(warm-up steps are excluded from the measured figures): set "
+                          f"trainer.warmup_steps={max_steps - 1}{' or less' if max_steps > 1 else ''}")
     _one_of(str(cfg.trainer.precision), "trainer.precision", PRECISIONS)
     _one_of(cfg.logger.name, "logger.name", LOGGERS)
     _one_of(cfg.launcher.name, "launcher.name", LAUNCHERS)

@@ -35,10 +35,12 @@ _FAILED: list[str] = launch.FAILED_JOBS
 _MARKS: dict = {}  # this command's own marks (launcher_start, preflight_done)
 # Set by scalelab.slurm for a job of a sweep or array that runs as its own SLURM job (Hydra run mode)
 SWEEP_ENV, NUM_ENV = "SCALELAB_SWEEP_DIR", "SCALELAB_JOB_NUM"
+# Hydra's flags that print something and run no job: no ranks' fork server for them
+_NO_JOB = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--version", "--shell-completion", "-sc"}
 
 
 def run_job(cfg: DictConfig) -> dict:
-    from scalelab.config import validate
+    from scalelab.config import smoke_warmup, validate, warmup_given
     from scalelab.plan.hardware import HOST_CPU, host_cpu_profile
     from scalelab.results.table import print_table
     from scalelab.scaling.mfu import profile_name
@@ -55,6 +57,9 @@ def run_job(cfg: DictConfig) -> dict:
     # given: redact secrets there before anything else (results.record.scrub_file).
     for saved in [*job_dir.glob(".hydra/*.yaml"), *([Path(hc.sweep.dir) / "multirun.yaml"] if multirun else [])]:
         scrub_file(saved)
+    smoke = smoke_warmup(cfg, warmup_given(hc.overrides.task))   # trainer.max_steps=3 under the default warm-up
+    if smoke:
+        log.warning(smoke)
     spec = validate(cfg)  # cheap; preflight already checked, this guards programmatic use
     from scalelab.data.prepare import prepare_for_run
 
@@ -117,6 +122,8 @@ def run_job(cfg: DictConfig) -> dict:
         log.info(f"[scalelab] {resolved['job']['name']}: completed earlier in {job_dir}; record kept, nothing to "
                  "run (checkpoint.resume=never runs it again)")
         print_table([done], log) if not multirun else log.info(one_line(done))
+        if not multirun:
+            log.info(results_line(job_dir))
         return done
     OmegaConf.save(OmegaConf.create(scrub(resolved)), job_dir / job_dir_check.CONFIG_FILE)
     (job_dir / RUN_FILE).unlink(missing_ok=True)
@@ -200,6 +207,8 @@ def run_job(cfg: DictConfig) -> dict:
         OTHER_NODE.append(layout["node_rank"])
     else:
         record = collect(job_dir, rc, resolved, spec, threads)
+        if rc == 124 and math.isfinite(job_timeout(cfg)):   # the launcher ended it at trainer.timeout_s
+            record["error"] = timed_out(cfg)
         if layout is not None and rc != 0:   # one node of a multi-node job (launcher=torchrun) failed
             failed_on_node(record, job_dir, layout)
     record.update(elastic)                   # restarts and steps redone (launcher=local, torchrun)
@@ -216,15 +225,37 @@ def run_job(cfg: DictConfig) -> dict:
         # what the job cost besides its steady training: start-up before the first step + shutdown
         t["fixed_s"] = round((marks["first_step"] - marks[origin]) + (exited - marks["last_step"]), 4)
     write_json(job_dir / RUN_FILE, scrub(record))  # the error text of a failed job may quote a secret
-    if record["status"] != "completed":
-        _FAILED.append(f"{resolved['job']['name']}: {record.get('error')}")
-        log.error(f"[scalelab] job {resolved['job']['name']} FAILED: {record.get('error')}")
-    # To the console and the job's train.log (Hydra's job logging): a sweep prints its table at the end.
-    if multirun or record.get("record_on_node") is not None:
-        log.info(one_line(record))
-    else:
-        print_table([record], log)   # a terminal gets the fitted rich table; train.log and pipes the plain text
+    report_end(record, resolved["job"]["name"], job_dir, multirun)
     return record
+
+
+def report_end(record: dict, name: str, job_dir: Path, multirun: bool) -> None:
+    """A job's end, on the console and in its train.log (Hydra's job logging): a failed job's one
+    FAILED line (it was followed by "[scalelab] JOB: failed"); a sweep's job its one line (the sweep
+    prints its table at the end); a single run its table and where its record is (its folder was in
+    the job's first line, scrolled away by then)."""
+    from scalelab.results.table import print_table
+
+    if record["status"] != "completed":
+        _FAILED.append(f"{name}: {record.get('error')}")
+        log.error(f"[scalelab] job {name} FAILED: {record.get('error')}")
+    if multirun or record.get("record_on_node") is not None:
+        if record["status"] == "completed":
+            log.info(one_line(record))
+        return
+    print_table([record], log)   # a terminal gets the fitted rich table; train.log and pipes the plain text
+    log.info(results_line(job_dir))
+
+
+def results_line(job_dir: Path) -> str:
+    """The last line of a single run: where its record is, and how to compare it with others."""
+    return f"results: {job_dir / RUN_FILE}  (compare: scalelab compare {job_dir} OTHER_RUN_OR_SWEEP ...)"
+
+
+def timed_out(cfg: DictConfig) -> str:
+    """A job's error where trainer.timeout_s ended it: the limit it ran into ("timed out
+    (trainer.timeout_s)" left the user to look the value up)."""
+    return f"timed out after trainer.timeout_s={job_timeout(cfg):g} s"
 
 
 def node_folder(job_dir: Path, node_rank: int) -> Path:
@@ -308,7 +339,8 @@ def main() -> None:
     register_override_secrets(sys.argv[1:])  # `+logger.api_key=XYZ`: redacted in every file and log line
     install_log_redaction()
     on_slurm = any(a.startswith("hydra/launcher=") and a != "hydra/launcher=basic" for a in sys.argv)
-    if not on_slurm and ("launcher=local" in sys.argv or not any(a.startswith("launcher=") for a in sys.argv)):
+    runs = not any(a.split("=")[0] in _NO_JOB for a in sys.argv[1:])
+    if runs and not on_slurm and ("launcher=local" in sys.argv or not any(a.startswith("launcher=") for a in sys.argv)):
         # The ranks' fork server imports the worker (~4 s) while preflight runs: no rank starts
         # until every job is valid, and the server dies with this process if one is not.
         spawn.start_server()
@@ -337,13 +369,15 @@ def main() -> None:
         # says how to go on; before, the command died silently, no line, its ranks on a broken pipe
         signal.signal(signal.SIGTERM, _terminated)
     try:
-        _hydra_main()
+        _hydra_main()   # Hydra's own errors, --help and --cfg end in sys.exit inside it
     except KeyboardInterrupt as e:   # the ranks were ended with it (spawn / launch kill their groups)
         # on a terminal, the progress bar's line is still open (it rewrites itself with \r)
         how = "SIGTERM" if isinstance(e, _Terminated) else "Ctrl-C"
         print(("\n" if sys.stderr.isatty() else "") + _interrupted(_MARKS.get("job_dir"), _MARKS.get("sweep_dir"), how),
               file=sys.stderr)
         _fast_exit(143 if how == "SIGTERM" else 130)
+    finally:   # a fork server left importing outlived the command by 10 s and more
+        spawn.stop_server()
     code = 0
     if _FAILED:  # the sweep went on past them; the command still says so
         print(f"error: {len(_FAILED)} job(s) failed:\n  " + "\n  ".join(_FAILED), file=sys.stderr)

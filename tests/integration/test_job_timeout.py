@@ -30,4 +30,7 @@ def test_a_given_limit_ends_the_job_and_fails_it(tmp_path):
     took = time.monotonic() - t0
     rec = json.loads((tmp_path / "j" / "run.json").read_text())
     assert proc.returncode == 1 and rec["status"] == "failed", proc.stderr[-2000:]
-    assert rec["error"] == "timed out (trainer.timeout_s)" and 5 < took < 60, (rec["error"], took)
+    assert rec["error"] == "timed out after trainer.timeout_s=5 s" and 5 < took < 60, (rec["error"], took)
+    out = proc.stdout + proc.stderr   # one FAILED line (with the limit), and where the record is
+    assert out.count("FAILED: timed out after trainer.timeout_s=5 s") == 1 and ": failed\n" not in out, out[-2000:]
+    assert f"results: {tmp_path / 'j' / 'run.json'}" in out, out[-2000:]

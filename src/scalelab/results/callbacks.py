@@ -44,6 +44,7 @@ def summarize_sweep(sweep_dir: Path, logger_cfg: Any = None, cache_dir: str | No
         print(f"report: {report}")
     except Exception as exc:  # noqa: BLE001
         print(f"report: not written ({type(exc).__name__}: {exc})")
+    print(f"compare: scalelab compare {sweep_dir}  (--format markdown|csv|json|html; add other runs or sweeps)")
     return summary
 
 

@@ -1,0 +1,88 @@
+"""What a job and a sweep print at their end (found by review): a failed job of a sweep was
+announced twice ("[scalelab] job X FAILED: timed out (trainer.timeout_s)" then "[scalelab] X:
+failed"), without the limit it ran into; a single run ended with its table only (its folder was in
+the first line, scrolled away), and a sweep with sweep.json and report.html but no compare command."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from scalelab import train
+
+
+@pytest.fixture
+def lines(monkeypatch):
+    """The lines train.log (the scalelab logger) gets, and the failed jobs the command lists."""
+    got: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            got.append(record.getMessage())
+
+    keep = Keep(level=logging.INFO)
+    train.log.addHandler(keep)
+    old_level = train.log.level
+    train.log.setLevel(logging.INFO)
+    monkeypatch.setattr(train, "_FAILED", [])
+    yield got
+    train.log.removeHandler(keep)
+    train.log.setLevel(old_level)
+
+
+def _failed(name: str) -> dict:
+    return {"status": "failed", "error": "timed out after trainer.timeout_s=3 s", "strategy": "ddp",
+            "world_size": 2, "job": {"name": name}}
+
+
+def test_a_failed_job_of_a_sweep_is_one_line(lines, tmp_path):
+    train.report_end(_failed("sw/0"), "sw/0", tmp_path, multirun=True)
+    about = [ln for ln in lines if "sw/0" in ln]
+    assert about == ["[scalelab] job sw/0 FAILED: timed out after trainer.timeout_s=3 s"], lines
+    assert train._FAILED == ["sw/0: timed out after trainer.timeout_s=3 s"]
+
+
+def test_a_completed_job_of_a_sweep_is_its_one_line(lines, tmp_path):
+    rec = {"status": "completed", "job": {"name": "sw/1"}, "throughput": {"samples_per_s": 10.0},
+           "step_time_s": {"median": 0.1, "measured_steps": 20}, "loss": {"final": 3.0}}
+    train.report_end(rec, "sw/1", tmp_path, multirun=True)
+    assert [ln for ln in lines if "sw/1" in ln] == ["[scalelab] sw/1: completed, 10.0 samples/s, step 100.0 ms "
+                                                     "(median of 20), loss 3.0"]
+
+
+@pytest.mark.parametrize("status", ["completed", "failed"])
+def test_a_single_run_ends_with_its_record_and_the_compare_command(lines, tmp_path, status):
+    job = tmp_path / "outputs" / "runs" / "2026-01-01_00-00-00"
+    rec = _failed(job.name) if status == "failed" else {
+        "status": "completed", "strategy": "ddp", "world_size": 2, "job": {"name": job.name},
+        "throughput": {"samples_per_s": 10.0}, "step_time_s": {"median": 0.1}, "loss": {"final": 3.0}}
+    train.report_end(rec, job.name, job, multirun=False)
+    assert lines[-1] == f"results: {job / 'run.json'}  (compare: scalelab compare {job} OTHER_RUN_OR_SWEEP ...)"
+    assert sum("FAILED" in ln for ln in lines) == (status == "failed")
+
+
+def test_a_timed_out_job_s_error_gives_the_limit():
+    from omegaconf import OmegaConf
+
+    assert train.timed_out(OmegaConf.create({"trainer": {"timeout_s": 3}})) == "timed out after trainer.timeout_s=3 s"
+    assert train.timed_out(OmegaConf.create({"trainer": {"timeout_s": 2.5}})) == \
+        "timed out after trainer.timeout_s=2.5 s"
+
+
+def test_a_sweep_ends_with_the_compare_command_for_its_folder(tmp_path, monkeypatch, capsys):
+    from scalelab.results import callbacks, report
+    from scalelab.results.record import write_json
+
+    sweep = tmp_path / "sweeps" / "2026-01-01_00-00-00"
+    for num, world in enumerate((1, 2)):
+        (sweep / str(num)).mkdir(parents=True)
+        write_json(sweep / str(num) / "run.json", {
+            "status": "completed", "strategy": "ddp", "world_size": world, "num_nodes": 1, "devices_per_node": world,
+            "global_batch_size": 16, "throughput": {"samples_per_s": 100.0 * world, "tokens_per_s": None},
+            "step_time_s": {"median": 0.1, "p90": 0.1}, "loss": {"first": 5.0, "final": 3.0},
+            "job": {"name": f"{sweep.name}/{num}", "sweep_dir": str(sweep), "num": num}})
+    monkeypatch.setattr(report, "write_report", lambda path, *a, **k: path)   # the dashboard: not this test's
+    callbacks.summarize_sweep(sweep)
+    out = capsys.readouterr().out.rstrip().splitlines()
+    assert out[-1].startswith(f"compare: scalelab compare {sweep}"), out[-3:]
+    assert any(ln.startswith("sweep summary: ") for ln in out) and any(ln.startswith("report: ") for ln in out)
