@@ -75,6 +75,59 @@ def oversubscribed(ranks_per_node: int, threads: int, accelerator: str) -> str |
 NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
+# How long the ranks get after the launcher's SIGTERM before SIGKILL. A job that checkpoints
+# (checkpoint.every_n_steps or checkpoint.save) saves at its next step first (scalelab.requeue,
+# outside SLURM too): its step in flight plus one save, STOP_GRACE_S unless checkpoint.stop_grace_s
+# says; any other job has nothing to save, and a peer's failure or a timeout leaves nothing to save
+# either (a save needs every rank): KILL_WAIT_S, as before. A platform that stops the launcher
+# (Kubernetes' terminationGracePeriodSeconds, docker stop -t) must give it the grace and a margin.
+KILL_WAIT_S = 5.0
+STOP_GRACE_S = 60.0
+
+
+def stop_grace_s(job_dir: Path) -> float:
+    """The ranks' grace after SIGTERM for the job in job_dir (its resolved config)."""
+    import yaml
+
+    from scalelab.paths import CONFIG_FILE
+    from scalelab.requeue import saves_on_sigterm
+
+    try:
+        cfg = yaml.safe_load((Path(job_dir) / CONFIG_FILE).read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return KILL_WAIT_S
+    given = (cfg.get("checkpoint") or {}).get("stop_grace_s")
+    if isinstance(given, (int, float)) and not isinstance(given, bool) and given > 0:
+        return float(given)
+    return STOP_GRACE_S if saves_on_sigterm(cfg) else KILL_WAIT_S
+
+
+def wait_for(done, seconds: float, pump=None, stopping: bool = False) -> bool:
+    """Wait until done() or `seconds` pass, calling pump(wait) meanwhile (the ranks' output goes on to
+    the console and ranks.log: their save line; pump returns None at the output's end). stopping:
+    the wait is already for a Ctrl-C or SIGTERM, and another one ends it at once (the caller then
+    kills); otherwise a Ctrl-C raises as anywhere. Returns done()."""
+    end = time.monotonic() + seconds
+    try:
+        while not done() and time.monotonic() < end:
+            if pump is not None:
+                if pump(min(0.2, max(0.0, end - time.monotonic()))) is None:
+                    pump = None
+            else:
+                time.sleep(0.05)
+    except KeyboardInterrupt:
+        if not stopping:
+            raise
+    return done()
+
+
+def stopping_line(grace: float) -> None:
+    """The console's line while the ranks save before stopping (a Ctrl-C or SIGTERM)."""
+    if grace > KILL_WAIT_S:
+        print(("\n" if sys.stderr.isatty() else "") + "[scalelab] stopping: the ranks save a checkpoint at their "
+              f"next step (up to {grace:g} s; Ctrl-C again ends them now)", file=sys.stderr, flush=True)
+
+
 def rank_env(cache_dir: Path, threads: int, job_dir: Path, verbose: bool = False,
              launcher: str = "local", max_restarts: int = 0) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
@@ -295,15 +348,23 @@ class TracebackFilter:
 
 
 def run_ranks(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float, on_start=None,
-              console: TracebackFilter | None = None, start_by: tuple[float, str] | None = None) -> int:
+              console: TracebackFilter | None = None, start_by: tuple[float, str] | None = None,
+              grace_s: float | None = None) -> int:
     """Run the rank launcher in its own process group, tee its output to log_path, and make
     sure nothing outlives it (timeout, Ctrl-C or an exception kill the whole group).
     on_start(proc): told the launcher's process (scalelab.requeue forwards signals to srun).
     console: what of the output the console shows (None: all of it, as ranks.log).
     start_by (seconds, why): end it when it has started no rank (scalelab.worker child) by then,
-    writing `TimeoutError: why` to the log (torchrun: a rendezvous that never completes)."""
+    writing `TimeoutError: why` to the log (torchrun: a rendezvous that never completes).
+    grace_s: after a Ctrl-C or SIGTERM, how long the launcher and its ranks get to save and exit
+    (None: the job's, stop_grace_s of log_path's folder); torchrun gives its ranks as long
+    (TORCH_ELASTIC_SHUTDOWN_TIMEOUT) before its own SIGKILL, and gets KILL_WAIT_S more itself."""
+    grace = stop_grace_s(log_path.parent) if grace_s is None else float(grace_s)
+    if grace > KILL_WAIT_S:   # (else torchrun's default, 30 s, as before)
+        env = {**env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+               or str(int(math.ceil(grace)))}
     try:
-        return _run_ranks(cmd, env, log_path, timeout_s, on_start, console, start_by)
+        return _run_ranks(cmd, env, log_path, timeout_s, on_start, console, start_by, grace)
     finally:
         if console is not None:
             console_end(console, log_path)
@@ -349,7 +410,7 @@ def with_parent_death_signal(cmd: list[str]) -> list[str]:
     return [sys.executable, "-c", _DEATHSIG, str(os.getpid()), *cmd]
 
 
-def _run_ranks(cmd, env, log_path, timeout_s, on_start, console, start_by) -> int:
+def _run_ranks(cmd, env, log_path, timeout_s, on_start, console, start_by, grace: float = KILL_WAIT_S) -> int:
     cmd = with_parent_death_signal(cmd)
     with open(log_path, "ab", buffering=0) as log:  # unbuffered: the log is live while ranks run
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -358,18 +419,23 @@ def _run_ranks(cmd, env, log_path, timeout_s, on_start, console, start_by) -> in
             on_start(proc)
         deadline = time.monotonic() + timeout_s
         start_deadline = time.monotonic() + start_by[0] if start_by else None
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+
+        def pump(wait: float) -> bytes:
+            ready, _, _ = select.select([fd], [], [], wait)
+            chunk = os.read(fd, 65536) if ready else b""  # raw chunks keep progress bars (\r) live
+            if chunk:
+                log.write(chunk)
+                sys.stdout.buffer.write(console.feed(chunk) if console is not None else chunk)
+                sys.stdout.flush()
+            return chunk if chunk or not ready else None   # None: EOF
+
         try:
-            assert proc.stdout is not None
-            fd = proc.stdout.fileno()
             while True:
-                ready, _, _ = select.select([fd], [], [], 0.5)
-                chunk = os.read(fd, 65536) if ready else b""  # raw chunks keep progress bars (\r) live
-                if chunk:
-                    log.write(chunk)
-                    sys.stdout.buffer.write(console.feed(chunk) if console is not None else chunk)
-                    sys.stdout.flush()
-                elif ready or proc.poll() is not None:  # EOF, or the launcher exited (an orphan may hold the pipe)
-                    break
+                chunk = pump(0.5)
+                if chunk is None or (not chunk and proc.poll() is not None):   # EOF, or the launcher exited
+                    break                                                      # (an orphan may hold the pipe)
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"job exceeded trainer.timeout_s={timeout_s:g}")
                 if start_deadline is not None and _started_a_rank(proc.pid):
@@ -380,7 +446,14 @@ def _run_ranks(cmd, env, log_path, timeout_s, on_start, console, start_by) -> in
                     return 1
             return proc.wait()
         except BaseException as e:
-            _kill_group(proc)
+            if isinstance(e, KeyboardInterrupt):   # Ctrl-C, or SIGTERM (scalelab.train): the ranks may save first
+                stopping_line(grace)
+                if grace > KILL_WAIT_S:   # torchrun's own SIGKILL comes at `grace`; the save lines to the log
+                    _kill_group(proc, grace + KILL_WAIT_S, pump, stopping=True)
+                else:
+                    _kill_group(proc)
+            else:
+                _kill_group(proc)
             if isinstance(e, TimeoutError):
                 log.write(f"\n{e}\n".encode())
                 return 124
@@ -389,18 +462,18 @@ def _run_ranks(cmd, env, log_path, timeout_s, on_start, console, start_by) -> in
             _kill_group(proc)  # ranks orphaned by a crashed torchrun must not linger
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen, grace: float = KILL_WAIT_S, pump=None, stopping: bool = False) -> None:
+    """SIGTERM the launcher's group, wait up to `grace` for the launcher (pumping its output; a
+    second Ctrl-C ends the wait where `stopping` for one), then SIGKILL whatever is left of it."""
     try:
         pgid = os.getpgid(proc.pid)
     except ProcessLookupError:
         pgid = proc.pid  # leader gone; its group may still hold ranks
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT_S)):
         try:
             os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
             return
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
+        if not wait_for(lambda: proc.poll() is not None, wait, pump, stopping):
             continue
         time.sleep(0.2)

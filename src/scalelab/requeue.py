@@ -20,6 +20,16 @@ and `checkpoint.resume=auto` continues from the newest checkpoint. Lightning's o
 (SLURMEnvironment(auto_requeue=False)): it would requeue from rank 0 before the others saved, and
 a whole job array at once (Lightning #15022). Outside SLURM too, Lightning's per-batch SIGTERM
 broadcast is off (rank_local_sigterm): each rank stops on its own signal.
+
+Outside SLURM (launcher=local, torchrun, a Kubernetes pod), the same callback saves on SIGTERM
+when the job checkpoints (saves_on_sigterm: checkpoint.every_n_steps or checkpoint.save): the
+launcher passes its SIGTERM (`docker stop`, a pod's eviction, a spot preemption, Ctrl-C) on to
+the ranks and waits launch.stop_grace_s for them (torchrun: its shutdown timeout); they agree
+on a step, save there and exit STOPPED_EXIT (143, 128 + SIGTERM: what Kubernetes' restartPolicy
+ExitCode and the training operator count as retryable), and the same command again in the same
+folder, an elastic restart (trainer.max_restarts) or a restarted pod resumes from that checkpoint
+(checkpoint.resume=auto). Before, only srun's ranks had the callback: the launcher's SIGTERM then
+SIGKILL 5 s later lost every step since the last periodic checkpoint.
 """
 from __future__ import annotations
 
@@ -33,6 +43,7 @@ from pathlib import Path
 PREEMPTED = ".preempted"  # JOB_DIR/.preempted: "STEP SIGNAL" of a rank stop this attempt
 SIGNALLED = ".signalled"  # JOB_DIR/.signalled: the batch step got USR1 before the ranks could (this attempt)
 STEP_ENV = "SCALELAB_SLURM_STEP"  # set for ranks started by srun under a SLURM batch job
+STOPPED_EXIT = 143  # a rank outside SLURM that saved and stopped for SIGTERM: interrupted, resumable
 _SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
@@ -42,19 +53,44 @@ def in_slurm_job(environ=None) -> bool:
 
 def expand_nodelist(nodelist: str) -> list[str]:
     """SLURM's compressed host list ("gpu[07-08,10],login1") -> ["gpu07", "gpu08", "gpu10", "login1"]
-    (zero padding kept); the ranks need no `scontrol show hostnames` for the first node."""
+    (zero padding kept); the ranks need no `scontrol show hostnames` for the first node. Every
+    bracket group of a name expands, the first one slowest, as scontrol does:
+    "rack[1-2]-n[01-02]" -> rack1-n01, rack1-n02, rack2-n01, rack2-n02 (before, only the first
+    group expanded and the rest stayed in the name: "rack1-n[01-02]", which no host is)."""
+    import itertools
+
     hosts = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist):
-        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
-        if not m:
-            hosts.append(part)
-            continue
-        prefix, ranges, suffix = m.groups()
-        for r in ranges.split(","):
-            lo, _, hi = r.partition("-")
-            for n in range(int(lo), int(hi or lo) + 1):
-                hosts.append(f"{prefix}{str(n).zfill(len(lo))}{suffix}")
+    for part in _top_level(nodelist):
+        pieces = re.split(r"(\[[^\]]*\])", part)   # text, [group], text, [group], ...
+        choices = [_bracket(p) if p.startswith("[") and p.endswith("]") else [p] for p in pieces if p]
+        hosts.extend("".join(c) for c in itertools.product(*choices))
     return hosts
+
+
+def _top_level(nodelist: str) -> list[str]:
+    """The comma-separated names of a host list, commas inside brackets kept with their name."""
+    parts, depth, cur = [], 0, ""
+    for ch in nodelist or "":
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth <= 0:
+            parts.append(cur)
+            cur, depth = "", 0
+        else:
+            cur += ch
+    parts.append(cur)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _bracket(group: str) -> list[str]:
+    """"[07-08,10]" -> ["07", "08", "10"] (width of each range's low end kept); a group that is not
+    numeric ranges stays as written."""
+    out = []
+    for r in group[1:-1].split(","):
+        lo, _, hi = r.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            return [group]
+        out.extend(str(n).zfill(len(lo)) for n in range(int(lo), int(hi or lo) + 1))
+    return out
 
 
 def master_env(environ=None) -> dict[str, str]:
@@ -84,30 +120,86 @@ def master_env(environ=None) -> dict[str, str]:
     return {"MASTER_ADDR": expand_nodelist(nodes)[0], "MASTER_PORT": str(port or 15000 + job % 17000), STEP_ENV: "1"}
 
 
-def interface_to(host: str | None) -> str | None:
-    """The name of this node's network interface whose address routes to `host` (MASTER_ADDR),
-    IPv4; None if it does not resolve or no interface holds the address (Linux: SIOCGIFADDR)."""
+# An address outside every network a node is on (TEST-NET-2, RFC 5737): a UDP connect to it
+# picks the default route's source address and sends nothing.
+_OUTSIDE = "198.51.100.1"
+_IFF_UP, _IFF_LOOPBACK = 0x1, 0x8
+
+
+def _source_ip_to(ip: str) -> str | None:
+    """This node's IPv4 address that the kernel's route to `ip` starts from (a UDP connect picks
+    the route and sends nothing); None where there is no route (no default route)."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((ip, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
+def _ipv4_interfaces() -> list[tuple[str, str, int]]:
+    """(name, IPv4 address, flags) of this node's interfaces that hold one (Linux: SIOCGIFADDR,
+    SIOCGIFFLAGS), in the kernel's order."""
     import fcntl
     import socket
     import struct
 
+    out = []
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((socket.gethostbyname(host or ""), 9))   # UDP: picks the route, sends nothing
-            ip = s.getsockname()[0]
             for _, name in socket.if_nameindex():
+                req = struct.pack("256s", name[:15].encode())
                 try:
-                    packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+                    addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])   # SIOCGIFADDR
+                    flags = struct.unpack("H", fcntl.ioctl(s.fileno(), 0x8913, req)[16:18])[0]   # SIOCGIFFLAGS
                 except OSError:   # no IPv4 address on it
                     continue
-                if socket.inet_ntoa(packed[20:24]) == ip:
-                    return name
+                out.append((name, addr, flags))
+    except OSError:
+        pass
+    return out
+
+
+def interface_to(host: str | None) -> str | None:
+    """The name of this node's network interface whose address routes to `host` (MASTER_ADDR),
+    IPv4; None if it does not resolve or no interface holds the address (Linux: SIOCGIFADDR)."""
+    import socket
+
+    try:
+        ip = _source_ip_to(socket.gethostbyname(host or ""))
     except OSError:
         return None
-    return None
+    return next((name for name, addr, _ in _ipv4_interfaces() if addr == ip), None) if ip else None
 
 
-def gloo_interface(num_nodes: int, environ=None) -> None:
+def _loopback(name: str | None) -> bool:
+    return name == "lo" or any(n == name and flags & _IFF_LOOPBACK for n, _, flags in _ipv4_interfaces())
+
+
+# bridges and virtual links a container runtime or VM host adds: the last choice for a node's own
+_VIRTUAL = ("docker", "veth", "virbr", "br-", "cni", "flannel", "cali", "vxlan", "tun", "tap")
+
+
+def outward_interface() -> tuple[str | None, str]:
+    """(interface, how it was chosen) for reaching other nodes when no node name routes off this
+    one: the default route's interface, else the first interface that is up, not loopback and holds
+    an IPv4 address (virtual bridges last); (None, why) where there is none."""
+    ip = _source_ip_to(_OUTSIDE)
+    found = _ipv4_interfaces()
+    name = next((n for n, addr, flags in found if addr == ip and not flags & _IFF_LOOPBACK), None) if ip else None
+    if name:
+        return name, "the default route's interface"
+    up = [n for n, addr, flags in found if flags & _IFF_UP and not flags & _IFF_LOOPBACK
+          and not addr.startswith("127.")]
+    up.sort(key=lambda n: n.startswith(_VIRTUAL))   # stable: the kernel's order otherwise
+    if up:
+        return up[0], "the first interface that is up (no default route)"
+    return None, "this node has no interface up besides loopback"
+
+
+def gloo_interface(num_nodes: int, environ=None) -> str | None:
     """GLOO_SOCKET_IFNAME, where unset on a multi-node job, = the interface that reaches MASTER_ADDR.
     Gloo (a CPU job's process group; this module's flag group on an NCCL job) binds to the address
     the hostname resolves to, and falls back to loopback where that is a loopback one
@@ -115,16 +207,30 @@ def gloo_interface(num_nodes: int, environ=None) -> None:
     job waits out the collective timeout at its start, though NCCL (which picks its interface
     itself) would have run. Called by each rank (worker.py) before Lightning makes any group.
     On MASTER_ADDR's own node, whose name may resolve to loopback there, the job's other nodes are
-    asked instead."""
+    asked instead; where none is known or every one routes via loopback (launcher=torchrun has
+    no node list, and on node 0 MASTER_ADDR is node 0 itself), the default route's interface, else
+    the first one up (outward_interface). Returns a line for the rank's log when it had to guess
+    that way (None otherwise)."""
     env = os.environ if environ is None else environ
     if num_nodes <= 1 or env.get("GLOO_SOCKET_IFNAME"):
-        return
+        return None
     nodes = expand_nodelist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "")
+    found = {}
     for host in [env.get("MASTER_ADDR"), *nodes]:
-        name = interface_to(host) if host else None
-        if name and name != "lo":
+        name = found[host] = interface_to(host) if host else None
+        if name and not _loopback(name):
             env["GLOO_SOCKET_IFNAME"] = name
-            return
+            return None
+    name, how = outward_interface()
+    addr = env.get("MASTER_ADDR")
+    why = ("no MASTER_ADDR" if not addr else f"MASTER_ADDR={addr} does not resolve here" if found.get(addr) is None
+           else f"MASTER_ADDR={addr} routes via loopback on this node") + \
+        (" (as does every node of SLURM_JOB_NODELIST)" if nodes else "")
+    if name is None:
+        return (f"[scalelab] warning: {why} and {how}: gloo binds loopback, which the job's other nodes cannot "
+                "reach (set GLOO_SOCKET_IFNAME to the interface they can)")
+    env["GLOO_SOCKET_IFNAME"] = name
+    return f"[scalelab] GLOO_SOCKET_IFNAME={name} ({how}): {why}; set GLOO_SOCKET_IFNAME to choose another"
 
 
 def slurm_info(environ=None) -> dict | None:
@@ -185,20 +291,31 @@ def install_batch_early() -> None:
     signal.signal(signal.SIGUSR1, lambda signum, frame: EARLY.append(signum))
 
 
-def requeue_callback(job_dir: Path, saver):
-    """The Lightning callback for ranks under srun (built here so the batch side does not import
-    Lightning). saver: the PeriodicCheckpoint whose atomic save writes the checkpoint."""
+def saves_on_sigterm(cfg) -> bool:
+    """Whether a job's ranks save a checkpoint when stopped by SIGTERM outside SLURM: it
+    checkpoints at all (checkpoint.every_n_steps, or checkpoint.save at the end)."""
+    ckpt = cfg.get("checkpoint") or {}
+    return bool(ckpt.get("every_n_steps") or ckpt.get("save"))
+
+
+def requeue_callback(job_dir: Path, saver, slurm: bool = True):
+    """The Lightning callback for ranks under srun, and outside SLURM for a job that checkpoints
+    (slurm=False: SIGTERM only; built here so the batch side does not import Lightning). saver:
+    the PeriodicCheckpoint whose atomic save writes the checkpoint."""
     import lightning as L
 
     class _Requeue(RequeueOnSignal, L.Callback):
         pass
 
-    return _Requeue(job_dir, saver)
+    return _Requeue(job_dir, saver, slurm)
 
 
 class RequeueOnSignal:
-    def __init__(self, job_dir: Path, saver):
+    def __init__(self, job_dir: Path, saver, slurm: bool = True):
         self.job_dir, self.saver = Path(job_dir), saver
+        # under srun: USR1 (the time limit's warning, a requeue) and SIGTERM; elsewhere SIGTERM only
+        # (the launcher's, passed on from `docker stop`, a pod's eviction, Ctrl-C)
+        self.slurm, self.signals = slurm, (_SIGNALS if slurm else (signal.SIGTERM,))
         self.signalled: int | None = None  # the signal this rank got
         self.stopped_at: int | None = None
         self._seen = -1
@@ -209,11 +326,11 @@ class RequeueOnSignal:
 
     def on_train_start(self, trainer, pl_module) -> None:
         # After Lightning registered its own handlers (its SIGTERM one would raise in the loop)
-        for s in _SIGNALS:
+        for s in self.signals:
             signal.signal(s, self._handler)
-        if EARLY and self.signalled is None:
+        if self.slurm and EARLY and self.signalled is None:
             self.signalled = EARLY[-1]
-        if (self.job_dir / SIGNALLED).exists() and self.signalled is None:
+        if self.slurm and (self.job_dir / SIGNALLED).exists() and self.signalled is None:
             # the batch step got USR1 while this rank was starting (srun may have had no task to
             # forward it to yet): it is this rank's too
             self.signalled = signal.SIGUSR1
@@ -258,13 +375,18 @@ class RequeueOnSignal:
             # checkpoint, not a second save of the same state inside the warning's window (it also
             # removed the good copy before renaming the new one; found by review)
             path = self.saver.saved_at(step) or self.saver.save(trainer, step)
+            if not self.slurm and trainer.local_rank == 0 and not trainer.is_global_zero:
+                # each node's own folder (launcher=torchrun: JOB_DIR/nodeK) says its ranks stopped for a save
+                (self.job_dir / PREEMPTED).write_text(f"{step} {signal.Signals(sig).name}")
             if trainer.is_global_zero:
                 from scalelab.console import end_bar_line
 
                 (self.job_dir / PREEMPTED).write_text(f"{step} {signal.Signals(sig).name}")
                 end_bar_line()
                 # USR1: the batch step requeues the job; SIGTERM: SLURM requeues it or ends it (scancel)
-                then = "stopping for the requeue" if sig == signal.SIGUSR1 else "stopping (SLURM requeues or ends the job)"
+                then = ("stopping for the requeue" if sig == signal.SIGUSR1 else
+                        "stopping (SLURM requeues or ends the job)" if self.slurm else
+                        "stopping (the same command in the same folder goes on from it)")
                 print(f"[scalelab] {signal.Signals(sig).name}: checkpoint {path} saved at step {step}; {then}", flush=True)
             self.stopped_at = step
             trainer.should_stop = True

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 from pathlib import Path
 
 # A node's own settings, free to differ: its rendezvous keys (node rank; endpoint given or read
@@ -50,10 +51,15 @@ def difference(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:
 
 
 def check(overrides: list[str], node_rank: int, timeout_s: float, environ=None,
-          resume: tuple[str | None, int | None] = (None, None)) -> tuple[str | None, int | None]:
+          resume: tuple[str | None, int | None] = (None, None),
+          accelerator: str | None = None) -> tuple[str | None, int | None]:
     """Post this rank's overrides to the rendezvous store, wait for every rank's, and raise one line
     (RuntimeError) when any node's differ from global rank 0's. The ranks' torchrun environment
     (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) names the store.
+    `accelerator`: what this rank runs on (cpu / gpu); each node's launcher resolved
+    trainer.accelerator=auto itself, so one where CUDA failed ran its ranks on cpu and gloo beside
+    the others' NCCL, with the same overrides, and the job hung in its first collective until
+    trainer.collective_timeout_s: every node stops instead, in one line naming the one that differs.
     Returns global rank 0's `resume` (checkpoint path, step): every rank goes on from the one rank
     0 chose. Each node found its own in its own job folder, where only node 0's has checkpoints:
     node 0 resumed and the others started over (a hang, or replicas apart; found by review)."""
@@ -66,17 +72,25 @@ def check(overrides: list[str], node_rank: int, timeout_s: float, environ=None,
     wait = timedelta(seconds=float(timeout_s))
     store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=wait)
     prefix = f"scalelab/same_job/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
-    store.set(f"{prefix}{rank}", json.dumps([int(node_rank), shared_overrides(overrides), list(resume)]))
+    store.set(f"{prefix}{rank}", json.dumps([int(node_rank), shared_overrides(overrides), list(resume),
+                                             accelerator, socket.gethostname()]))
     keys = [f"{prefix}{r}" for r in range(world)]
     store.wait(keys, wait)
-    every = [json.loads(store.get(k)) for k in keys]
-    node0, ref, chosen = every[0]
-    for node, theirs, _ in every:
+    every = [json.loads(store.get(k)) + [None, None] for k in keys]   # (a rank that posted no accelerator)
+    node0, ref, chosen, acc0, host0 = every[0][:5]
+    for node, theirs, *_ in every:
         diff = difference(ref, theirs)
         if diff:
             raise RuntimeError(f"node {node} runs another command than node {node0} (node {node0} vs node {node}: "
                                f"{'; '.join(diff)[:400]}): every node must run the same scalelab-train overrides, "
                                "with its own launcher.node_rank")
+    for node, _, _, acc, host, *_ in every:
+        if acc is not None and acc0 is not None and acc != acc0:
+            cpu_node = node if acc == "cpu" else node0   # where CUDA did not come up, as a rule
+            raise RuntimeError(f"node {node} (host {host}) runs on {acc} but node {node0} (host {host0}) on {acc0}: "
+                               "each node's scalelab-train resolved trainer.accelerator itself, and every node must "
+                               f"run on the same one: check node {cpu_node}'s GPUs and driver (nvidia-smi), or run "
+                               "every node with trainer.accelerator=cpu")
     path, step = chosen
     if path is None:
         return path, step

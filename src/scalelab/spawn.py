@@ -29,6 +29,7 @@ from typing import Callable
 
 from scalelab import launch
 from scalelab.checkpointing import PROGRESS, RESUMED, read_mark
+from scalelab.requeue import STOPPED_EXIT
 
 PRELOAD = ["scalelab.worker"]
 # The line the watch loop writes to ranks.log when a rank dies first (its peers are ended after it):
@@ -147,6 +148,7 @@ def run_ranks(job_dir: Path, n: int, env: dict[str, str], log_path: Path, timeou
     keep_open = os.open(fifo, os.O_WRONLY)  # EOF only once the launcher says so (after the ranks)
     port = str(launch.free_port())
     started = time.time()   # error files older than this are an earlier attempt's
+    grace = launch.stop_grace_s(job_dir)   # after a Ctrl-C or SIGTERM: the ranks' save (scalelab.requeue)
     console = None if tracebacks else launch.TracebackFilter()
     procs = []
     try:
@@ -158,17 +160,19 @@ def run_ranks(job_dir: Path, n: int, env: dict[str, str], log_path: Path, timeou
             p.start()
             procs.append(p)
         return _watch(procs, read_fd, keep_open, log_path, time.monotonic() + timeout_s, console,
-                      lambda failed: launch.cause_rank(job_dir, failed, since=started))
+                      lambda failed: launch.cause_rank(job_dir, failed, since=started), grace)
     finally:
-        for p in procs:
-            _kill(p)
+        _stop(procs)   # anything left (an exception before the watch)
         os.close(read_fd)
         fifo.unlink(missing_ok=True)
         if console is not None:
             launch.console_end(console, log_path)
 
 
-def _watch(procs, read_fd: int, keep_open: int, log_path: Path, deadline: float, console, cause) -> int:
+def _watch(procs, read_fd: int, keep_open: int, log_path: Path, deadline: float, console, cause,
+           grace: float = launch.KILL_WAIT_S) -> int:
+    """grace: after a Ctrl-C or SIGTERM (KeyboardInterrupt here), how long the ranks get to save
+    and exit (launch.stop_grace_s); a peer's failure or the timeout gives them launch.KILL_WAIT_S."""
     code = 0
     with open(log_path, "ab", buffering=0) as log:
         def pump(wait: float) -> bool:
@@ -180,20 +184,26 @@ def _watch(procs, read_fd: int, keep_open: int, log_path: Path, deadline: float,
                 sys.stdout.flush()
             return bool(chunk)
 
-        while any(p.exitcode is None for p in procs):
-            pump(0.2)
-            failed = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
-            if failed and not code:
-                rank, code = _first_failure(procs, failed, pump, cause)   # a dead rank ends its peers (as torchrun does)
-                how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-                log.write(f"\n[scalelab] rank {rank} failed first ({how}); ending the other ranks\n".encode())
-                for p in procs:
-                    _kill(p)
-            if time.monotonic() > deadline:
-                for p in procs:
-                    _kill(p)
-                log.write(b"\njob exceeded trainer.timeout_s\n")
-                code = 124
+        try:
+            while any(p.exitcode is None for p in procs):
+                pump(0.2)
+                failed = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if failed and not code:
+                    # a dead rank ends its peers (as torchrun does)
+                    rank, code = _first_failure(procs, failed, pump, cause)
+                    how = (f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+                           + (", saved and stopped on SIGTERM" if code == STOPPED_EXIT else ""))
+                    log.write(f"\n[scalelab] rank {rank} failed first ({how}); ending the other ranks\n".encode())
+                    _stop(procs, launch.KILL_WAIT_S, pump)
+                if time.monotonic() > deadline:
+                    _stop(procs, launch.KILL_WAIT_S, pump)
+                    log.write(b"\njob exceeded trainer.timeout_s\n")
+                    code = 124
+        except KeyboardInterrupt:   # Ctrl-C, or SIGTERM (scalelab.train): the ranks save at their next step first
+            launch.stopping_line(grace)
+            # their save lines to the console and ranks.log; with nothing to save, their ends unshown as before
+            _stop(procs, grace, pump if grace > launch.KILL_WAIT_S else None, stopping=True)
+            raise
         os.close(keep_open)
         while pump(0.05):                         # what the ranks wrote last
             pass
@@ -220,14 +230,28 @@ def _first_failure(procs, failed: list[tuple[int, int]], pump, cause, grace_s: f
         failed = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
 
 
-def _kill(p) -> None:
-    if p.exitcode is not None or p.pid is None:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def _stop(procs, grace: float = launch.KILL_WAIT_S, pump=None, stopping: bool = False) -> None:
+    """End the ranks still running: SIGTERM to each rank (a job that checkpoints saves at its next
+    step on it: scalelab.requeue), up to `grace` s for all of them at once (pumping their output),
+    then SIGKILL to the group of any rank left (the rank is its session's leader: its DataLoader
+    workers too). The SIGTERM goes to the rank alone, not its group: a DataLoader worker or the
+    W&B service ended under a rank that is saving failed its save. What an exited rank left in its
+    group gets SIGTERM. Before, each rank in turn had SIGTERM and 5 s: a save needs every rank.
+    stopping: for a Ctrl-C or SIGTERM, where another one ends the wait at once."""
+    live = [p for p in procs if p.exitcode is None and p.pid is not None]
+    for p in live:
         try:
-            os.killpg(p.pid, sig)                 # the rank is its session's leader
+            os.kill(p.pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
-            return
-        p.join(timeout=5)
-        if p.exitcode is not None:
-            return
+            pass
+    # while they save: a rank that died or failed (not a save's exit) ends the wait, the others cannot
+    # save without it (a Ctrl-C while the ranks start: the started ones would wait out the grace)
+    saving = grace > launch.KILL_WAIT_S
+    launch.wait_for(lambda: all(p.exitcode is not None for p in live) or (
+        saving and any(p.exitcode not in (None, 0, STOPPED_EXIT) for p in live)), grace, pump, stopping)
+    for p in live:
+        try:
+            os.killpg(p.pid, signal.SIGKILL if p.exitcode is None else signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            continue
+        p.join(timeout=launch.KILL_WAIT_S)

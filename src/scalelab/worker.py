@@ -78,9 +78,10 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     if cfg.launcher.name == "torchrun" and spec.run.num_nodes > 1:  # nodes started by hand: the same command?
         from scalelab import same_job
 
-        # ... and global rank 0's checkpoint to go on from, for every node (each has its own folder)
+        # ... and global rank 0's checkpoint to go on from, for every node (each has its own folder), and
+        # the same accelerator on every node (each node's launcher resolved trainer.accelerator=auto itself)
         resume, resumed_at = same_job.check(list(cfg.job.overrides), int(cfg.launcher.node_rank),
-                                            timeout_s, resume=(resume, resumed_at))
+                                            timeout_s, resume=(resume, resumed_at), accelerator=spec.run.accelerator)
     plan = spec.plan
     with plan.init_device(spec.run, _local_rank()):  # on the GPU itself where it can
         module = LitModule(spec.run.model_arch, cfg.model.task, hydra.utils.instantiate(cfg.optim.optimizer),
@@ -153,7 +154,13 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         plugins = [SLURMEnvironment(auto_requeue=False)]  # requeueing is scalelab.requeue's, not Lightning's
         on_signal = requeue.requeue_callback(job_dir, periodic)
         callbacks.append(on_signal)
-    requeue.gloo_interface(spec.run.num_nodes)   # before any gloo group: not the loopback one on several nodes
+    elif requeue.saves_on_sigterm(cfg):   # elsewhere (local, torchrun, a pod): SIGTERM saves at an agreed step
+        on_signal = requeue.requeue_callback(job_dir, periodic, slurm=False)
+        callbacks.append(on_signal)
+    # before any gloo group: not the loopback one on several nodes; each node's first rank says which
+    # interface it had to guess (on stderr but on rank 0: quiet_rank leaves stdout to rank 0)
+    if (chose := requeue.gloo_interface(spec.run.num_nodes)) and _local_rank() == 0:
+        print(chose, file=sys.stdout if rank == 0 else sys.stderr, flush=True)
     logger = build_logger(cfg, job_dir, resumed=resume is not None)
     # collectives fail after trainer.collective_timeout_s (Lightning's default: 30 min), on the default
     # group and on the strategies' sub-groups (strategies/group_timeout.py)
@@ -172,14 +179,17 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     t0 = time.time()
     trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
     fit_s = time.time() - t0
-    if on_signal is not None:
+    if on_signal is not None and on_signal.slurm:
         requeue.ignore_late()
     if on_signal is not None and on_signal.stopped_at is not None:  # saved for the requeue: no record
         if logger and hasattr(logger, "finish") and rank == 0:
             logger.finish()  # the requeued job continues this W&B run (build_logger: resume by id)
+        slurm = on_signal.slurm
         del trainer, module, data, metrics, callbacks, logger, on_signal
         shutdown_process_group()
-        return 0
+        # outside SLURM: interrupted and resumable (the launcher, torchrun or a pod's restart policy
+        # must not take it for a completed run; an elastic restart resumes from the save)
+        return 0 if slurm else requeue.STOPPED_EXIT
     if cfg.checkpoint.save:
         trainer.save_checkpoint(str(job_dir / "checkpoints" / "last.ckpt"), weights_only=False)
         if rank == 0:

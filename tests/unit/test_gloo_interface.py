@@ -47,9 +47,36 @@ def test_on_the_master_node_a_loopback_name_asks_the_other_nodes():
     assert env["GLOO_SOCKET_IFNAME"] == name
 
 
-@pytest.mark.parametrize("nodes,env", [(1, {"MASTER_ADDR": "x"}), (2, {"GLOO_SOCKET_IFNAME": "ib0", "MASTER_ADDR": "x"}),
-                                       (2, {"MASTER_ADDR": "127.0.0.1"})])
-def test_left_alone_on_one_node_when_set_or_with_only_loopback(nodes, env):
+@pytest.mark.parametrize("nodes,env", [(1, {"MASTER_ADDR": "x"}),
+                                       (2, {"GLOO_SOCKET_IFNAME": "ib0", "MASTER_ADDR": "x"})])
+def test_left_alone_on_one_node_or_when_set(nodes, env):
     before = dict(env)
     gloo_interface(nodes, env)
     assert env == before
+
+
+def _default_route_interface() -> str:
+    if not shutil.which("ip"):
+        pytest.skip("no iproute2 `ip` here to say which interface holds the default route")
+    fields = subprocess.run(["ip", "-4", "route", "show", "default"], capture_output=True, text=True).stdout.split()
+    if "dev" not in fields:
+        pytest.skip("this host has no IPv4 default route")
+    return fields[fields.index("dev") + 1]
+
+
+@pytest.mark.parametrize("master", ["127.0.0.1", "localhost", "own-name"])
+def test_on_node_0_with_only_loopback_names_the_default_route_s_interface(master):
+    """launcher=torchrun's node 0 (no node list; MASTER_ADDR is itself, e.g. its hostname resolving
+    to 127.0.1.1): gloo binds the default route's interface, not loopback (then only a lone node ran)."""
+    import socket
+
+    name = _default_route_interface()
+    if master == "own-name":
+        master = socket.gethostname()
+        if interface_to(master) != "lo":
+            pytest.skip(f"this host's name {master} does not resolve to loopback here")
+    env = {"MASTER_ADDR": master}
+    line = gloo_interface(2, env)
+    assert env["GLOO_SOCKET_IFNAME"] == name
+    assert line.startswith(f"[scalelab] GLOO_SOCKET_IFNAME={name} (the default route's interface): "
+                           f"MASTER_ADDR={master}"), line
