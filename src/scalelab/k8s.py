@@ -72,7 +72,10 @@ def manifest(nodes: int, devices: int, image: str, overrides: list[str], name: s
 
     def replica(count: int) -> dict:
         return {"replicas": count, "restartPolicy": "Never",
-                "template": {"spec": {"containers": [container], "volumes": volumes}}}
+                # a pod's SIGTERM (eviction, preemption) gives a checkpointing job's ranks 60 s to save at
+                # their next step (launch.stop_grace_s); Kubernetes' default grace is 30 s
+                "template": {"spec": {"terminationGracePeriodSeconds": 90, "containers": [container],
+                                      "volumes": volumes}}}
 
     specs = {"Master": replica(1)}
     if nodes > 1:

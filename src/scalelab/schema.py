@@ -41,6 +41,8 @@ GROUPS: dict[str, dict[str, Field]] = {
         "every_n_steps": Int("optimizer steps between periodic checkpoints; null: off", lo=1, null=True),
         "keep_last": Int("periodic checkpoints kept", lo=1),
         "resume": Choice(("auto", "never"), "auto: continue from the job dir's newest valid periodic checkpoint"),
+        "stop_grace_s": Float("seconds the ranks get after SIGTERM to save and exit; null: 60 with checkpointing, "
+                              "else 5", lo=0, lo_open=True, null=True),
     },
     "trainer": {
         "devices": Int("ranks per node", lo=1),
