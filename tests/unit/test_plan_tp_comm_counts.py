@@ -66,9 +66,9 @@ def measure(init, cfg: GPTConfig, b: int, bf16: bool, sp: bool, dp: int = 1, wra
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
 
-    from scalelab.strategies.fsdp import apply_fsdp, mixed_precision_policy
+    from scalelab.strategies.fsdp import apply_fsdp
     from scalelab.strategies.pipeline_split import make_stage
-    from scalelab.strategies.tensor_parallel import apply_tensor_parallel
+    from scalelab.strategies.tensor_parallel import apply_replicate, apply_tensor_parallel
 
     init(TP * dp)
     torch.manual_seed(0)
@@ -80,10 +80,8 @@ def measure(init, cfg: GPTConfig, b: int, bf16: bool, sp: bool, dp: int = 1, wra
     precision = "bf16-mixed" if bf16 else "32-true"
     if wrap == "fsdp":
         apply_fsdp(net, mesh["dp"], precision)
-    elif wrap == "replicate":
-        from torch.distributed._composable.replicate_with_fsdp import replicate
-
-        replicate(net, mesh=mesh["dp"], mp_policy=mixed_precision_policy(precision))
+    elif wrap == "replicate":   # as the tp strategy applies it: each Block, then the root
+        apply_replicate(net, mesh["dp"], precision)
     s, V = cfg.seq_len, cfg.vocab_size
     idx = torch.randint(0, V, (b, s + 1))
     if net.tok_emb is not None:

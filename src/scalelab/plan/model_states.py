@@ -143,7 +143,8 @@ class ModelStates:
     # allocator's peak is the gradients alone on weight-heavy shapes; peak_memory)
     copies_bytes: float = 0.0
     new_grad_bytes: float = 0.0         # a fresh gradient beside an accumulated one (the head's)
-    # a pipeline's gradients freed before its schedule: at each rank's peak or not by its schedule
+    # a pipeline's gradients freed before its schedule (dp 1): at each rank's peak or not by its
+    # schedule; at dp > 1 kept (DDP's bucket views) and at every rank's peak
     # (pipeline_acts_alive_at_grads; peak_memory.peak_states_and_activations)
     grads_per_rank: bool = False
     # FSDP2 under a pipeline schedule: gathered bytes beyond buffers_bytes held right after a
@@ -215,7 +216,8 @@ def grads_at_peak(strategy: Strategy, layout: Layout) -> bool:
     backward creates them as it frees the activations, so the step's peak holds the larger of
     the two, not their sum. They live on under gradient accumulation (micro-batch 2's forward runs
     beside micro-batch 1's gradients), in a pipeline's schedule (a stage's gradients from the first
-    micro-batch's backward on), in DDP's persistent buckets, and in ZeRO-3's gradient partition
+    micro-batch's backward on at dp 1; at dp > 1 from the step's start, as its DDP's bucket views:
+    pipeline_acts_alive_at_grads), in DDP's persistent buckets, and in ZeRO-3's gradient partition
     buffer (allocated once at init: stage3.py grad_partitions_flat_buffer)."""
     if strategy.family == "fsdp" and strategy.pipeline and layout.dp > 1:
         return False   # the sharded .grad is set at the step's end (whole ones: fsdp_pipeline_buffers)
@@ -225,14 +227,19 @@ def grads_at_peak(strategy: Strategy, layout: Layout) -> bool:
 
 def pipeline_acts_alive_at_grads(layout: Layout, rank: int) -> float | None:
     """A pipeline rank whose gradients are freed before the step (Pipeline.training_step:
-    zero_grad(set_to_none=True) before the schedule runs; also nd at dp 1): None when its gradients
-    live through its activations' peak, else the fraction of that peak's activations alive when
-    its first backward has made the whole gradient. 1F1B runs forwards after a rank's first
-    backward when m exceeds its warm-up depth d (then both are at the peak); at m = d (rank 0 at
-    m = p) and under GPipe (d = m: every forward before any backward) it runs none: the peak is
+    zero_grad(set_to_none=True) before the schedule runs at dp 1; also nd at dp 1): None when its
+    gradients live through its activations' peak, else the fraction of that peak's activations
+    alive when its first backward has made the whole gradient. 1F1B runs forwards after a rank's
+    first backward when m exceeds its warm-up depth d (then both are at the peak); at m = d (rank 0
+    at m = p) and under GPipe (d = m: every forward before any backward) it runs none: the peak is
     max(d a, grads + (d - 1) a). Interleaved: both (the safe side). Counted on real schedules:
-    tests/integration/pipeline_acts_probe.py."""
-    if layout.stages_per_rank > 1:
+    tests/integration/pipeline_acts_probe.py.
+    At dp > 1 (the `pipeline` strategy; nd's FSDP2 stages there are not planned through this: their
+    gradients are not at the peak, grads_at_peak) the stage is DDP with gradient_as_bucket_view:
+    the gradients are views of its buckets, zeroed in place before the step, not freed
+    (Pipeline._data_parallel), so they are alive from the step's start beside every activation,
+    one copy (the buckets are the gradients): None. tests/integration/test_pipeline_dp_memory.py."""
+    if layout.stages_per_rank > 1 or layout.dp > 1:
         return None
     d = stage_in_flight(layout, rank)
     if layout.schedule != "gpipe" and layout.micro_batches > d:

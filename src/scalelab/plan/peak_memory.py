@@ -31,8 +31,9 @@ def peak_states_and_activations(terms: Terms) -> float:
         acts = max(acts, *(a - a / act_mod.stage_in_flight(terms.layout, r) + st.gathered_after_backward
                            for r, a in enumerate(terms.activations_per_rank or (acts,))))
     if st.grads_per_rank and st.grads_at_peak:
-        # each pipeline rank by its own schedule (the largest stage's gradients on every rank;
-        # FSDP2 stages at dp > 1 set their sharded gradients at the step's end: not at the peak)
+        # each pipeline rank by its own schedule at dp 1 (the largest stage's gradients on every
+        # rank); at dp > 1 its DDP keeps them from the step's start (bucket views): at every peak.
+        # FSDP2 stages at dp > 1 set their sharded gradients at the step's end: not at the peak
         # (receive buffers stay whole when backward frees micro-batches)
         grads_acts = max(pipeline_grads_and_acts(st.grads_bytes, a, buf, pipeline_acts_alive_at_grads(terms.layout, r))
                          for r, (a, buf) in enumerate(zip(terms.activations_per_rank, terms.receive_per_rank)))

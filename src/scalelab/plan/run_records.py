@@ -113,8 +113,8 @@ def terms_from_run(run: dict) -> Terms:
             and not strategy.pipeline:
         # measured with the gradients alive through the forward: Lightning's own order (records
         # from before LitModule freed them after the step; DeepSpeed's engine always freed its
-        # own in its step). A pipeline zeroes them before its schedule: its schedule decides
-        # (model_states.pipeline_acts_alive_at_grads)
+        # own in its step). A pipeline's are decided by its layout: at dp 1 zeroed before its
+        # schedule, at dp > 1 kept as DDP's buckets (model_states.pipeline_acts_alive_at_grads)
         terms = replace(terms, states=replace(terms.states, grads_at_peak=True))
     return terms
 
