@@ -56,9 +56,9 @@ def _validated(overrides: list[str], target: str | None):
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from scalelab.config import validate
+    from scalelab.config import smoke_warmup, validate, warmup_given
     from scalelab.paths import conf_dir
-    from scalelab.preflight import _check_group_values, _compose
+    from scalelab.preflight_parse import compose_job, override_parser, parse
     from scalelab.scaling.mfu import is_cpu_profile, profile_name
 
     if any(("," in o.split("=", 1)[-1] and not o.split("=", 1)[-1].startswith("[")) for o in overrides):
@@ -66,13 +66,9 @@ def _validated(overrides: list[str], target: str | None):
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            from hydra.core.override_parser.overrides_parser import OverridesParser
-
-            try:
-                _check_group_values(OverridesParser.create().parse_overrides(overrides))
-            except Exception as e:  # noqa: BLE001 - Hydra's parse errors, one line
-                raise ConfigError(str(e).splitlines()[0]) from e
-            cfg = _compose(overrides)
+            parse(override_parser(), overrides)   # a parse error: one line naming the override (as preflight's)
+            cfg = compose_job(overrides)
+        smoke_warmup(cfg, warmup_given(overrides))   # trainer.max_steps=3 under the default warm-up: as scalelab-train
         requested = cfg.get("hardware_profile", "auto")
         if target is None:
             target = "cpu" if requested in (None, "auto") or is_cpu_profile(str(requested)) else "gpu"

@@ -1,5 +1,6 @@
 """`scalelab-train`: the Hydra app. Compose -> validate -> save resolved config -> launch ranks
--> collect the run record. Every job of a multirun is validated before the first one starts.
+-> collect the run record (and its end lines: scalelab.run_end). Every job of a multirun is
+validated before the first one starts (scalelab.preflight).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from scalelab import job_dir as job_dir_check
-from scalelab import launch, requeue, same_job, spawn, timing
+from scalelab import launch, requeue, run_end, same_job, spawn, timing
 from scalelab.checkpointing import (PROGRESS, RESTARTS, RESUMED, find_resume, goes_on_from,
                                     read_restarts, resume_point)
 from scalelab.errors import ConfigError
@@ -23,6 +24,7 @@ from scalelab.job_outcome import RERUN_MARK, collect, failed_on_node, mark_attem
 from scalelab.paths import conf_dir
 from scalelab.results.record import (RUN_FILE, BadRecord, install_log_redaction, load_record,
                                      redact_text, register_override_secrets, scrub, scrub_file, write_json)
+from scalelab.run_end import job_timeout, results_line, timed_out
 from scalelab.slurm_request import srun_cpus_per_task, srun_crowded, srun_threads
 
 # Light imports only at the top: main() starts the ranks' fork server before anything imports
@@ -230,32 +232,8 @@ def run_job(cfg: DictConfig) -> dict:
 
 
 def report_end(record: dict, name: str, job_dir: Path, multirun: bool) -> None:
-    """A job's end, on the console and in its train.log (Hydra's job logging): a failed job's one
-    FAILED line (it was followed by "[scalelab] JOB: failed"); a sweep's job its one line (the sweep
-    prints its table at the end); a single run its table and where its record is (its folder was in
-    the job's first line, scrolled away by then)."""
-    from scalelab.results.table import print_table
-
-    if record["status"] != "completed":
-        _FAILED.append(f"{name}: {record.get('error')}")
-        log.error(f"[scalelab] job {name} FAILED: {record.get('error')}")
-    if multirun or record.get("record_on_node") is not None:
-        if record["status"] == "completed":
-            log.info(one_line(record))
-        return
-    print_table([record], log)   # a terminal gets the fitted rich table; train.log and pipes the plain text
-    log.info(results_line(job_dir))
-
-
-def results_line(job_dir: Path) -> str:
-    """The last line of a single run: where its record is, and how to compare it with others."""
-    return f"results: {job_dir / RUN_FILE}  (compare: scalelab compare {job_dir} OTHER_RUN_OR_SWEEP ...)"
-
-
-def timed_out(cfg: DictConfig) -> str:
-    """A job's error where trainer.timeout_s ended it: the limit it ran into ("timed out
-    (trainer.timeout_s)" left the user to look the value up)."""
-    return f"timed out after trainer.timeout_s={job_timeout(cfg):g} s"
+    """run_end.report_end: the job's end lines; a failed job added to this command's _FAILED."""
+    run_end.report_end(record, name, job_dir, multirun, _FAILED)
 
 
 def node_folder(job_dir: Path, node_rank: int) -> Path:
@@ -280,14 +258,6 @@ def node_folder(job_dir: Path, node_rank: int) -> Path:
             h.close()   # reopened at the new name by its next line
             h.baseFilename = str(own / Path(h.baseFilename).name)
     return own
-
-
-def job_timeout(cfg: DictConfig) -> float:
-    """trainer.timeout_s, the whole job's limit (launch to exit); null (the default): none. A hung
-    peer is bounded by trainer.collective_timeout_s and a SLURM job by its --time; a fixed default
-    here (1800 s, until found by review) killed every longer run, SLURM jobs with hours of --time too."""
-    t = cfg.trainer.get("timeout_s")
-    return math.inf if t is None else float(t)
 
 
 @hydra.main(config_path=str(conf_dir()), config_name="train", version_base="1.3")

@@ -13,7 +13,7 @@ import pytest
 
 from scalelab.cli import build_parser
 
-from ..conftest import REPO, env
+from ..conftest import REPO, env, run_cli
 
 
 def plan(capsys, *argv) -> tuple[int, str, str]:
@@ -132,6 +132,29 @@ def test_efficiency_is_against_the_smallest_layout_that_fits(capsys):
 def test_bad_overrides_are_one_line_exit_2(capsys, argv, needle):
     code, _, err = plan(capsys, *argv)
     assert code == 2 and err.count("\n") == 1 and needle in err, err
+
+
+def test_a_smoke_run_is_planned_under_the_default_warmup(capsys):
+    """`scalelab plan trainer.max_steps=3` was refused over the default trainer.warmup_steps=5, which
+    scalelab-train lowers for such a run (config.smoke_warmup); both given, the pair is refused by both."""
+    code, out = run_cli(["plan", "trainer.max_steps=3", "--json"], capsys)
+    assert code == 0, out.err
+    assert json.loads(out.out)["inputs"]["parallel"]["world_size"] == 1
+    code, out = run_cli(["plan", "trainer.max_steps=3", "trainer.warmup_steps=5"], capsys)
+    assert code == 2 and out.err.count("\n") == 1 and "trainer.warmup_steps=5 must be < trainer.max_steps=3" in out.err
+
+
+@pytest.mark.parametrize("override,why,example", [
+    ("trainer.max_steps=[1", "'[' is not closed", "trainer.max_steps=[a,b] (a list)"),
+    ("model=gpt_nano)", "unexpected ')'", "model=VALUE"),
+    ("trainer.max_steps=3'", "the quote ' is not closed", "trainer.max_steps=VALUE"),
+])
+def test_a_parse_error_is_preflights_one_line(capsys, override, why, example):
+    """Hydra's first line alone was "Error parsing override 'model=gpt_nano)'" (no reason), or the
+    reason with no override ("no viable alternative at input '[1'")."""
+    code, out = run_cli(["plan", override, "--json"], capsys)
+    assert code == 2 and out.err.count("\n") == 1, out.err
+    assert out.err.startswith(f"error: '{override}': {why}; e.g. {example}"), out.err
 
 
 def test_piping_into_head_and_version():

@@ -1,0 +1,52 @@
+"""How a job of `scalelab-train` ends, in lines (scalelab.train): a failed job's one FAILED line,
+a sweep's job its one line, a single run its table, then where its record is and how to compare it;
+and trainer.timeout_s, the whole job's limit, which a timed-out job's error names."""
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from scalelab.job_outcome import one_line
+from scalelab.results.record import RUN_FILE
+
+log = logging.getLogger("scalelab")
+
+
+def report_end(record: dict, name: str, job_dir: Path, multirun: bool, failed: list[str]) -> None:
+    """A job's end, on the console and in its train.log (Hydra's job logging): a failed job's one
+    FAILED line (it was followed by "[scalelab] JOB: failed"), listed in FAILED (the command's
+    failed jobs); a sweep's job its one line (the sweep prints its table at the end); a single run
+    its table and where its record is (its folder was in the job's first line, scrolled away by then)."""
+    from scalelab.results.table import print_table
+
+    if record["status"] != "completed":
+        failed.append(f"{name}: {record.get('error')}")
+        log.error(f"[scalelab] job {name} FAILED: {record.get('error')}")
+    if multirun or record.get("record_on_node") is not None:
+        if record["status"] == "completed":
+            log.info(one_line(record))
+        return
+    print_table([record], log)   # a terminal gets the fitted rich table; train.log and pipes the plain text
+    log.info(results_line(job_dir))
+
+
+def results_line(job_dir: Path) -> str:
+    """The last line of a single run: where its record is, and how to compare it with others."""
+    return f"results: {job_dir / RUN_FILE}  (compare: scalelab compare {job_dir} OTHER_RUN_OR_SWEEP ...)"
+
+
+def timed_out(cfg: DictConfig) -> str:
+    """A job's error where trainer.timeout_s ended it: the limit it ran into ("timed out
+    (trainer.timeout_s)" left the user to look the value up)."""
+    return f"timed out after trainer.timeout_s={job_timeout(cfg):g} s"
+
+
+def job_timeout(cfg: DictConfig) -> float:
+    """trainer.timeout_s, the whole job's limit (launch to exit); null (the default): none. A hung
+    peer is bounded by trainer.collective_timeout_s and a SLURM job by its --time; a fixed default
+    here (1800 s, until found by review) killed every longer run, SLURM jobs with hours of --time too."""
+    t = cfg.trainer.get("timeout_s")
+    return math.inf if t is None else float(t)
