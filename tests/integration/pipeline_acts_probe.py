@@ -160,7 +160,9 @@ def run_case(name: str) -> dict:
             "stage": plan._stage_idx, "stages": plan._pp}
 
 
-def main(out: str, names: str) -> None:
+def main(out: str, names: str, run_case=run_case) -> None:
+    """Each case of `names` on this rank (run_case: another probe's, tests/integration/
+    test_pipeline_dp_memory.py), written to out/rank{r}.json."""
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     result = {name: run_case(name) for name in names.split(",")}

@@ -20,8 +20,6 @@ rank 0 (1F1B m4 already had them at its peak: rank 0 runs forwards after its fir
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -92,21 +90,10 @@ def run_case(name: str) -> dict:
             "grad_storages": len(grad_storages()), "stage": plan._stage_idx}
 
 
-def main(out: str, names: str) -> None:
-    import torch
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-    torch.set_num_threads(1)
-    result = {name: run_case(name) for name in names.split(",")}
-    with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
-        json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    from tests.integration.pipeline_acts_probe import main
+
+    main(sys.argv[1], sys.argv[2], run_case)
 else:
     from scalelab.plan import build_terms, get_strategy
     from scalelab.plan.activations import activation_bytes_per_rank

@@ -24,8 +24,8 @@ def test_the_rendezvous_id_is_node_0s_port_and_the_job_number():
     assert len({a, same_job.rdzv_id("localhost:29500", 1), same_job.rdzv_id("localhost:29501", 0)}) == 3
 
 
-def _two_ranks(overrides: list[list[str]], resumes=((None, None), (None, None)), returned: list | None = None
-               ) -> list[BaseException | None]:
+def _two_ranks(overrides: list[list[str]], resumes=((None, None), (None, None)), returned: list | None = None,
+               accelerators=("cpu", "cpu")) -> list[BaseException | None]:
     """Each rank's error (None: it passed); `returned` gets what check returned to each."""
     port = free_port()
     master = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
@@ -35,7 +35,8 @@ def _two_ranks(overrides: list[list[str]], resumes=((None, None), (None, None)),
     def rank(r: int) -> None:
         env = {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         try:
-            returned[r] = same_job.check(overrides[r], node_rank=r, timeout_s=30, environ=env, resume=resumes[r])
+            returned[r] = same_job.check(overrides[r], node_rank=r, timeout_s=30, environ=env, resume=resumes[r],
+                                         accelerator=accelerators[r])
         except BaseException as e:  # noqa: BLE001
             errors[r] = e
 
@@ -76,3 +77,15 @@ def test_every_rank_goes_on_from_rank_0s_checkpoint_or_all_stop(tmp_path):
             assert errors == [None, None] and out == [(str(ckpt), 2), (str(ckpt), 2)]
         else:
             assert all(isinstance(e, RuntimeError) and str(e).startswith("node(s) 0, 1 cannot see") for e in errors), errors
+
+
+def test_a_node_on_another_accelerator_stops_every_node_naming_it():
+    """Each node's launcher resolves trainer.accelerator=auto itself: a node where CUDA failed ran
+    cpu/gloo beside the others' NCCL with the same overrides. Every node stops, naming it."""
+    same = [["strategy=ddp"], ["strategy=ddp"]]
+    assert _two_ranks(same, accelerators=("gpu", "gpu")) == [None, None]
+    errors = _two_ranks(same, accelerators=("gpu", "cpu"))
+    for e in errors:
+        assert isinstance(e, RuntimeError), errors
+        assert str(e).startswith("node 1 (host ") and " runs on cpu but node 0 (host " in str(e), str(e)
+        assert str(e).count("\n") == 0 and "check node 1's GPUs" in str(e)
