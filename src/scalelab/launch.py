@@ -10,11 +10,22 @@ import math
 import os
 import re
 import select
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+# the ranks' stop (grace, wait, process-group signals) and the rendezvous live in their own modules;
+# their names stay importable from here
+from scalelab.rank_stop import KILL_WAIT_S, STOP_GRACE_S, kill_group, stop_grace_s, stopping_line, wait_for
+from scalelab.rendezvous import RDZV_BACKENDS, free_port, parse_endpoint, torchrun_layout
+
+__all__ = ["FAILED_JOBS", "threads_per_rank", "too_few_gpus", "host_cores", "oversubscribed", "NO_SHARED_STORE",
+           "rank_env", "rank_command", "PEER_GONE", "ENDED", "last_error_line", "cause_rank", "TracebackFilter",
+           "run_ranks", "console_end", "with_parent_death_signal",
+           # from scalelab.rank_stop and scalelab.rendezvous
+           "KILL_WAIT_S", "STOP_GRACE_S", "stop_grace_s", "stopping_line", "wait_for",
+           "RDZV_BACKENDS", "free_port", "parse_endpoint", "torchrun_layout"]
 
 FAILED_JOBS: list[str] = []  # this command's failed jobs ("name: error"), for its exit code (scalelab.train)
 
@@ -75,59 +86,6 @@ def oversubscribed(ranks_per_node: int, threads: int, accelerator: str) -> str |
 NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
-# How long the ranks get after the launcher's SIGTERM before SIGKILL. A job that checkpoints
-# (checkpoint.every_n_steps or checkpoint.save) saves at its next step first (scalelab.requeue,
-# outside SLURM too): its step in flight plus one save, STOP_GRACE_S unless checkpoint.stop_grace_s
-# says; any other job has nothing to save, and a peer's failure or a timeout leaves nothing to save
-# either (a save needs every rank): KILL_WAIT_S, as before. A platform that stops the launcher
-# (Kubernetes' terminationGracePeriodSeconds, docker stop -t) must give it the grace and a margin.
-KILL_WAIT_S = 5.0
-STOP_GRACE_S = 60.0
-
-
-def stop_grace_s(job_dir: Path) -> float:
-    """The ranks' grace after SIGTERM for the job in job_dir (its resolved config)."""
-    import yaml
-
-    from scalelab.paths import CONFIG_FILE
-    from scalelab.requeue import saves_on_sigterm
-
-    try:
-        cfg = yaml.safe_load((Path(job_dir) / CONFIG_FILE).read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return KILL_WAIT_S
-    given = (cfg.get("checkpoint") or {}).get("stop_grace_s")
-    if isinstance(given, (int, float)) and not isinstance(given, bool) and given > 0:
-        return float(given)
-    return STOP_GRACE_S if saves_on_sigterm(cfg) else KILL_WAIT_S
-
-
-def wait_for(done, seconds: float, pump=None, stopping: bool = False) -> bool:
-    """Wait until done() or `seconds` pass, calling pump(wait) meanwhile (the ranks' output goes on to
-    the console and ranks.log: their save line; pump returns None at the output's end). stopping:
-    the wait is already for a Ctrl-C or SIGTERM, and another one ends it at once (the caller then
-    kills); otherwise a Ctrl-C raises as anywhere. Returns done()."""
-    end = time.monotonic() + seconds
-    try:
-        while not done() and time.monotonic() < end:
-            if pump is not None:
-                if pump(min(0.2, max(0.0, end - time.monotonic()))) is None:
-                    pump = None
-            else:
-                time.sleep(0.05)
-    except KeyboardInterrupt:
-        if not stopping:
-            raise
-    return done()
-
-
-def stopping_line(grace: float) -> None:
-    """The console's line while the ranks save before stopping (a Ctrl-C or SIGTERM)."""
-    if grace > KILL_WAIT_S:
-        print(("\n" if sys.stderr.isatty() else "") + "[scalelab] stopping: the ranks save a checkpoint at their "
-              f"next step (up to {grace:g} s; Ctrl-C again ends them now)", file=sys.stderr, flush=True)
-
-
 def rank_env(cache_dir: Path, threads: int, job_dir: Path, verbose: bool = False,
              launcher: str = "local", max_restarts: int = 0) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
@@ -143,86 +101,6 @@ def rank_env(cache_dir: Path, threads: int, job_dir: Path, verbose: bool = False
                WANDB_CONFIG_DIR=str(cache_dir / "wandb-config"), WANDB_DATA_DIR=str(cache_dir / "wandb-data"),
                WANDB_SILENT="true", WANDB_CONSOLE="off")
     return env
-
-
-RDZV_BACKENDS = ("static", "c10d")
-# Where a node finds the rendezvous when launcher.rdzv_endpoint / node_rank are null, in order:
-# a Kubernetes PyTorchJob sets MASTER_ADDR, MASTER_PORT, RANK (the pod's = node's rank) and
-# WORLD_SIZE (pods); PET_* are the operator's torchrun variables; NODE_RANK / GROUP_RANK the usual.
-_ADDR_VARS, _PORT_VARS = ("PET_MASTER_ADDR", "MASTER_ADDR"), ("PET_MASTER_PORT", "MASTER_PORT")
-_NODE_RANK_VARS = ("PET_NODE_RANK", "NODE_RANK", "GROUP_RANK", "RANK")
-
-
-def parse_endpoint(value, key: str) -> tuple[str, int]:
-    """HOST:PORT (an IPv6 host in brackets) -> (host, port); ConfigError naming `key` otherwise."""
-    from scalelab.errors import ConfigError
-
-    text = str(value).strip() if isinstance(value, str) else None
-    host, sep, port = (text or "").rpartition(":")
-    ok = bool(text) and bool(sep) and bool(host.strip("[]")) and port.isdigit() and 1 <= int(port) <= 65535 \
-        and not any(c.isspace() for c in text)
-    if not ok:
-        raise ConfigError(f"{key}={value!r} must be HOST:PORT with a port in 1-65535 (node 0's address, the same "
-                          "on every node, e.g. node0.example.com:29500)")
-    return host, int(port)
-
-
-def torchrun_layout(launcher, nodes: int, environ=None, require: bool = True) -> dict:
-    """launcher=torchrun: this node's rendezvous {"endpoint", "node_rank", "backend", "timeout_s",
-    "rdzv_id"}, from the launcher keys or, where they are null, the environment. require=False
-    (checking a job for another machine: `scalelab plan`, `scalelab k8s render`): check only the
-    values given. Any bad or missing value is a one-line ConfigError."""
-    from scalelab.errors import ConfigError
-
-    env = os.environ if environ is None else environ
-    get = (lambda k, d=None: launcher.get(k, d)) if hasattr(launcher, "get") else (lambda k, d=None: d)
-    backend = get("rdzv_backend", "static")
-    if backend not in RDZV_BACKENDS:
-        raise ConfigError(f"launcher.rdzv_backend={backend!r} is not valid: choose one of {', '.join(RDZV_BACKENDS)}")
-    timeout = get("rdzv_timeout_s", 900)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ConfigError(f"launcher.rdzv_timeout_s={timeout!r} must be a number > 0 (seconds a node waits for "
-                          "the others to join)")
-    endpoint = get("rdzv_endpoint")
-    if endpoint is not None:
-        parse_endpoint(endpoint, "launcher.rdzv_endpoint")
-    elif require:
-        addr = next((env[k] for k in _ADDR_VARS if env.get(k)), None)
-        port = next((env[k] for k in _PORT_VARS if env.get(k)), None)
-        if addr and port:
-            endpoint = f"{addr}:{port}"
-            parse_endpoint(endpoint, "MASTER_ADDR:MASTER_PORT")
-        elif nodes == 1:
-            endpoint = f"127.0.0.1:{free_port()}"
-        else:
-            raise ConfigError(f"launcher=torchrun with trainer.num_nodes={nodes} needs the rendezvous endpoint: set "
-                              "launcher.rdzv_endpoint=HOST:PORT (node 0's address, the same on every node) or "
-                              "MASTER_ADDR and MASTER_PORT")
-    node_rank, key = get("node_rank"), "launcher.node_rank"
-    if node_rank is None and require:
-        var = next((k for k in _NODE_RANK_VARS if env.get(k, "").strip()), None)
-        if var is not None:
-            node_rank, key = env[var].strip(), var
-            node_rank = int(node_rank) if node_rank.isdigit() else node_rank
-        elif nodes == 1:
-            node_rank = 0
-        else:
-            raise ConfigError(f"launcher=torchrun with trainer.num_nodes={nodes} needs this node's rank: set "
-                              "launcher.node_rank=K (0 on the endpoint's host, 1..N-1 on the others) or NODE_RANK")
-    if node_rank is not None and (isinstance(node_rank, bool) or not isinstance(node_rank, int)
-                                  or not 0 <= node_rank < nodes):
-        raise ConfigError(f"{key}={node_rank!r} must be an integer in [0, {nodes}) (trainer.num_nodes={nodes})")
-    return {"endpoint": endpoint, "node_rank": node_rank, "backend": backend, "timeout_s": timeout,
-            "rdzv_id": get("rdzv_id")}
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (a rendezvous or store for ranks on this machine)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_command(launcher: str, nodes: int, devices: int, job_dir: Path, extra: list[str] = (),
@@ -441,7 +319,7 @@ def _run_ranks(cmd, env, log_path, timeout_s, on_start, console, start_by, grace
                 if start_deadline is not None and _started_a_rank(proc.pid):
                     start_deadline = None
                 elif start_deadline is not None and time.monotonic() > start_deadline:
-                    _kill_group(proc)
+                    kill_group(proc)
                     log.write(f"\nTimeoutError: {start_by[1]}\n".encode())
                     return 1
             return proc.wait()
@@ -449,31 +327,14 @@ def _run_ranks(cmd, env, log_path, timeout_s, on_start, console, start_by, grace
             if isinstance(e, KeyboardInterrupt):   # Ctrl-C, or SIGTERM (scalelab.train): the ranks may save first
                 stopping_line(grace)
                 if grace > KILL_WAIT_S:   # torchrun's own SIGKILL comes at `grace`; the save lines to the log
-                    _kill_group(proc, grace + KILL_WAIT_S, pump, stopping=True)
+                    kill_group(proc, grace + KILL_WAIT_S, pump, stopping=True)
                 else:
-                    _kill_group(proc)
+                    kill_group(proc)
             else:
-                _kill_group(proc)
+                kill_group(proc)
             if isinstance(e, TimeoutError):
                 log.write(f"\n{e}\n".encode())
                 return 124
             raise
         finally:
-            _kill_group(proc)  # ranks orphaned by a crashed torchrun must not linger
-
-
-def _kill_group(proc: subprocess.Popen, grace: float = KILL_WAIT_S, pump=None, stopping: bool = False) -> None:
-    """SIGTERM the launcher's group, wait up to `grace` for the launcher (pumping its output; a
-    second Ctrl-C ends the wait where `stopping` for one), then SIGKILL whatever is left of it."""
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
-        pgid = proc.pid  # leader gone; its group may still hold ranks
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT_S)):
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        if not wait_for(lambda: proc.poll() is not None, wait, pump, stopping):
-            continue
-        time.sleep(0.2)
+            kill_group(proc)  # ranks orphaned by a crashed torchrun must not linger

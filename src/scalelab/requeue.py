@@ -24,7 +24,7 @@ broadcast is off (rank_local_sigterm): each rank stops on its own signal.
 Outside SLURM (launcher=local, torchrun, a Kubernetes pod), the same callback saves on SIGTERM
 when the job checkpoints (saves_on_sigterm: checkpoint.every_n_steps or checkpoint.save): the
 launcher passes its SIGTERM (`docker stop`, a pod's eviction, a spot preemption, Ctrl-C) on to
-the ranks and waits launch.stop_grace_s for them (torchrun: its shutdown timeout); they agree
+the ranks and waits rank_stop.stop_grace_s for them (torchrun: its shutdown timeout); they agree
 on a step, save there and exit STOPPED_EXIT (143, 128 + SIGTERM: what Kubernetes' restartPolicy
 ExitCode and the training operator count as retryable), and the same command again in the same
 folder, an elastic restart (trainer.max_restarts) or a restarted pod resumes from that checkpoint
@@ -34,223 +34,28 @@ SIGKILL 5 s later lost every step since the last periodic checkpoint.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+# the SLURM job's environment, the rendezvous and gloo's interface live in their own modules; their
+# names stay importable from here
+from scalelab.gloo_net import gloo_interface, interface_to, outward_interface
+from scalelab.rendezvous import master_env
+from scalelab.slurm_env import STEP_ENV, expand_nodelist, in_slurm_job, requeue_count, slurm_info
+
+__all__ = ["PREEMPTED", "SIGNALLED", "STOPPED_EXIT", "completed_earlier", "EARLY", "install_early",
+           "install_batch_early", "saves_on_sigterm", "requeue_callback", "RequeueOnSignal", "ignore_late",
+           "rank_local_sigterm", "end_by_sigterm", "BatchSignals", "stopped_at", "after_ranks",
+           # from scalelab.slurm_env, scalelab.rendezvous and scalelab.gloo_net
+           "STEP_ENV", "in_slurm_job", "expand_nodelist", "requeue_count", "slurm_info", "master_env",
+           "gloo_interface", "interface_to", "outward_interface"]
+
 PREEMPTED = ".preempted"  # JOB_DIR/.preempted: "STEP SIGNAL" of a rank stop this attempt
 SIGNALLED = ".signalled"  # JOB_DIR/.signalled: the batch step got USR1 before the ranks could (this attempt)
-STEP_ENV = "SCALELAB_SLURM_STEP"  # set for ranks started by srun under a SLURM batch job
 STOPPED_EXIT = 143  # a rank outside SLURM that saved and stopped for SIGTERM: interrupted, resumable
 _SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-
-
-def in_slurm_job(environ=None) -> bool:
-    return bool((os.environ if environ is None else environ).get("SLURM_JOB_ID"))
-
-
-def expand_nodelist(nodelist: str) -> list[str]:
-    """SLURM's compressed host list ("gpu[07-08,10],login1") -> ["gpu07", "gpu08", "gpu10", "login1"]
-    (zero padding kept); the ranks need no `scontrol show hostnames` for the first node. Every
-    bracket group of a name expands, the first one slowest, as scontrol does:
-    "rack[1-2]-n[01-02]" -> rack1-n01, rack1-n02, rack2-n01, rack2-n02 (before, only the first
-    group expanded and the rest stayed in the name: "rack1-n[01-02]", which no host is)."""
-    import itertools
-
-    hosts = []
-    for part in _top_level(nodelist):
-        pieces = re.split(r"(\[[^\]]*\])", part)   # text, [group], text, [group], ...
-        choices = [_bracket(p) if p.startswith("[") and p.endswith("]") else [p] for p in pieces if p]
-        hosts.extend("".join(c) for c in itertools.product(*choices))
-    return hosts
-
-
-def _top_level(nodelist: str) -> list[str]:
-    """The comma-separated names of a host list, commas inside brackets kept with their name."""
-    parts, depth, cur = [], 0, ""
-    for ch in nodelist or "":
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth <= 0:
-            parts.append(cur)
-            cur, depth = "", 0
-        else:
-            cur += ch
-    parts.append(cur)
-    return [p.strip() for p in parts if p.strip()]
-
-
-def _bracket(group: str) -> list[str]:
-    """"[07-08,10]" -> ["07", "08", "10"] (width of each range's low end kept); a group that is not
-    numeric ranges stays as written."""
-    out = []
-    for r in group[1:-1].split(","):
-        lo, _, hi = r.strip().partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            return [group]
-        out.extend(str(n).zfill(len(lo)) for n in range(int(lo), int(hi or lo) + 1))
-    return out
-
-
-def master_env(environ=None) -> dict[str, str]:
-    """MASTER_ADDR = the allocation's first node, where the batch step runs (sbatch(1): "on the
-    first node in the set of allocated nodes") and global rank 0 with it; MASTER_PORT a port free
-    there now (15000-31999), picked per attempt by the batch step, which gives every rank of every
-    node the same pair. Not Lightning's 15000 + the job id's last 4 digits: two jobs whose ids
-    agree there (a day apart on a busy cluster, or any Lightning job) could not both bind it on a
-    shared node, and a requeue kept the clash."""
-    import socket
-
-    env = os.environ if environ is None else environ
-    nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
-    # below Linux's ephemeral range (32768-60999: any outgoing connection may take one of those
-    # before rank 0's store binds it), starting where the job id and attempt point, first free
-    job = int(str(env.get("SLURM_JOB_ID") or "0")[-6:] or 0) + 7919 * requeue_count(env)
-    port = None
-    for i in range(1000):
-        candidate = 15000 + (job + i) % 17000
-        with socket.socket() as s:
-            try:
-                s.bind(("", candidate))   # every interface, as rank 0's store binds it
-            except OSError:
-                continue
-        port = candidate
-        break
-    return {"MASTER_ADDR": expand_nodelist(nodes)[0], "MASTER_PORT": str(port or 15000 + job % 17000), STEP_ENV: "1"}
-
-
-# An address outside every network a node is on (TEST-NET-2, RFC 5737): a UDP connect to it
-# picks the default route's source address and sends nothing.
-_OUTSIDE = "198.51.100.1"
-_IFF_UP, _IFF_LOOPBACK = 0x1, 0x8
-
-
-def _source_ip_to(ip: str) -> str | None:
-    """This node's IPv4 address that the kernel's route to `ip` starts from (a UDP connect picks
-    the route and sends nothing); None where there is no route (no default route)."""
-    import socket
-
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((ip, 9))
-            return s.getsockname()[0]
-    except OSError:
-        return None
-
-
-def _ipv4_interfaces() -> list[tuple[str, str, int]]:
-    """(name, IPv4 address, flags) of this node's interfaces that hold one (Linux: SIOCGIFADDR,
-    SIOCGIFFLAGS), in the kernel's order."""
-    import fcntl
-    import socket
-    import struct
-
-    out = []
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            for _, name in socket.if_nameindex():
-                req = struct.pack("256s", name[:15].encode())
-                try:
-                    addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])   # SIOCGIFADDR
-                    flags = struct.unpack("H", fcntl.ioctl(s.fileno(), 0x8913, req)[16:18])[0]   # SIOCGIFFLAGS
-                except OSError:   # no IPv4 address on it
-                    continue
-                out.append((name, addr, flags))
-    except OSError:
-        pass
-    return out
-
-
-def interface_to(host: str | None) -> str | None:
-    """The name of this node's network interface whose address routes to `host` (MASTER_ADDR),
-    IPv4; None if it does not resolve or no interface holds the address (Linux: SIOCGIFADDR)."""
-    import socket
-
-    try:
-        ip = _source_ip_to(socket.gethostbyname(host or ""))
-    except OSError:
-        return None
-    return next((name for name, addr, _ in _ipv4_interfaces() if addr == ip), None) if ip else None
-
-
-def _loopback(name: str | None) -> bool:
-    return name == "lo" or any(n == name and flags & _IFF_LOOPBACK for n, _, flags in _ipv4_interfaces())
-
-
-# bridges and virtual links a container runtime or VM host adds: the last choice for a node's own
-_VIRTUAL = ("docker", "veth", "virbr", "br-", "cni", "flannel", "cali", "vxlan", "tun", "tap")
-
-
-def outward_interface() -> tuple[str | None, str]:
-    """(interface, how it was chosen) for reaching other nodes when no node name routes off this
-    one: the default route's interface, else the first interface that is up, not loopback and holds
-    an IPv4 address (virtual bridges last); (None, why) where there is none."""
-    ip = _source_ip_to(_OUTSIDE)
-    found = _ipv4_interfaces()
-    name = next((n for n, addr, flags in found if addr == ip and not flags & _IFF_LOOPBACK), None) if ip else None
-    if name:
-        return name, "the default route's interface"
-    up = [n for n, addr, flags in found if flags & _IFF_UP and not flags & _IFF_LOOPBACK
-          and not addr.startswith("127.")]
-    up.sort(key=lambda n: n.startswith(_VIRTUAL))   # stable: the kernel's order otherwise
-    if up:
-        return up[0], "the first interface that is up (no default route)"
-    return None, "this node has no interface up besides loopback"
-
-
-def gloo_interface(num_nodes: int, environ=None) -> str | None:
-    """GLOO_SOCKET_IFNAME, where unset on a multi-node job, = the interface that reaches MASTER_ADDR.
-    Gloo (a CPU job's process group; this module's flag group on an NCCL job) binds to the address
-    the hostname resolves to, and falls back to loopback where that is a loopback one
-    (Debian/Ubuntu's `127.0.1.1 host` in /etc/hosts): the other nodes then cannot connect, and the
-    job waits out the collective timeout at its start, though NCCL (which picks its interface
-    itself) would have run. Called by each rank (worker.py) before Lightning makes any group.
-    On MASTER_ADDR's own node, whose name may resolve to loopback there, the job's other nodes are
-    asked instead; where none is known or every one routes via loopback (launcher=torchrun has
-    no node list, and on node 0 MASTER_ADDR is node 0 itself), the default route's interface, else
-    the first one up (outward_interface). Returns a line for the rank's log when it had to guess
-    that way (None otherwise)."""
-    env = os.environ if environ is None else environ
-    if num_nodes <= 1 or env.get("GLOO_SOCKET_IFNAME"):
-        return None
-    nodes = expand_nodelist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "")
-    found = {}
-    for host in [env.get("MASTER_ADDR"), *nodes]:
-        name = found[host] = interface_to(host) if host else None
-        if name and not _loopback(name):
-            env["GLOO_SOCKET_IFNAME"] = name
-            return None
-    name, how = outward_interface()
-    addr = env.get("MASTER_ADDR")
-    why = ("no MASTER_ADDR" if not addr else f"MASTER_ADDR={addr} does not resolve here" if found.get(addr) is None
-           else f"MASTER_ADDR={addr} routes via loopback on this node") + \
-        (" (as does every node of SLURM_JOB_NODELIST)" if nodes else "")
-    if name is None:
-        return (f"[scalelab] warning: {why} and {how}: gloo binds loopback, which the job's other nodes cannot "
-                "reach (set GLOO_SOCKET_IFNAME to the interface they can)")
-    env["GLOO_SOCKET_IFNAME"] = name
-    return f"[scalelab] GLOO_SOCKET_IFNAME={name} ({how}): {why}; set GLOO_SOCKET_IFNAME to choose another"
-
-
-def slurm_info(environ=None) -> dict | None:
-    """What run.json records about the SLURM job (None outside SLURM)."""
-    env = os.environ if environ is None else environ
-    if not in_slurm_job(env):
-        return None
-    task = env.get("SLURM_ARRAY_TASK_ID")
-    return {"job_id": env.get("SLURM_ARRAY_JOB_ID") + "_" + task if task and env.get("SLURM_ARRAY_JOB_ID")
-            else env["SLURM_JOB_ID"], "raw_job_id": env["SLURM_JOB_ID"],
-            "array_job_id": env.get("SLURM_ARRAY_JOB_ID"), "array_task_id": int(task) if task else None,
-            "node_list": env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST"),
-            "nodes": expand_nodelist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""),
-            "partition": env.get("SLURM_JOB_PARTITION"), "requeues": requeue_count(env)}
-
-
-def requeue_count(environ=None) -> int:
-    """How many times SLURM has requeued this job (0 outside SLURM and on the first attempt)."""
-    env = os.environ if environ is None else environ
-    return int(env.get("SLURM_RESTART_COUNT") or 0) if in_slurm_job(env) else 0
 
 
 def completed_earlier(record: dict | None, overrides: list[str], environ=None) -> bool:

@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from scalelab import requeue
+from scalelab import gloo_net   # where gloo_interface and its helpers live (re-exported by scalelab.requeue)
 
 UP, LOOP = 0x1, 0x8
 LO = ("lo", "127.0.0.1", UP | LOOP)
@@ -20,8 +20,8 @@ LO = ("lo", "127.0.0.1", UP | LOOP)
 def _host(monkeypatch, interfaces, routes: dict[str, str | None], names: dict[str, str]) -> None:
     """This 'node': its interfaces (name, IPv4, flags), the source address of its route to each
     destination (None: unreachable, e.g. no default route) and its name resolution."""
-    monkeypatch.setattr(requeue, "_ipv4_interfaces", lambda: list(interfaces), raising=False)
-    monkeypatch.setattr(requeue, "_source_ip_to", lambda ip: routes.get(ip, routes.get("default")), raising=False)
+    monkeypatch.setattr(gloo_net, "_ipv4_interfaces", lambda: list(interfaces))
+    monkeypatch.setattr(gloo_net, "_source_ip_to", lambda ip: routes.get(ip, routes.get("default")))
 
     def resolve(host):
         if host not in names:
@@ -33,7 +33,7 @@ def _host(monkeypatch, interfaces, routes: dict[str, str | None], names: dict[st
 
 def _old_style_interface_to(monkeypatch, answer: str | None) -> None:
     """The same host as interface_to sees it, for code that asks only interface_to."""
-    monkeypatch.setattr(requeue, "interface_to", lambda host: answer if host else None)
+    monkeypatch.setattr(gloo_net, "interface_to", lambda host: answer if host else None)
 
 
 def test_torchrun_node_0_named_by_a_loopback_name_takes_the_default_route(monkeypatch):
@@ -41,7 +41,7 @@ def test_torchrun_node_0_named_by_a_loopback_name_takes_the_default_route(monkey
           {"127.0.1.1": "127.0.0.1", "default": "10.1.2.3"}, {"node0": "127.0.1.1"})
     _old_style_interface_to(monkeypatch, "lo")   # node0 -> 127.0.1.1 -> lo, as on this VM
     env = {"MASTER_ADDR": "node0", "MASTER_PORT": "29500"}   # torchrun: no SLURM_JOB_NODELIST
-    line = requeue.gloo_interface(2, env)
+    line = gloo_net.gloo_interface(2, env)
     assert env["GLOO_SOCKET_IFNAME"] == "eth0"
     assert line.startswith("[scalelab] GLOO_SOCKET_IFNAME=eth0 (the default route's interface): "
                            "MASTER_ADDR=node0 "), line
@@ -53,7 +53,7 @@ def test_without_a_default_route_the_first_interface_up_and_not_a_bridge(monkeyp
           {"127.0.1.1": "127.0.0.1", "default": None}, {"node0": "127.0.1.1"})
     _old_style_interface_to(monkeypatch, "lo")
     env = {"MASTER_ADDR": "node0"}
-    line = requeue.gloo_interface(2, env)
+    line = gloo_net.gloo_interface(2, env)
     assert env["GLOO_SOCKET_IFNAME"] == "ens5"
     assert "(the first interface that is up (no default route))" in line
 
@@ -63,7 +63,7 @@ def test_a_slurm_list_whose_every_node_is_loopback_here_falls_back_too(monkeypat
           {"localhost": "127.0.0.1"})
     _old_style_interface_to(monkeypatch, "lo")
     env = {"MASTER_ADDR": "localhost", "SLURM_JOB_NODELIST": "localhost"}
-    requeue.gloo_interface(2, env)
+    gloo_net.gloo_interface(2, env)
     assert env["GLOO_SOCKET_IFNAME"] == "eth1"
 
 
@@ -71,7 +71,7 @@ def test_a_node_with_only_loopback_is_left_alone_with_a_warning(monkeypatch):
     _host(monkeypatch, [LO], {"default": None, "127.0.1.1": "127.0.0.1"}, {"node0": "127.0.1.1"})
     _old_style_interface_to(monkeypatch, "lo")
     env = {"MASTER_ADDR": "node0"}
-    line = requeue.gloo_interface(2, env)
+    line = gloo_net.gloo_interface(2, env)
     assert "GLOO_SOCKET_IFNAME" not in env
     assert line.startswith("[scalelab] warning: MASTER_ADDR=node0 routes via loopback"), line
     assert "set GLOO_SOCKET_IFNAME" in line
@@ -82,7 +82,7 @@ def test_a_routed_master_needs_no_fallback_and_no_line(monkeypatch):
           {"10.2.0.1": "10.2.0.4", "default": "10.1.2.3"}, {"node0": "10.2.0.1"})
     _old_style_interface_to(monkeypatch, "eth1")
     env = {"MASTER_ADDR": "node0"}
-    assert requeue.gloo_interface(2, env) is None
+    assert gloo_net.gloo_interface(2, env) is None
     assert env["GLOO_SOCKET_IFNAME"] == "eth1"   # the route to MASTER_ADDR, not the default one
 
 
@@ -92,7 +92,7 @@ def test_one_node_or_a_given_interface_is_left_alone(monkeypatch, nodes, env):
     _host(monkeypatch, [LO, ("eth0", "10.1.2.3", UP)], {"default": "10.1.2.3"}, {"node0": "127.0.1.1"})
     _old_style_interface_to(monkeypatch, "lo")
     before = dict(env)
-    assert requeue.gloo_interface(nodes, env) is None
+    assert gloo_net.gloo_interface(nodes, env) is None
     assert env == before
 
 
@@ -100,6 +100,6 @@ def test_interface_to_reads_the_route_and_the_interfaces(monkeypatch):
     """The real interface_to over the fakes: the interface holding the route's source address."""
     _host(monkeypatch, [LO, ("eth0", "10.1.2.3", UP)], {"127.0.1.1": "127.0.0.1", "10.1.2.7": "10.1.2.3"},
           {"node0": "127.0.1.1", "node1": "10.1.2.7"})
-    assert requeue.interface_to("node0") == "lo"
-    assert requeue.interface_to("node1") == "eth0"
-    assert requeue.interface_to("nowhere") is None
+    assert gloo_net.interface_to("node0") == "lo"
+    assert gloo_net.interface_to("node1") == "eth0"
+    assert gloo_net.interface_to("nowhere") is None
