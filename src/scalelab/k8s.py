@@ -72,10 +72,8 @@ def manifest(nodes: int, devices: int, image: str, overrides: list[str], name: s
 
     def replica(count: int) -> dict:
         return {"replicas": count, "restartPolicy": "Never",
-                # a pod's SIGTERM (eviction, preemption) gives a checkpointing job's ranks 60 s to save at
-                # their next step (launch.stop_grace_s); Kubernetes' default grace is 30 s
-                "template": {"spec": {"terminationGracePeriodSeconds": 90, "containers": [container],
-                                      "volumes": volumes}}}
+                "template": {"spec": {"terminationGracePeriodSeconds": pod_grace_s(overrides),
+                                      "containers": [container], "volumes": volumes}}}
 
     specs = {"Master": replica(1)}
     if nodes > 1:
@@ -83,6 +81,24 @@ def manifest(nodes: int, devices: int, image: str, overrides: list[str], name: s
     meta = {"name": name, **({"namespace": namespace} if namespace else {})}
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": meta,
             "spec": {"pytorchReplicaSpecs": specs}}
+
+
+def pod_grace_s(overrides: list[str]) -> int:
+    """The pods' terminationGracePeriodSeconds: a pod's SIGTERM (eviction, preemption) gives a
+    checkpointing job's ranks checkpoint.stop_grace_s (null: 60 s; rank_stop.stop_grace_s) to save
+    at their next step, and the launcher 5 s more; Kubernetes kills the pod at its grace (default
+    30 s), so: that + 30 s, at least 90."""
+    import math
+
+    grace = 60.0
+    for o in overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key == "checkpoint.stop_grace_s":
+            try:
+                grace = float(value)
+            except ValueError:   # null, or a value the schema refuses when the job starts
+                grace = 60.0
+    return max(90, math.ceil(grace) + 30)
 
 
 def _cores(cpu: str) -> float:

@@ -190,3 +190,16 @@ def test_render_refuses_overrides_of_what_it_decides(args, needle, capsys):
 def test_a_cpu_render_runs_on_cpu_as_validated():
     cmd = yaml.safe_load(k8s.render(1, 2, "img", ["strategy=ddp"], gpus=False))["spec"]["pytorchReplicaSpecs"]
     assert "trainer.accelerator=cpu" in cmd["Master"]["template"]["spec"]["containers"][0]["command"]
+
+
+@pytest.mark.parametrize("overrides,grace", [([], 90), (["checkpoint.every_n_steps=10"], 90),
+                                             (["checkpoint.stop_grace_s=300"], 330),
+                                             (["+checkpoint.stop_grace_s=120.5"], 151),
+                                             (["checkpoint.stop_grace_s=null"], 90)])
+def test_pods_get_the_grace_the_save_needs(overrides, grace):
+    """A pod's SIGTERM gives the ranks checkpoint.stop_grace_s (60 s by default) to save: Kubernetes
+    must wait that + 30 s before it kills the pod (its own default is 30 s; a fixed 90 s cut a
+    300 s save short)."""
+    m = k8s.manifest(2, 1, "img", overrides, gpus=False)
+    for spec in m["spec"]["pytorchReplicaSpecs"].values():
+        assert spec["template"]["spec"]["terminationGracePeriodSeconds"] == grace

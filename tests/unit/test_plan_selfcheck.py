@@ -207,3 +207,16 @@ def test_a_calibrated_cpu_profile_warns_on_another_host(tmp_path, capsys, monkey
     gpu["hardware"] = {"accelerator": "cuda", "threads_per_rank": 8}
     write(tmp_path / "g", "0", gpu)
     assert "host_key" not in calibrate(tmp_path / "g", GPU)[0].calibration
+
+
+def test_other_nodes_parts_are_not_runs(tmp_path):
+    """A launcher=torchrun job whose nodes share its folder keeps node K's part in JOB/nodeK/run.json
+    beside node 0's JOB/run.json (scalelab.train.node_folder): calibrate/validate's run list holds
+    the job once (it listed the part as a skipped run)."""
+    from scalelab.plan.run_records import find_runs
+
+    job = tmp_path / "sweep" / "0"
+    (job / "node1").mkdir(parents=True)
+    (job / "run.json").write_text(json.dumps({"status": "completed", "node_rank": 0}))
+    (job / "node1" / "run.json").write_text(json.dumps({"status": "completed", "node_rank": 1, "record_on_node": 0}))
+    assert [p for p, _ in find_runs(tmp_path / "sweep")] == [job / "run.json"]

@@ -197,3 +197,16 @@ def test_sweep_summary_on_a_terminal_prints_the_fitted_table(monkeypatch, tmp_pa
     table = shown.split("sweep summary:")[0].split(" failed ==")[-1]   # the header and paths: as they are
     assert max(len(line) for line in table.splitlines()) <= 80, shown
     assert "batch" in shown and "…" not in shown and "11076" in shown and "sweep.json" in shown
+
+
+def test_blocks_of_a_record_without_a_job_name():
+    """An old or hand-made run.json without a job section, on a terminal too narrow for the table:
+    a block titled `job -` (rich_blocks raised KeyError: 'job')."""
+    from rich.console import Console
+
+    from scalelab.results.table import rich_table
+
+    console = Console(width=30, record=True, force_terminal=True)
+    for t in rich_table([{"status": "failed", "error": "boom", "strategy": "ddp", "world_size": 2}], width=30):
+        console.print(t)
+    assert "job -" in console.export_text()

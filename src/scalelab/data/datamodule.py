@@ -53,7 +53,8 @@ class ByteCorpusDataModule(L.LightningDataModule):
                                      self.dp_size, self.seed, shuffle=shuffle, start_step=start_step,
                                      lightning_epoch=lightning_epoch)
         return DataLoader(ds, batch_size=self.micro_batch, sampler=sampler, drop_last=True,
-                          num_workers=self.num_workers, collate_fn=_collate, pin_memory=self.pin_memory)
+                          num_workers=self.num_workers, collate_fn=_collate, pin_memory=self.pin_memory,
+                          worker_init_fn=_worker_init if self.num_workers else None)
 
     def train_dataloader(self) -> DataLoader:
         # After a resume, continue with the global batch the interrupted run would have used next
@@ -73,7 +74,8 @@ class ByteCorpusDataModule(L.LightningDataModule):
         (validation_trainer_args) caps it at trainer.val_batches global batches."""
         sampler = ShardSampler(len(self.val_ds), self.dp_rank, self.dp_size)
         return DataLoader(self.val_ds, batch_size=self.micro_batch, sampler=sampler, drop_last=False,
-                          num_workers=self.num_workers, collate_fn=_collate, pin_memory=self.pin_memory)
+                          num_workers=self.num_workers, collate_fn=_collate, pin_memory=self.pin_memory,
+                          worker_init_fn=_worker_init if self.num_workers else None)
 
 
 def align_epoch_progress(batch_progress: Any, batches_done: int, total_done: int) -> None:
@@ -183,6 +185,23 @@ class ValidationCurve(L.Callback):
                 "micro_batches_per_rank": self.micro_batches, "curve": self.curve,
                 "final": self.curve[-1][1] if self.curve else None,
                 "final_step": self.curve[-1][0] if self.curve else None}
+
+
+def _worker_init(worker_id: int) -> None:
+    """A DataLoader worker ignores SIGTERM: torchrun (and a pod's stop) SIGTERMs each rank's whole
+    process group, and a worker that died of it made the rank's next batch raise ("DataLoader
+    worker exited unexpectedly") before the rank could agree on a step and save
+    (scalelab.requeue). The workers end with their rank (torch's parent watchdog) or are killed
+    after the grace. Lightning's per-worker seeding, which it adds only to a loader without a
+    worker_init_fn, is kept (seed_everything(workers=True) sets PL_SEED_WORKERS)."""
+    import os
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if int(os.environ.get("PL_SEED_WORKERS", 0)):
+        from lightning.fabric.utilities.seed import pl_worker_init_function
+
+        pl_worker_init_function(worker_id)
 
 
 def _collate(rows: list[torch.Tensor]) -> torch.Tensor:

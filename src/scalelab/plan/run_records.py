@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scalelab.results.record import other_node_part
 from scalelab.scaling.run_summary import MIN_MEASURED_STEPS
 
 from .hardware import Hardware
@@ -36,6 +37,8 @@ def find_runs(sweep_dirs) -> list[tuple[Path, dict]]:
         if not root.exists():
             raise PlanError(f"sweep directory {str(root)!r} does not exist")
         for p in sorted(root.rglob("run.json")):
+            if other_node_part(p):   # node K's part of a torchrun job beside node 0's record: no run
+                continue
             try:
                 runs.append((p, json.loads(p.read_text())))
             except (OSError, json.JSONDecodeError) as exc:

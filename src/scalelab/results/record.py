@@ -263,7 +263,7 @@ def read_records(paths: list[Path | str], problems: list[str] | None = None) -> 
             if f.resolve() in seen:   # paths that overlap (`compare S S/0`): each record once
                 continue
             seen.add(f.resolve())
-            if p.is_dir() and f.parent != p and _other_nodes(f):
+            if p.is_dir() and f.parent != p and other_node_part(f):
                 continue
             try:
                 rec = load_record(f)
@@ -285,7 +285,7 @@ def read_records(paths: list[Path | str], problems: list[str] | None = None) -> 
     return out
 
 
-def _other_nodes(f: Path) -> bool:
+def other_node_part(f: Path) -> bool:
     """Whether run.json `f` is the part of a launcher=torchrun node other than node 0 kept inside
     the job's own folder (JOB_DIR/nodeK/run.json beside node 0's JOB_DIR/run.json: scalelab.train
     puts it there when the nodes share the job's folder). It is no run of its own: found under a

@@ -128,7 +128,7 @@ def rich_blocks(records: list[dict], group_by: str | None = None, view: dict | N
         blocks = []
         for r in members:
             row, ok = view["cells"][id(r)], r.get("status") == "completed"
-            b = Table(title=f"job {row['job']}", show_header=False, style=None if ok else "red")
+            b = Table(title=f"job {row.get('job', '-')}", show_header=False, style=None if ok else "red")
             b.add_column("field", no_wrap=True)
             b.add_column("value", overflow="fold")
             for h in fields:
