@@ -90,14 +90,16 @@ def pod_grace_s(overrides: list[str]) -> int:
     30 s), so: that + 30 s, at least 90."""
     import math
 
-    grace = 60.0
+    from scalelab.rank_stop import STOP_GRACE_S
+
+    grace = STOP_GRACE_S
     for o in overrides:
         key, _, value = o.lstrip("+").partition("=")
         if key == "checkpoint.stop_grace_s":
             try:
                 grace = float(value)
             except ValueError:   # null, or a value the schema refuses when the job starts
-                grace = 60.0
+                grace = STOP_GRACE_S
     return max(90, math.ceil(grace) + 30)
 
 

@@ -36,15 +36,17 @@ _LAUNCH_VARS = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_R
                 "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "OMP_NUM_THREADS")
 
 
-def threads_per_rank(requested, ranks_per_node: int, accelerator: str = "cpu") -> int:
+def threads_per_rank(requested, ranks_per_node: int, accelerator: str = "cpu", cores: int | None = None) -> int:
     """CPU threads (torch intra-op, OMP) per rank. `null` (the default): 1 on CPU, where a
     "device" is a rank of one thread, and cores / ranks on GPU, where the host threads feed the
-    device (data, optimizer on host, model init) and 1 thread starves them. `auto`: cores / ranks."""
+    device (data, optimizer on host, model init) and 1 thread starves them. `auto`: cores / ranks.
+    cores: the node's cores for its ranks (None: this host's; srun: the allocation's CPUs per task
+    x ranks, slurm_request.srun_cpus_per_task)."""
     if requested not in (None, "auto"):
         return max(1, int(requested))
     if requested is None and accelerator == "cpu":
         return 1
-    return max(1, host_cores() // ranks_per_node)
+    return max(1, (host_cores() if cores is None else cores) // ranks_per_node)
 
 
 def too_few_gpus(visible: int, devices_per_node: int, launcher: str) -> str | None:

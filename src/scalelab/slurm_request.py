@@ -7,8 +7,9 @@ under the warning signal's delay requeued the job every 30 s, forever).
   train before the USR1 warning (scalelab.requeue saves and requeues on it).
 - test_only: `sbatch --test-only` on the finished script: slurmctld answers whether and when the
   job could run on this cluster (its partitions, nodes, CPUs, GPUs, limits) without queueing it.
-- srun_cpus_per_task / srun_threads / srun_crowded: what a launcher=srun job's ranks get of the
-  allocation, from its environment, not from the host scalelab-train runs on.
+- srun_cpus_per_task / srun_crowded: what a launcher=srun job's ranks get of the allocation, from
+  its environment, not from the host scalelab-train runs on (their threads: launch.threads_per_rank
+  over per_task x ranks cores).
 """
 from __future__ import annotations
 
@@ -141,14 +142,6 @@ def srun_cpus_per_task(ranks_per_node: int, environ=None) -> int | None:
     if not per_node and str(env.get("SLURM_CPUS_ON_NODE", "")).strip().isdigit():
         per_node = [int(env["SLURM_CPUS_ON_NODE"])]
     return max(1, min(per_node) // max(1, ranks_per_node)) if per_node and min(per_node) > 0 else None
-
-
-def srun_threads(requested, per_task: int, accelerator: str) -> int:
-    """launch.threads_per_rank for srun ranks: a task's CPUs are its rank's cores (null on GPU,
-    auto); null on CPU is 1 thread, a number is that number."""
-    if requested == "auto" or (requested is None and accelerator != "cpu"):
-        return per_task
-    return 1 if requested is None else max(1, int(requested))
 
 
 def srun_crowded(ranks_per_node: int, threads: int, per_task: int, accelerator: str) -> str | None:

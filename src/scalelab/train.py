@@ -25,7 +25,7 @@ from scalelab.paths import conf_dir
 from scalelab.results.record import (RUN_FILE, BadRecord, install_log_redaction, load_record,
                                      redact_text, register_override_secrets, scrub, scrub_file, write_json)
 from scalelab.run_end import job_timeout, results_line, timed_out
-from scalelab.slurm_request import srun_cpus_per_task, srun_crowded, srun_threads
+from scalelab.slurm_request import srun_cpus_per_task, srun_crowded
 
 # Light imports only at the top: main() starts the ranks' fork server before anything imports
 # torch (scalelab.config, preflight), so the server's imports overlap the launcher's own.
@@ -67,8 +67,9 @@ def run_job(cfg: DictConfig) -> dict:
 
     # under srun the ranks run on the allocation's nodes, with its CPUs per task, not on this host
     per_task = srun_cpus_per_task(spec.run.devices_per_node) if cfg.launcher.name == "srun" else None
-    threads = launch.threads_per_rank(cfg.trainer.threads_per_rank, spec.run.devices_per_node, spec.run.accelerator) \
-        if per_task is None else srun_threads(cfg.trainer.threads_per_rank, per_task, spec.run.accelerator)
+    cores = launch.host_cores() if per_task is None else per_task * spec.run.devices_per_node   # the node's
+    threads = launch.threads_per_rank(cfg.trainer.threads_per_rank, spec.run.devices_per_node, spec.run.accelerator,
+                                      cores)
     crowded = (launch.oversubscribed(spec.run.devices_per_node, threads, spec.run.accelerator) if per_task is None
                else srun_crowded(spec.run.devices_per_node, threads, per_task, spec.run.accelerator))
     if crowded:
@@ -87,7 +88,7 @@ def run_job(cfg: DictConfig) -> dict:
         "accelerator": spec.run.accelerator,   # as resolved here, for every rank (config._as_launched)
         # this node's cores as the launcher sees them (its affinity: the job's allocation); under
         # srun, a node's ranks x the allocation's CPUs per task (this process may run elsewhere)
-        "host_cores": launch.host_cores() if per_task is None else per_task * spec.run.devices_per_node,
+        "host_cores": cores,
         "data_prepared": str(prepare_for_run(resolved, spec)),  # preflight prepared it: a cache hit
     }
     layout = None

@@ -152,7 +152,8 @@ def test_srun_ranks_threads_come_from_the_allocation_not_this_host(tmp_path):
 
 
 def test_srun_cpus_per_task_from_the_allocation():
-    from scalelab.slurm_request import srun_cpus_per_task, srun_threads
+    from scalelab.launch import threads_per_rank
+    from scalelab.slurm_request import srun_cpus_per_task
 
     assert srun_cpus_per_task(4, {"SLURM_CPUS_PER_TASK": "6", "SLURM_JOB_CPUS_PER_NODE": "64(x2)"}) == 6
     assert srun_cpus_per_task(4, {"SLURM_JOB_CPUS_PER_NODE": "32(x2)"}) == 8
@@ -160,5 +161,6 @@ def test_srun_cpus_per_task_from_the_allocation():
     assert srun_cpus_per_task(4, {"SLURM_CPUS_ON_NODE": "12"}) == 3
     assert srun_cpus_per_task(8, {"SLURM_CPUS_ON_NODE": "4"}) == 1
     assert srun_cpus_per_task(4, {}) is None                                 # no allocation: this host's cores
-    assert srun_threads(None, 6, "gpu") == 6 and srun_threads("auto", 6, "cpu") == 6
-    assert srun_threads(None, 6, "cpu") == 1 and srun_threads(2, 6, "gpu") == 2
+    # the ranks' threads over the allocation's cores (6 CPUs per task x 4 ranks), not this host's
+    assert threads_per_rank(None, 4, "gpu", 6 * 4) == 6 and threads_per_rank("auto", 4, "cpu", 6 * 4) == 6
+    assert threads_per_rank(None, 4, "cpu", 6 * 4) == 1 and threads_per_rank(2, 4, "gpu", 6 * 4) == 2
