@@ -52,6 +52,7 @@ def run_job(cfg: DictConfig) -> dict:
     job_dir = Path(hc.runtime.output_dir).resolve()
     multirun = hc.mode == RunMode.MULTIRUN
     _MARKS["job_dir"] = job_dir   # the job a Ctrl-C interrupts (main: _interrupted)
+    _MARKS["run_dir"] = job_dir   # the folder the same command goes on in (node K's files: JOB_DIR/nodeK)
     _MARKS["max_steps"] = int(cfg.trainer.max_steps)
     _MARKS["every_n_steps"] = cfg.checkpoint.get("every_n_steps")
     _MARKS["sweep_dir"] = Path(hc.sweep.dir).resolve() if multirun else None
@@ -132,7 +133,7 @@ def run_job(cfg: DictConfig) -> dict:
     (job_dir / RUN_FILE).unlink(missing_ok=True)
     # a failed record's steps and resume point come from this run's marks only; an earlier run's
     # restarts (torchrun) are not this run's
-    for mark in (PROGRESS, RESUMED, RESTARTS):
+    for mark in (PROGRESS, RESUMED, RESTARTS, requeue.PREEMPTED):
         (job_dir / mark).unlink(missing_ok=True)
     for stale in job_dir.glob("error-rank*.txt"):  # an earlier run's here: not this run's error
         stale.unlink(missing_ok=True)
@@ -154,7 +155,6 @@ def run_job(cfg: DictConfig) -> dict:
         if os.environ.get("SLURM_CPUS_PER_TASK"):  # srun (22.05+) no longer takes it from the job
             cmd.insert(1, f"--cpus-per-task={os.environ['SLURM_CPUS_PER_TASK']}")
         signals = requeue.BatchSignals(job_dir)
-        (job_dir / requeue.PREEMPTED).unlink(missing_ok=True)  # an earlier attempt's
         mark_attempt(job_dir)
     spawned = timing.now()
     if cfg.launcher.name == "local":   # forks of a pre-imported server (scalelab.spawn)
@@ -202,6 +202,11 @@ def run_job(cfg: DictConfig) -> dict:
         # torchrun restarts the ranks itself (--max-restarts): a restarted global rank 0 counted them
         # (launcher=torchrun: in the job folder of the node that ran it)
         elastic = read_restarts(job_dir) if layout is None or (job_dir / RESTARTS).exists() else {}
+        if layout is not None and rc not in (0, 124) and requeue.stopped_at(job_dir) is not None:
+            # another node got the SIGTERM (a pod's eviction, a spot preemption): every rank saved at
+            # one step and exited 143, which torchrun reports as a failure. Stopped like that node,
+            # not failed: no failed record, exit 143 (retryable for a pod's restart policy, where 1 is not)
+            raise _Terminated("SIGTERM on another node")
     exited = timing.now()
     if layout is not None and rc == 0 and not (job_dir / RUN_FILE).exists():
         record = node_record(resolved, spec, threads, layout)  # global rank 0 ran on another node
@@ -343,10 +348,10 @@ def main() -> None:
         _hydra_main()   # Hydra's own errors, --help and --cfg end in sys.exit inside it
     except KeyboardInterrupt as e:   # the ranks were ended with it (spawn / launch kill their groups)
         # on a terminal, the progress bar's line is still open (it rewrites itself with \r)
-        how = "SIGTERM" if isinstance(e, _Terminated) else "Ctrl-C"
-        print(("\n" if sys.stderr.isatty() else "") + _interrupted(_MARKS.get("job_dir"), _MARKS.get("sweep_dir"), how),
-              file=sys.stderr)
-        _fast_exit(143 if how == "SIGTERM" else 130)
+        how = (str(e) or "SIGTERM") if isinstance(e, _Terminated) else "Ctrl-C"
+        print(("\n" if sys.stderr.isatty() else "") + _interrupted(_MARKS.get("job_dir"), _MARKS.get("sweep_dir"), how,
+                                                                  _MARKS.get("run_dir")), file=sys.stderr)
+        _fast_exit(143 if how.startswith("SIGTERM") else 130)
     finally:   # a fork server left importing outlived the command by 10 s and more
         spawn.stop_server()
     code = 0
@@ -364,15 +369,17 @@ def _terminated(signum, frame) -> None:
     raise _Terminated()
 
 
-def _interrupted(job_dir: Path | None, sweep_dir: Path | None = None, signame: str = "Ctrl-C") -> str:
+def _interrupted(job_dir: Path | None, sweep_dir: Path | None = None, signame: str = "Ctrl-C",
+                 run_dir: Path | None = None) -> str:
     """One line for Ctrl-C (or SIGTERM): which job it stopped and how to go on (checkpoint.resume=auto
-    resumes from the job's newest checkpoint when the same command runs again into the same folder)."""
+    resumes from the job's newest checkpoint when the same command runs again into the same folder,
+    run_dir: Hydra's, where node K of a torchrun job keeps its files in JOB_DIR/nodeK)."""
     if job_dir is None:
         return f"[scalelab] interrupted ({signame}) before any job started"
     # where checkpoint.resume=auto goes on from (the one before a checkpoint at max_steps, to redo its interval)
     saved = resume_point(job_dir, _MARKS["max_steps"])[0] if _MARKS.get("max_steps") else find_resume(job_dir)[0]
     again = (f"hydra.sweep.dir={sweep_dir} (its completed jobs are kept; this one resumes)" if sweep_dir
-             else f"hydra.run.dir={job_dir}")
+             else f"hydra.run.dir={run_dir or job_dir}")
     every = _MARKS.get("every_n_steps")
     if saved:
         how = f"the same command with {again} goes on from its checkpoint {saved.name}"

@@ -13,6 +13,7 @@ the completed run (not refused as a sweep's folder for its node1/run.json).
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -32,9 +33,9 @@ COMMON = [*BASE, *SGD, "logger=none", f"trainer.max_steps={STEPS}", "data.global
           "launcher.rdzv_timeout_s=90", "checkpoint.every_n_steps=2"]
 
 
-def _nodes(job: Path, cwd: Path, port: int, timeout: float = 240) -> list[tuple[int, str]]:
+def _nodes(job: Path, cwd: Path, port: int, timeout: float = 240, common=COMMON) -> list[tuple[int, str]]:
     """Both nodes into one hydra.run.dir (node 1 first): [(exit code, output)] of node 0, node 1."""
-    procs = {k: subprocess.Popen(TRAIN + [*COMMON, f"launcher.rdzv_endpoint=127.0.0.1:{port}",
+    procs = {k: subprocess.Popen(TRAIN + [*common, f"launcher.rdzv_endpoint=127.0.0.1:{port}",
                                           f"launcher.node_rank={k}", f"hydra.run.dir={job}"],
                                  cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for k in (1, 0)}
@@ -100,3 +101,45 @@ def test_a_write_never_shares_its_temporary_file(tmp_path):
     write_json(tmp_path / "run.json", {"status": "completed"})
     assert json.loads((tmp_path / "run.json").read_text()) == {"status": "completed"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", "run.json.tmp"]
+
+
+def test_a_sigterm_on_one_node_stops_both_nodes_resumably(tmp_path):
+    """A pod's eviction or a spot preemption SIGTERMs one node's launcher: the ranks of both nodes
+    agree on a step, save there and exit 143. The other node used to take torchrun's report of that
+    for a failure: a failed run.json and exit 1, which a pod's restart policy (ExitCode) does not
+    retry. Now it stops as the signalled node does: exit 143, the line saying how to go on, no
+    record; the same commands again resume both nodes from that step and complete."""
+    job, steps = tmp_path / "shared", 30
+    args = [a for a in COMMON if not a.startswith(("trainer.max_steps=", "checkpoint."))]
+    args += [f"trainer.max_steps={steps}", "checkpoint.save=true"]
+    port = free_port()
+    procs = {k: subprocess.Popen(TRAIN + [*args, f"hydra.run.dir={job}", f"launcher.rdzv_endpoint=127.0.0.1:{port}", f"launcher.node_rank={k}"],
+                                 cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k in (0, 1)}
+    try:
+        deadline = time.monotonic() + 180
+        while not (job / ".progress").exists():     # training: the ranks have their handlers
+            assert all(p.poll() is None for p in procs.values()) and time.monotonic() < deadline
+            time.sleep(0.05)
+        procs[1].send_signal(signal.SIGTERM)
+        outs = {k: procs[k].communicate(timeout=180) for k in (0, 1)}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    saved = sorted((job / "checkpoints").glob("step-*.ckpt"))
+    assert len(saved) == 1, (saved, outs)
+    again = f"the same command with hydra.run.dir={job} goes on from its checkpoint {saved[0].name}"
+    for k, how, folder in ((0, "SIGTERM on another node", job), (1, "SIGTERM", job / "node1")):
+        out, err = outs[k]
+        assert procs[k].returncode == 143, (k, out[-2000:], err[-2000:])
+        assert f"[scalelab] interrupted ({how}) in {folder}: {again}" in err, (k, err[-2000:])
+        assert "FAILED" not in out + err and not (folder / "run.json").exists(), (k, out[-2000:], err[-2000:])
+    step = int(saved[0].name[len("step-"):-len(".ckpt")])
+    assert 1 <= step < steps
+
+    (rc0, out0), (rc1, out1) = _nodes(job, tmp_path, free_port(), common=args)   # the same commands again
+    assert rc0 == 0 and rc1 == 0, (out0[-3000:], out1[-3000:])
+    rec = json.loads((job / "run.json").read_text())
+    assert (rec["status"], rec["steps"], rec["resumed_at_step"]) == ("completed", steps, step)
+    assert not worker_pids(tmp_path)
