@@ -166,12 +166,52 @@ def test_each_rank_draws_its_own_dropout_masks():
 
     def masks(seed, rank, step=0):
         torch.manual_seed(seed)              # what seed_everything left every rank with
-        RankRandomness(seed).on_train_start(SimpleNamespace(global_rank=rank, global_step=step), None)
+        RankRandomness(seed).on_train_batch_start(SimpleNamespace(global_rank=rank, global_step=step), None, None, 0)
         return torch.nn.functional.dropout(torch.ones(64), 0.5).ne(0).tolist()
 
     assert masks(1, 0) != masks(1, 1) and masks(1, 1) != masks(1, 2)
     assert masks(1, 1) == masks(1, 1) and masks(2, 1) != masks(1, 1)
     assert masks(1, 1, step=30) != masks(1, 1)      # a resumed run does not repeat its first masks
+
+
+class Masks(Tagged):
+    """Records the dropout mask each micro-batch of each optimizer step draws."""
+
+    def training_step(self, batch, i):
+        mask = torch.nn.functional.dropout(torch.ones(32), 0.5).ne(0).tolist()
+        self.seen.setdefault(int(self.trainer.global_step) + 1, []).append(mask)
+        return self.lin(batch.float()).mean()
+
+
+@pytest.mark.parametrize("stop_at", [3, 10])     # 10: the last step of epoch 0
+def test_a_resumed_run_draws_the_uninterrupted_runs_dropout_masks(prepared, tmp_path, stop_at):
+    """Two micro-batches a step (accumulation 2). Before (one seeding at the start of training, from
+    the step), a run resumed at step 3 drew other masks than the uninterrupted run from step 4 on."""
+    from scalelab.models.lit import RankRandomness
+
+    def run(job, max_steps=STEPS, stop=None, ckpt=None):
+        job.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(1)
+        module = Masks(stop)
+        trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, max_epochs=-1, accumulate_grad_batches=2,
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, use_distributed_sampler=False, num_sanity_val_steps=0,
+                            limit_val_batches=0, callbacks=[RankRandomness(1)]
+                            + ([periodic_checkpoint(job, stop, 5)] if stop else []))
+        try:
+            trainer.fit(module, datamodule=ByteCorpusDataModule(prepared, BATCH, 2, 0, 1, seed=1), ckpt_path=ckpt)
+        except Stop:
+            pass
+        return module.seen
+
+    fresh = run(tmp_path / "fresh")
+    assert all(len(fresh[s]) == 2 and fresh[s][0] != fresh[s][1] for s in fresh)   # each micro-batch its own
+    run(tmp_path / "job", stop=stop_at)
+    (ckpt,) = (tmp_path / "job" / "checkpoints").glob("step-*.ckpt")
+    resumed = run(tmp_path / "job", ckpt=str(ckpt))
+    assert sorted(resumed) == list(range(stop_at + 1, STEPS + 1))
+    wrong = [s for s in resumed if resumed[s] != fresh[s]]
+    assert not wrong, f"steps {wrong} drew other dropout masks than the uninterrupted run's"
 
 
 @pytest.fixture(scope="module")

@@ -234,14 +234,18 @@ class RankRandomness(L.Callback):
 
     Every rank seeds the same before the model is built (the same initial weights everywhere),
     so without this every rank drew the same dropout masks: tensor-parallel ranks (other heads),
-    pipeline stages (other layers) and data-parallel replicas (other samples) alike. Reseeded at
-    the start of training (from its step, after a resume), after the model is built and
-    materialized. (A resumed run's masks are not the uninterrupted run's: no RNG state is saved.)"""
+    pipeline stages (other layers) and data-parallel replicas (other samples) alike. Reseeded before
+    every micro-batch from (seed, rank, optimizer step, micro-batch of the step): a run resumed at
+    step k draws the masks the uninterrupted run drew from step k on (no RNG state to save; one
+    seeding at the start of training gave a resumed run other masks than the uninterrupted one's)."""
 
     def __init__(self, seed: int):
         self.seed = int(seed)
+        self._step, self._micro = -1, 0
 
-    def on_train_start(self, trainer, pl_module) -> None:
-        # the step too: a resumed run does not repeat the masks of its first steps
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         rank, step = int(trainer.global_rank), int(trainer.global_step)
-        torch.manual_seed(((self.seed * 1_000_003 + rank) * 1_000_033 + step) % 2 ** 63)
+        # counted here, not from batch_idx (whose numbering after a resume is the loop's business)
+        self._micro = self._micro + 1 if step == self._step else 0
+        self._step = step
+        torch.manual_seed((((self.seed * 1_000_003 + rank) * 1_000_033 + step) * 1_009 + self._micro) % 2 ** 63)
