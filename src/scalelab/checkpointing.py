@@ -6,7 +6,9 @@ A save goes to a `.tmp` name first; after every rank has written its part (barri
 records each file's size in the manifest and renames the checkpoint to its final name, so a
 checkpoint with a final name and a manifest was complete when written. Validation before a
 resume re-checks the sizes: a checkpoint truncated or partly deleted since is reported and the
-one before it used. The last `keep_last` checkpoints are kept.
+one before it used; the file checkpoint chosen is also read whole once (its zip members' CRCs),
+so one damaged at its full size is passed over alike. The last `keep_last` checkpoints are kept;
+`.tmp` saves a killed run left behind are removed when training starts.
 
 Beside each checkpoint, every rank writes its loss curve so far (step-N.ckpt.curve-rank{R}.json):
 a resumed run's record then holds the whole run's curve (the mean over ranks, as always), not
@@ -19,10 +21,13 @@ import os
 import re
 import shutil
 import time
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
 _NAME = re.compile(r"^step-(\d{8})\.ckpt$")
+_TMP = re.compile(r"^step-\d{8}\.ckpt(\.manifest)?\.tmp$")   # a save (or its manifest) not renamed yet
 MANIFEST = ".manifest.json"
 PROGRESS = ".progress"  # JOB_DIR/.progress: the last optimizer step rank 0 finished (restarts count steps redone)
 SAVE_MARK = "scalelab::checkpoint_save"  # the profiler's name for a periodic save (its barriers are no step's comm)
@@ -61,30 +66,56 @@ def valid_checkpoints(ckpt_dir: Path) -> tuple[list[tuple[int, Path]], list[str]
     return good, problems
 
 
-def find_resume(job_dir: Path, below: int | None = None, slurm_job: str | None = None
+def find_resume(job_dir: Path, below: int | None = None, slurm_job: str | None = None, verify: bool = False
                 ) -> tuple[Path | None, int, list[str]]:
     """The newest valid checkpoint of this job dir (before step `below`, saved by SLURM job
-    `slurm_job`, if given): (path, step, problems); (None, 0, ...) if none."""
+    `slurm_job`, if given): (path, step, problems); (None, 0, ...) if none. With `verify` (a rank
+    about to load it), a file checkpoint of the right size but damaged (see damaged) is a problem
+    too, and the one before it is taken; without, nothing is read (a stop's message, a restart's
+    line: reading a large checkpoint whole there would eat the stop's grace)."""
     good, problems = valid_checkpoints(job_dir / "checkpoints")
     good = [g for g in good if (below is None or g[0] < below)
             and (slurm_job is None or _manifest(g[1]).get("slurm_job") == slurm_job)]
-    if good:
-        return good[0][1], good[0][0], problems
+    for step, path in good:
+        bad = damaged(path) if verify else None
+        if bad is None:
+            return path, step, problems
+        problems.append(bad)
     return None, 0, problems
 
 
-def resume_point(job_dir: Path, max_steps: int, slurm_job: str | None = None
+def damaged(path: Path) -> str | None:
+    """Why checkpoint file `path` (torch.save's zip archive, as Lightning's .ckpt) cannot be loaded
+    although its size is right (a problem line, as valid_checkpoints'), else None. Reads it whole
+    once: every member against its CRC-32. Not for a sharded checkpoint's folder, nor a file
+    that is no zip archive at either end (another format: torch.load judges it)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        with open(path, "rb") as f:
+            zip_head = f.read(4) == b"PK\x03\x04"
+        if not zip_head and not zipfile.is_zipfile(path):
+            return None
+        with zipfile.ZipFile(path) as z:
+            member = z.testzip()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, zlib.error) as e:
+        return f"{path} is damaged (not a readable zip archive: {e})"
+    return f"{path} is damaged (its member {member} fails its CRC check)" if member else None
+
+
+def resume_point(job_dir: Path, max_steps: int, slurm_job: str | None = None, verify: bool = False
                  ) -> tuple[Path | None, int, list[str], bool]:
     """checkpoint.resume=auto's choice in a job folder: (path, step, problems, passed_last). The
     newest valid checkpoint; where that one is at max_steps (the last step is saved but the
     record is not: the job was cut between the two, or SLURM requeued it after its last step;
     train.run_job keeps a completed record before any rank starts), the one before it, of SLURM
     job `slurm_job` if given, so that the attempt redoes one interval and has steps to measure
-    (passed_last: True); (None, 0, ...) where there is none."""
-    path, step, problems = find_resume(job_dir)
+    (passed_last: True); (None, 0, ...) where there is none. `verify`: as find_resume's."""
+    path, step, problems = find_resume(job_dir)    # not read: the newest at max_steps is not loaded
     if path is None or step < max_steps:
-        return path, step, problems, False
-    path, step, problems = find_resume(job_dir, below=max_steps, slurm_job=slurm_job)
+        return (*find_resume(job_dir, verify=True), False) if verify else (path, step, problems, False)
+    path, step, problems = find_resume(job_dir, below=max_steps, slurm_job=slurm_job, verify=verify)
     return path, step, problems, True
 
 
@@ -217,10 +248,21 @@ class PeriodicCheckpoint:
         # after it still report that step and must not save it again, mid-step (a later resume
         # then ran one micro-batch off)
         self._last = trainer.global_step
+        if trainer.is_global_zero:   # no save of this attempt is under way yet: the first waits for rank 0
+            self.remove_stale()
         if trainer.is_global_zero and trainer.global_step > 0:
             # where this attempt started, once its checkpoint is loaded: also checkpoint.resume_from's
             # step, which the worker does not know before (a restart's steps_redone counted from 0)
             (self.job_dir / RESUMED).write_text(str(trainer.global_step))
+
+    def remove_stale(self) -> list[Path]:
+        """Removes the `.tmp` saves (step-N.ckpt.tmp, a file or folder, and step-N.ckpt.manifest.tmp)
+        that a run killed mid-save left in checkpoints/ (no resume takes them: valid_checkpoints
+        reads final names only); returns them."""
+        stale = sorted(p for p in self.dir.iterdir() if _TMP.match(p.name)) if self.dir.is_dir() else []
+        for p in stale:
+            _remove(p)
+        return stale
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._note(trainer, force=True)

@@ -3,6 +3,7 @@ zip file or a sharded checkpoint's folder) of the same kind of strategy and mode
 run goes past its step. The ranks would only fail on any of these, after the queue wait."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,15 @@ _FORMAT: dict[str, str] = {"scalelab.strategies.single.Single": "scalelab.strate
 _ZERO = "scalelab.strategies.deepspeed.ZeRO"
 
 
-def resume_mismatch(ckpt: Path, cfg: dict) -> str | None:
+def resume_mismatch(ckpt: Path, cfg: dict, noted: bool = False) -> str | None:
     """What makes checkpoint `ckpt` unloadable by the run of `cfg` (a composed config), as
     "KEY: saved vs now; ...", from the config of the run that saved it (None when unknown or the
     same): its kind of strategy (each strategy class has its own format: a full file, a DCP
-    folder, DeepSpeed's folder; ZeRO also its stage and world size), and its model's shape (the
-    integer keys of model.arch: layers, width, heads, context, vocab, an MLP's widths; dropout
-    or recomputation may differ)."""
+    folder, DeepSpeed's folder; ZeRO also its stage and world size, and at stage 1-2 its gradient
+    clip), its model's shape (the integer keys of model.arch: layers, width, heads, context, vocab,
+    an MLP's widths; dropout or recomputation may differ) and its optimizer class (compared only
+    where both configs have it). `noted`: instead, what loads but makes the run another one than
+    the saved run's continuation (_NOTED: its seed and global batch)."""
     saved = saved_by(ckpt)
     if saved is None:
         return None
@@ -37,17 +40,59 @@ def resume_mismatch(ckpt: Path, cfg: dict) -> str | None:
             trainer = c.get("trainer") or {}
             out.update({"strategy.stage": strategy.get("stage"),
                         "world size": f"{trainer.get('devices')} x {trainer.get('num_nodes')} node(s)"})
+            if strategy.get("stage") in (1, 2) and "gradient_clip_val" in trainer:
+                # ZeRO-1/2 restore the saved clip over the configured one (stage_1_and_2.py
+                # _load_global_state), and refuse a clipped checkpoint in an unclipped run
+                out["trainer.gradient_clip_val"] = _clip(trainer["gradient_clip_val"])
         out.update({f"model.arch.{k}": v for k, v in arch.items() if k == "_target_" or _ints(v)})
+        for key in (*_SAME_RUN, *_NOTED):
+            found, value = _lookup(c, key)
+            if found:
+                out[key] = value
         return out
 
     was, now = shape(saved), shape(cfg)
     if was["strategy"] != now["strategy"]:   # ZeRO's stage and world size matter only between ZeRO runs
         for d in (was, now):
             d.pop("strategy.stage", None), d.pop("world size", None)
+    # unknown on one side (an older or partial config; ZeRO-3 or another strategy: no clip saved)
+    for key in [*_SAME_RUN, *_NOTED, "trainer.gradient_clip_val"]:
+        if (key in was) != (key in now):
+            was.pop(key, None), now.pop(key, None)
     name = lambda c, k: (c.get("strategy") or {}).get("name") if k == "strategy" else None  # noqa: E731
-    diff = [f"{k}: {name(saved, k) or was.get(k, '-')} vs {name(cfg, k) or now.get(k, '-')}"
-            for k in dict.fromkeys([*was, *now]) if was.get(k) != now.get(k)]
+    diff = [f"{k}: {_show(name(saved, k) or was.get(k, '-'))} vs {_show(name(cfg, k) or now.get(k, '-'))}"
+            for k in dict.fromkeys([*was, *now]) if was.get(k) != now.get(k) and (k in _NOTED) == noted]
     return "; ".join(diff) or None
+
+
+# A key a resumed run must share with the one that saved the checkpoint: another optimizer class
+# fails in the ranks' optimizer state load (SGD's momentum_buffer where AdamW wants exp_avg: a
+# KeyError). Keys it is told of (one line, not refused: a batch-size ramp or another seed is a
+# choice): another seed or global batch is another data order (step s trains on the seeded
+# permutation's samples s*B .. (s+1)*B, data/sampler.py), not the saved run's continuation.
+_SAME_RUN = ("optim.optimizer._target_",)
+_NOTED = ("seed", "data.global_batch_size")
+
+
+def _lookup(c: dict, key: str) -> tuple[bool, Any]:
+    """(found, value) of dotted `key` in config `c`."""
+    for part in key.split("."):
+        if not isinstance(c, dict) or part not in c:
+            return False, None
+        c = c[part]
+    return True, c
+
+
+def _clip(v: Any) -> Any:
+    """A gradient clip as a number, None where off (null and 0 alike)."""
+    try:
+        return float(v or 0) or None
+    except (TypeError, ValueError):
+        return v
+
+
+def _show(v: Any) -> Any:
+    return "null" if v is None else v
 
 
 def _ints(v: Any) -> bool:
@@ -76,7 +121,12 @@ def check_resume_from(c: dict) -> None:
     differs = resume_mismatch(path, c)
     if differs:   # a load traceback in the ranks (or another model's weights loaded)
         raise ConfigError(f"{what} was saved by another kind of run ({differs}): resume it with the same kind of "
-                          "strategy (ZeRO: stage and world size) and model shape, or start without it")
+                          "strategy (ZeRO: stage, world size and gradient clip), model shape and optimizer, or "
+                          "start without it")
+    other = resume_mismatch(path, c, noted=True)
+    if other:   # loads, but is not the saved run's continuation: said, not refused
+        print(f"[scalelab] note: {what} was saved with another data order ({other}): the steps after it train "
+              "on other batches than the saved run would have", file=sys.stderr)
     max_steps, at = (c.get("trainer") or {}).get("max_steps"), checkpoint_step(path)
     if at is not None and isinstance(max_steps, int) and at >= max_steps:   # no step left to measure
         raise ConfigError(f"{what} is at step {at}: trainer.max_steps={max_steps} must be larger (it counts every "

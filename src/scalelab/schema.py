@@ -36,7 +36,7 @@ GROUPS: dict[str, dict[str, Field]] = {
     "checkpoint": {
         "save": Bool("save a checkpoint at the end"),
         "resume_from": Str("an existing checkpoint file or folder saved by a run of the same kind of strategy (ZeRO: "
-                           "stage and world size) and model shape", null=True),
+                           "stage, world size, gradient clip), model shape and optimizer", null=True),
         "export_consolidated": Bool("also write model_consolidated.pt"),
         "every_n_steps": Int("optimizer steps between periodic checkpoints; null: off", lo=1, null=True),
         "keep_last": Int("periodic checkpoints kept", lo=1),

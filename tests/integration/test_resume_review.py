@@ -1,0 +1,39 @@
+"""A real Lightning checkpoint damaged at its full size (one byte of a tensor flipped) is reported and
+the one before it resumed (it resumed silently before, or crashed in torch.load), and the `.tmp`
+save a killed run left is removed when the rerun starts (tests/unit/test_resume_review.py: the logic)."""
+from __future__ import annotations
+
+import json
+import struct
+import zipfile
+
+import pytest
+
+from ..conftest import FAST, train
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_damaged_newest_checkpoint_is_passed_over_and_stale_tmp_removed(tmp_path):
+    job = tmp_path / "job"
+    args = [*FAST, "strategy=single", "trainer.devices=1", "logger=none", "checkpoint.every_n_steps=5",
+            "checkpoint.keep_last=2", f"hydra.run.dir={job}"]
+    train([*args, "trainer.max_steps=10"], tmp_path)
+    ckpts = job / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("step-*.ckpt")) == ["step-00000005.ckpt", "step-00000010.ckpt"]
+    newest = ckpts / "step-00000010.ckpt"
+    data, size = bytearray(newest.read_bytes()), newest.stat().st_size
+    info = max(zipfile.ZipFile(newest).infolist(), key=lambda i: i.compress_size)   # the largest tensor
+    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+    data[info.header_offset + 30 + name_len + extra_len + info.compress_size // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    assert newest.stat().st_size == size
+    (ckpts / "step-00000015.ckpt.tmp").write_bytes(b"a save killed mid-write")
+    proc = train([*args, "trainer.max_steps=15"], tmp_path)                            # the same job, rerun
+    out = proc.stdout + proc.stderr
+    assert f"{newest} is damaged (its member {info.filename} fails its CRC check): not used" in out, out[-3000:]
+    assert "resuming from" in out and "step-00000005.ckpt (step 5)" in out
+    rec = json.loads((job / "run.json").read_text())
+    assert rec["status"] == "completed" and rec["resumed_at_step"] == 5
+    assert not (ckpts / "step-00000015.ckpt.tmp").exists()
+    assert sorted(p.name for p in ckpts.glob("step-*.ckpt")) == ["step-00000010.ckpt", "step-00000015.ckpt"]

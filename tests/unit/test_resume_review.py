@@ -1,0 +1,185 @@
+"""Review findings on resuming: checkpoint.resume_from of a run with another gradient clip (ZeRO-1/2),
+optimizer class is one line before any rank (another seed or global batch a note); a file checkpoint damaged at its
+full size is passed over for the one before it; `.tmp` saves a killed run left are removed at start."""
+from __future__ import annotations
+
+import json
+import struct
+import zipfile
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from scalelab.checkpointing import MANIFEST, PeriodicCheckpoint, damaged, find_resume, resume_point, valid_checkpoints
+from scalelab.errors import ConfigError
+from scalelab.preflight import preflight
+from scalelab.resume_checks import resume_mismatch
+
+ARCH = {"_target_": "scalelab.models.gpt.GPTConfig", "n_layers": 2, "n_heads": 4, "d_model": 64, "seq_len": 64,
+        "vocab_size": 256, "mlp_ratio": 4, "dropout": 0.0, "activation_checkpointing": "none"}
+ZERO = "scalelab.strategies.deepspeed.ZeRO"
+
+
+def _torch_file(path, value: float = 0.0):
+    import torch
+
+    torch.save({"w": torch.full((64,), value)}, path)
+    return path
+
+
+def _saved(tmp_path, name="saved", strategy="zero2", target=ZERO, stage=2, devices=2, **top):
+    """JOB/checkpoints/last.ckpt beside JOB/config_resolved.yaml (with `top`'s extra keys)."""
+    job = tmp_path / name
+    (job / "checkpoints").mkdir(parents=True)
+    ckpt = _torch_file(job / "checkpoints" / "last.ckpt")
+    trainer = {"devices": devices, "num_nodes": 1, **top.pop("trainer", {})}
+    cfg = {"strategy": {"name": strategy, "_target_": target, **({"stage": stage} if stage else {})},
+           "trainer": trainer, "model": {"name": "gpt_nano", "arch": ARCH}, **top}
+    (job / "config_resolved.yaml").write_text(yaml.safe_dump(cfg))
+    return ckpt, cfg
+
+
+# -- 1. ZeRO-1/2 restore the saved gradient clip over the configured one -----------------------------
+
+def test_zero2_resume_from_with_another_gradient_clip_is_one_line(tmp_path):
+    ckpt, _ = _saved(tmp_path, trainer={"gradient_clip_val": 1.0})
+    args = ["model=gpt_nano", "strategy=zero2", "trainer.devices=2", f"checkpoint.resume_from={ckpt}"]
+    assert preflight([*args, "trainer.gradient_clip_val=1.0"], data=False) == 1
+    with pytest.raises(ConfigError) as e:
+        preflight(args, data=False)                              # trainer.gradient_clip_val: null
+    assert str(e.value) == (f"checkpoint.resume_from='{ckpt}' was saved by another kind of run "
+                            "(trainer.gradient_clip_val: 1.0 vs null): resume it with the same kind of strategy "
+                            "(ZeRO: stage, world size and gradient clip), model shape and optimizer, or start "
+                            "without it")
+    with pytest.raises(ConfigError, match=r"\(trainer.gradient_clip_val: 1.0 vs 0.5\)"):
+        preflight([*args, "trainer.gradient_clip_val=0.5"], data=False)
+    # null and 0 are both off
+    zero, off = _saved(tmp_path, "off", trainer={"gradient_clip_val": 0})
+    assert resume_mismatch(zero, {**off, "trainer": {**off["trainer"], "gradient_clip_val": None}}) is None
+    assert preflight(["model=gpt_nano", "strategy=zero2", "trainer.devices=2", f"checkpoint.resume_from={zero}"],
+                     data=False) == 1
+
+
+def test_the_clip_is_compared_for_zero1_and_2_only(tmp_path):
+    z1, cfg1 = _saved(tmp_path, "z1", "zero1", stage=1, trainer={"gradient_clip_val": 1.0})
+    assert resume_mismatch(z1, {**cfg1, "trainer": {**cfg1["trainer"], "gradient_clip_val": 2.0}}) == \
+        "trainer.gradient_clip_val: 1.0 vs 2.0"
+    z3, cfg3 = _saved(tmp_path, "z3", "zero3", stage=3, trainer={"gradient_clip_val": 1.0})
+    assert resume_mismatch(z3, {**cfg3, "trainer": {**cfg3["trainer"], "gradient_clip_val": 2.0}}) is None
+    ddp, cfgd = _saved(tmp_path, "ddp", "ddp", "scalelab.strategies.ddp.DDP", stage=None,
+                       trainer={"gradient_clip_val": 1.0})
+    assert resume_mismatch(ddp, {**cfgd, "trainer": {**cfgd["trainer"], "gradient_clip_val": None}}) is None
+    # another stage is refused for its stage, not for a clip stage 3 does not restore
+    assert resume_mismatch(z1, {**cfg3, "trainer": {**cfg3["trainer"], "gradient_clip_val": None}}) == \
+        "strategy.stage: 1 vs 3"
+
+
+# -- 2. optimizer class, seed and global batch ----------------------------------------------------
+
+def test_resume_from_with_another_optimizer_is_one_line_another_seed_or_batch_a_note(tmp_path, capsys):
+    ckpt, _ = _saved(tmp_path, "ddp", "ddp", "scalelab.strategies.ddp.DDP", stage=None,
+                     optim={"optimizer": {"_target_": "torch.optim.AdamW"}}, seed=1234,
+                     data={"global_batch_size": 16})
+    args = ["model=gpt_nano", "strategy=ddp", "trainer.devices=2", f"checkpoint.resume_from={ckpt}"]
+    assert preflight(args, data=False) == 1                      # conf defaults: adamw, seed 1234, batch 16
+    with pytest.raises(ConfigError) as e:
+        preflight([*args, "optim=sgd"], data=False)
+    assert str(e.value).startswith(f"checkpoint.resume_from='{ckpt}' was saved by another kind of run "
+                                   "(optim.optimizer._target_: torch.optim.AdamW vs torch.optim.SGD): resume it")
+    assert "\n" not in str(e.value)
+    assert "note" not in capsys.readouterr().err
+    # another seed or global batch loads (a batch ramp is a choice) but is another data order: said
+    note = f"[scalelab] note: checkpoint.resume_from='{ckpt}' was saved with another data order ("
+    assert preflight([*args, "seed=7"], data=False) == 1
+    assert f"{note}seed: 1234 vs 7): the steps after it train on other batches" in capsys.readouterr().err
+    assert preflight([*args, "seed=7", "data.global_batch_size=32"], data=False) == 1
+    assert f"{note}seed: 1234 vs 7; data.global_batch_size: 16 vs 32)" in capsys.readouterr().err
+
+
+def test_a_saved_config_without_the_keys_is_not_refused_for_them(tmp_path):
+    ckpt, cfg = _saved(tmp_path, "old", "ddp", "scalelab.strategies.ddp.DDP", stage=None)
+    other = {**cfg, "seed": 7, "optim": {"optimizer": {"_target_": "torch.optim.SGD"}}, "data": {"global_batch_size": 32}}
+    assert resume_mismatch(ckpt, other) is None and resume_mismatch(ckpt, other, noted=True) is None
+
+
+# -- 3. a file checkpoint damaged at its full size ----------------------------------------------
+
+def _periodic(job, step: int, value: float):
+    """A periodic checkpoint as PeriodicCheckpoint.save leaves it: the file and its size manifest."""
+    ckpt = _torch_file(job / "checkpoints" / f"step-{step:08d}.ckpt", value)
+    ckpt.with_name(ckpt.name + MANIFEST).write_text(json.dumps({"step": step, "files": {"": ckpt.stat().st_size},
+                                                                "slurm_job": None}))
+    return ckpt
+
+
+def _flip_mid_member(ckpt, member: str) -> None:
+    """One byte in the middle of zip member `member`'s data flipped: the file keeps its size."""
+    data = bytearray(ckpt.read_bytes())
+    info = zipfile.ZipFile(ckpt).getinfo(member)
+    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+    at = info.header_offset + 30 + name_len + extra_len + info.compress_size // 2
+    data[at] ^= 0xFF
+    ckpt.write_bytes(bytes(data))
+
+
+def test_a_damaged_newest_checkpoint_of_its_full_size_is_passed_over(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    older, newest = _periodic(tmp_path, 10, 1.0), _periodic(tmp_path, 20, 2.0)
+    assert find_resume(tmp_path) == (newest, 20, [])
+    size = newest.stat().st_size
+    _flip_mid_member(newest, "step-00000020/data/0")              # the tensor's bytes
+    assert newest.stat().st_size == size and valid_checkpoints(tmp_path / "checkpoints")[1] == []   # sizes agree
+    assert find_resume(tmp_path, verify=True) == (older, 10, [f"{newest} is damaged (its member "
+                                                              "step-00000020/data/0 fails its CRC check)"])
+    # resume=auto's choice (the worker verifies, and prints each problem, "checkpoint ...: not used")
+    assert resume_point(tmp_path, 100, verify=True)[:3] == (older, 10, [f"{newest} is damaged (its member "
+                                                                        "step-00000020/data/0 fails its CRC check)"])
+    # a stop's message and a restart's line do not read checkpoints whole (the stop's grace)
+    assert find_resume(tmp_path) == (newest, 20, []) and resume_point(tmp_path, 100)[:3] == (newest, 20, [])
+    _flip_mid_member(older, "step-00000010/data.pkl")
+    assert find_resume(tmp_path, verify=True)[:2] == (None, 0) and len(find_resume(tmp_path, verify=True)[2]) == 2
+
+
+def test_damaged_reads_zip_files_only(tmp_path):
+    good = _torch_file(tmp_path / "good.ckpt")
+    assert damaged(good) is None
+    folder = tmp_path / "sharded.ckpt"                            # a DCP folder: not read here
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(b"x")
+    assert damaged(folder) is None
+    assert damaged(tmp_path / "missing.ckpt") is None
+    other = tmp_path / "other.ckpt"                               # no zip at either end: another format
+    other.write_bytes(b"\x80\x02not a zip")
+    assert damaged(other) is None
+    head = tmp_path / "head.ckpt"                                 # a zip's start, its directory overwritten
+    head.write_bytes(good.read_bytes()[:-22] + b"\0" * 22)
+    assert damaged(head).startswith(f"{head} is damaged (not a readable zip archive: ")
+
+
+# -- 4. stale .tmp saves ---------------------------------------------------------------------------
+
+def _trainer(rank: int):
+    return SimpleNamespace(global_step=0, global_rank=rank, is_global_zero=rank == 0)
+
+
+def test_rank0_removes_stale_tmp_saves_at_train_start(tmp_path):
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    kept = _periodic(tmp_path, 10, 1.0)
+    (ckpts / "step-00000010.ckpt.curve-rank0.json").write_text("{}")
+    (ckpts / "step-00000020.ckpt.tmp").write_bytes(b"half a file")             # a file save killed mid-write
+    (ckpts / "step-00000030.ckpt.tmp").mkdir()                                  # a sharded one
+    (ckpts / "step-00000030.ckpt.tmp" / "__0_0.distcp").write_bytes(b"x")
+    (ckpts / "step-00000020.ckpt.manifest.tmp").write_text("{")                 # its manifest, not renamed
+    (ckpts / "notes.tmp").write_text("not ours")
+    before = sorted(p.name for p in ckpts.iterdir())
+    assert valid_checkpoints(ckpts) == ([(10, kept)], []) and find_resume(tmp_path) == (kept, 10, [])
+    PeriodicCheckpoint(tmp_path, every=10, keep=2).on_train_start(_trainer(1), None)   # not rank 0: nothing
+    assert sorted(p.name for p in ckpts.iterdir()) == before
+    PeriodicCheckpoint(tmp_path, every=10, keep=2).on_train_start(_trainer(0), None)
+    assert sorted(p.name for p in ckpts.iterdir()) == ["notes.tmp", "step-00000010.ckpt",
+                                                       "step-00000010.ckpt.curve-rank0.json",
+                                                       "step-00000010.ckpt.manifest.json"]
+    # no checkpoints/ yet (a first run): nothing to do
+    PeriodicCheckpoint(tmp_path / "fresh", every=10, keep=2).on_train_start(_trainer(0), None)
