@@ -96,10 +96,11 @@ def _not_one_sweep(folder: Path, records: list[dict]) -> str | None:
     """Why FOLDER is not one sweep's folder, by what its records name (job.sweep_dir): none (single
     runs: nothing to aggregate, and pooled they got efficiencies against each other), several (a
     parent of sweeps: pooled against one baseline), or another folder (a parent of one sweep).
-    None where they name FOLDER (or a folder of its name: a moved sweep), and where no record says
+    None where they name FOLDER (or a folder of its name: a moved sweep; or FOLDER is a sweep's, with
+    each job where the sweep had it: a renamed one, results.sweep.recorded_sweep), and where no record says
     either (very old records without a job section; slurm_jobs.finalize's records of tasks that ended
     before train.py wrote one)."""
-    from scalelab.results.sweep import has_job_section
+    from scalelab.results.sweep import has_job_section, sweep_of_record
 
     with_job = [r for r in records if has_job_section(r)]
     if not with_job:
@@ -112,7 +113,9 @@ def _not_one_sweep(folder: Path, records: list[dict]) -> str | None:
         return None
     if len(named) > 1:
         return f"{folder} holds runs of {len(named)} sweeps, not one: aggregate each sweep's folder ({_listed(named)})"
-    if Path(named[0]).resolve() != folder.resolve() and Path(named[0]).name != folder.resolve().name:
+    if (Path(named[0]).resolve() != folder.resolve() and Path(named[0]).name != folder.resolve().name
+            # a renamed sweep: FOLDER holds multirun.yaml or sweep.json, each job where the sweep had it
+            and any(sweep_of_record(r) != folder.resolve() for r in with_job)):
         return f"{folder} is not its runs' sweep folder: aggregate {named[0]}"
     return None
 

@@ -8,12 +8,13 @@ rendered by results/report.py (Plotly) and logged by results/wandb_summary.py (w
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 
 from scalelab.results.chart_base import (MIB, _apart, _median, _norm, _suffix, _unique, by_reason, chart,  # noqa: F401
                                          completed, finite_median, job_name, node_split, sweep_labels, sweep_of)
-from scalelab.results.record import num_nodes
+from scalelab.results.record import max_of, num_nodes
 from scalelab.results.sweep import job_key, run_key
 from scalelab.results.table import job_labels, vs_baseline
 
@@ -87,9 +88,15 @@ def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: 
 def throughput(records: list[dict], group_by: str | None = None, names: dict | None = None) -> dict:
     """Tokens/s vs world size, one series per sweep (where there are several), strategy and
     global batch: the median over the repeats of one sweep, never over two sweeps, nor over two
-    node layouts of one world size (node_split: a series each)."""
+    node layouts of one world size (node_split: a series each). Where no run has a token
+    throughput (an mlp model has no tokens: the chart was empty), samples/s, and the axis says so."""
     series: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    runs = [r for r in completed(records) if (r.get("throughput") or {}).get("tokens_per_s") is not None]
+    done = completed(records)
+    metric, unit = "tokens_per_s", "tokens/s"
+    runs = [r for r in done if _finite((r.get("throughput") or {}).get(metric))]
+    if not runs:
+        metric, unit = "samples_per_s", "samples/s"
+        runs = [r for r in done if _finite((r.get("throughput") or {}).get(metric))]
     sweeps = sweep_labels([sweep_of(r) for r in runs], names)
     base = lambda r: (sweeps.get(_norm(sweep_of(r)), ""), str(r.get("strategy")), r.get("global_batch_size") or 0)  # noqa: E731
     # the LR rule and run length change no speed: their runs are repeats here
@@ -97,12 +104,21 @@ def throughput(records: list[dict], group_by: str | None = None, names: dict | N
     layout = node_split(runs, lambda r: (*base(r), apart[id(r)]))
     for r in runs:
         key = (*base(r), layout[id(r)] + _suffix(r, group_by, bool(sweeps)) + apart[id(r)])
-        series[key][r["world_size"]].append(float(r["throughput"]["tokens_per_s"]))
+        series[key][r["world_size"]].append(float(r["throughput"][metric]))
     traces = [{"name": f"{sw}: {st} b{b}{sx}" if sw else f"{st} b{b}{sx}", "x": sorted(v),
                "y": [_median(v[w]) for w in sorted(v)], "strategy": st}
               for (sw, st, b, sx), v in sorted(series.items())]
-    notes = [] if traces else ["no completed run with a token throughput"]
-    return chart("throughput", "Throughput vs world size", "world size", "tokens/s", traces, notes=notes)
+    notes = [] if traces else ["no completed run with a throughput"]
+    shown, labels = {id(r) for r in runs}, job_labels(records)
+    left = [job_name(r, labels) for r in done if id(r) not in shown
+            and _finite((r.get("throughput") or {}).get("samples_per_s"))]
+    notes += [f"not shown, no token throughput (samples/s only): {', '.join(left)}"] if left else []
+    return chart("throughput", "Throughput vs world size", "world size", unit, traces, notes=notes)
+
+
+def _finite(v) -> bool:
+    """Whether V is a finite number: a chart point (null or NaN is left out)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 # Where the strategy config says a model state lives in host memory (conf/strategy/zero*.yaml): ZeRO-
@@ -143,6 +159,10 @@ def memory(records: list[dict]) -> dict:
         if not states or len(peaks) != len(states):
             skipped.append((job_name(r, labels), "no per-rank model-state breakdown in run.json"))
             continue
+        if not all(_finite(p) and isinstance(st, dict) for st, p in zip(states, peaks)):
+            # a rank with a null peak or breakdown is no bar (before: None / MIB crashed the page)
+            skipped.append((job_name(r, labels), f"a null per-rank peak {what} or model-state breakdown in run.json"))
+            continue
         # on CPU ranks host and device are one RAM: every state is in the RSS peak
         away = offloaded(r) if device else ()
         if away:
@@ -175,7 +195,9 @@ def loss_curves(records: list[dict]) -> dict:
     """Training loss per optimizer step, one trace per run, named with the LR it used."""
     traces, labels = [], job_labels(records)
     for r in completed(records):
-        curve = (r.get("loss") or {}).get("curve") or []
+        # a null loss (a diverged step: run.json writes NaN as null) is no point
+        curve = [p for p in (r.get("loss") or {}).get("curve") or []
+                 if isinstance(p, (list, tuple)) and len(p) == 2 and _finite(p[1])]
         if not curve:
             continue
         lr = f"lr {r['lr']:.3g}" if isinstance(r.get("lr"), (int, float)) else "lr ?"
@@ -215,7 +237,9 @@ def lr_scaling(records: list[dict], names: dict | None = None) -> dict:
     strategy and world size. A NaN or infinite loss (diverged) is left out of the median and
     counted in the text."""
     series: dict[tuple, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
-    runs = [r for r in completed(records) if (r.get("loss") or {}).get("final") is not None]
+    # a null final loss with a loss curve is a diverged run (NaN, written as null): counted as one
+    runs = [r for r in completed(records) if (r.get("loss") or {}).get("final") is not None
+            or (r.get("loss") or {}).get("curve")]
     sweeps = sweep_labels([sweep_of(r) for r in runs], names)
     base = lambda r: (sweeps.get(_norm(sweep_of(r)), ""), str(r.get("lr_rule")))  # noqa: E731
     # strategies and world sizes pooled where each computes the same loss at one global batch
@@ -247,7 +271,7 @@ def breakdown(records: list[dict]) -> dict:
         for i, pr in enumerate((r.get("breakdown") or {}).get("per_rank") or []):
             x.append(f"{job_name(r, labels)} r{i}")
             for j, (_, k) in enumerate(keys):
-                ys[j].append((pr.get(k) or 0.0) * 1e3)
+                ys[j].append(((pr or {}).get(k) or 0.0) * 1e3)
     traces = [{"name": n, "x": x, "y": y} for (n, _), y in zip(keys, ys)] if x else []
     return chart("breakdown", "Per rank: compute / transfer / wait", "run / rank",
                  "ms per step", traces, kind="bar", barmode="stack",
@@ -294,11 +318,11 @@ def predictions(records: list[dict], cache: str | Path | None = None) -> tuple[l
             continue
         mem = r.get("memory") or {}
         device = mem.get("peak_device_bytes_per_rank") or []
-        if device:  # GPU: device memory against the planner's per-device total
-            meas_mem, pred_mem = max(device), device_total_bytes(terms, hw)
+        if device:  # GPU: device memory against the planner's per-device total (null ranks: no point)
+            meas_mem, pred_mem = max_of(device), device_total_bytes(terms, hw)
         else:       # CPU: host and device are one RAM (plan --validate's comparison)
-            rss = mem.get("peak_rss_bytes_per_rank") or []
-            meas_mem, pred_mem = (max(rss) if rss else None), model_bytes_in_ram(terms) + hw.runtime_memory_bytes
+            meas_mem = max_of(mem.get("peak_rss_bytes_per_rank"))
+            pred_mem = model_bytes_in_ram(terms) + hw.runtime_memory_bytes
         rows.append({"job": job_name(r, labels), "hardware": hw.name, "measured_step_s": float(r["step_time_s"]["median"]),
                      "predicted_step_s": pred_step, "measured_bytes": meas_mem, "predicted_bytes": float(pred_mem),
                      "memory_kind": "device" if device else "RSS"})

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -79,8 +80,26 @@ def scrub_file(path: Path) -> None:
         _replace(path, clean)
 
 
+def finite(obj: Any) -> Any:
+    """OBJ with every NaN and +-inf float made None: JSON has no such number (a diverged run's loss
+    was written `NaN`, which jq, JSON.parse and strict parsers reject). Tuples become lists."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any, **kwargs: Any) -> str:
+    """Strict JSON of OBJ (finite: non-finite floats as null; allow_nan=False, so none slips
+    through); what json cannot encode is written as its str()."""
+    return json.dumps(finite(obj), allow_nan=False, default=str, **kwargs)
+
+
 def write_json(path: Path, obj: Any) -> None:
-    _replace(Path(path), json.dumps(obj, indent=2, default=str))  # readers never see half a file
+    _replace(Path(path), dumps(obj, indent=2))  # readers never see half a file
 
 
 def _replace(path: Path, text: str) -> None:

@@ -27,7 +27,9 @@ WANDB_KEYS = {
 
 
 def _max(v):
-    return max(v) if isinstance(v, list) and v else MISSING
+    """The largest of a per-rank list, null ranks skipped (a null entry crashed max())."""
+    ok = [x for x in v if isinstance(x, (int, float))] if isinstance(v, list) else []
+    return max(ok) if ok else MISSING
 
 
 def _path(rec, key: str):

@@ -28,9 +28,26 @@ _WORLD_KEYS = {("trainer", "devices"), ("trainer", "num_nodes"), ("data", "globa
                ("lr_scaling", "base_batch_size")}
 
 
+# What a record says of its run at its top level that no world size changes (not parallel.*, lr,
+# threads_per_rank, ...). A record without a config block was grouped by nothing at all: every
+# strategy's runs shared one baseline (single x2 got 2.78 against ddp x1); and a config's
+# trainer.accelerator=auto does not say whether the run had a GPU. So every record is grouped by
+# these too.
+_SETTINGS = ("strategy", "precision", "optimizer", "lr_rule", "lr_decay", "base_lr", "activation_checkpointing",
+             "max_steps", "seed")
+
+
+def _settings(rec: dict) -> dict:
+    model = rec.get("model")
+    if isinstance(model, dict):   # its name and shape; n_params is a count, not a setting
+        model = {k: v for k, v in model.items() if k != "n_params"}
+    return {**{k: rec.get(k) for k in _SETTINGS}, "model": model,
+            "accelerator": (rec.get("hardware") or {}).get("accelerator")}
+
+
 def _identity(rec: dict) -> str:
     cfg = {k: v for k, v in (rec.get("config") or {}).items() if k not in ("job", "hydra")}
-    flat = {}
+    flat = {("record", k): v for k, v in _settings(rec).items()}
     for group, sub in cfg.items():
         if isinstance(sub, dict):
             flat.update({(group, k): v for k, v in sub.items() if (group, k) not in _WORLD_KEYS})
@@ -181,17 +198,27 @@ def has_job_section(rec: dict) -> bool:
     return any(k != "record_path" for k in (rec.get("job") or {}))
 
 
-def recorded_sweep(job_dir: Path, sweep_dir: str | None) -> Path | None:
+def recorded_sweep(job_dir: Path, sweep_dir: str | None, recorded_job: str | None = None) -> Path | None:
     """The sweep folder of a job in JOB_DIR (resolved) whose record names SWEEP_DIR: that folder
     where it is above JOB_DIR; where the sweep was moved, the nearest folder above JOB_DIR of the
-    same name. None for a single run (no sweep_dir) and for a record outside its sweep (a copied
-    run.json): no folder that happens to hold it is its sweep."""
+    same name; where it was renamed too, the nearest folder above JOB_DIR that is a sweep's
+    (multirun.yaml or sweep.json) and holds JOB_DIR where the sweep held the job's recorded folder
+    RECORDED_JOB (its job.dir: "1" below either). None for a single run (no sweep_dir) and for a
+    record outside its sweep (a copied run.json): no folder that happens to hold it is its sweep."""
     if not sweep_dir:
         return None
     recorded = Path(sweep_dir)
     if recorded.is_absolute() and recorded.resolve() in job_dir.parents:   # train.py records it resolved
         return recorded.resolve()
-    return next((folder for folder in job_dir.parents if recorded.name and folder.name == recorded.name), None)
+    named = next((folder for folder in job_dir.parents if recorded.name and folder.name == recorded.name), None)
+    if named is not None or not recorded_job:
+        return named
+    try:
+        rel = Path(recorded_job).relative_to(recorded)
+    except ValueError:   # the recorded job folder was not inside the recorded sweep
+        return None
+    return next((folder for folder in job_dir.parents if rel.parts and job_dir.relative_to(folder) == rel
+                 and any((folder / mark).is_file() for mark in SWEEP_MARKS)), None)
 
 
 def sweep_of_record(rec: dict, given: set[str] = frozenset()) -> Path | None:
@@ -207,7 +234,7 @@ def sweep_of_record(rec: dict, given: set[str] = frozenset()) -> Path | None:
         return None
     job_dir = Path(key)
     if has_job_section(rec):
-        return recorded_sweep(job_dir, rec["job"].get("sweep_dir"))
+        return recorded_sweep(job_dir, rec["job"].get("sweep_dir"), rec["job"].get("dir"))
     parent = job_dir.parent
     if str(parent) in given or any((parent / mark).is_file() for mark in SWEEP_MARKS):
         return parent

@@ -7,7 +7,7 @@ import csv
 import io
 import json
 
-from scalelab.results.record import num_nodes
+from scalelab.results.record import dumps, num_nodes
 # The selection lives in results/select.py; its names stay importable from here (cli, report, charts).
 from scalelab.results.select import (MISSING, WANDB_KEYS, SelectError, _order, _show, check_key, flatten,  # noqa: F401
                                      group_records, lookup, sort_key, sort_records)
@@ -23,18 +23,18 @@ COLUMNS = [  # (header, getter, format)
     ("micro x acc", lambda r: _micro_split(r), "{}"),
     ("lr rule", lambda r: r.get("lr_rule"), "{}"),                          # (VARYING_ONLY)
     ("lr", lambda r: r.get("lr"), "{:.3g}"),
-    ("samples/s", lambda r: r.get("throughput", {}).get("samples_per_s"), "{:.1f}"),
-    ("tokens/s", lambda r: r.get("throughput", {}).get("tokens_per_s"), "{:.0f}"),
-    ("step ms (med)", lambda r: _ms(r.get("step_time_s", {}).get("median")), "{:.1f}"),  # "*": short_run
-    ("step ms (p90)", lambda r: _ms(r.get("step_time_s", {}).get("p90")), "{:.1f}"),
+    ("samples/s", lambda r: _num(_sub(r, "throughput").get("samples_per_s")), "{:.1f}"),
+    ("tokens/s", lambda r: _num(_sub(r, "throughput").get("tokens_per_s")), "{:.0f}"),
+    ("step ms (med)", lambda r: _ms(_num(_sub(r, "step_time_s").get("median"))), "{:.1f}"),  # "*": short_run
+    ("step ms (p90)", lambda r: _ms(_num(_sub(r, "step_time_s").get("p90"))), "{:.1f}"),
     # the device's own peak (max allocated, max over ranks): absent on CPU, where the column is dropped
-    ("device MiB/rank", lambda r: _mib(max(r.get("memory", {}).get("peak_device_bytes_per_rank") or [0]) or None), "{:.0f}"),
-    ("peak RSS MiB", lambda r: _mib(max(r.get("memory", {}).get("peak_rss_bytes_per_rank") or [0]) or None), "{:.0f}"),
-    ("state KiB/rank", lambda r: _kib(max(r.get("memory", {}).get("model_state_bytes_per_rank") or [0]) or None), "{:.0f}"),
-    ("loss first", lambda r: r.get("loss", {}).get("first"), "{:.4f}"),
-    ("loss final", lambda r: r.get("loss", {}).get("final"), "{:.4f}"),
-    ("MFU %", lambda r: 100 * r["mfu"]["value"] if r.get("mfu") else None, "{:.1f}"),
-    ("comm %", lambda r: 100 * r["breakdown"]["comm_fraction"] if r.get("breakdown") else None, "{:.0f}"),
+    ("device MiB/rank", lambda r: _mib(_peak(r, "peak_device_bytes_per_rank")), "{:.0f}"),
+    ("peak RSS MiB", lambda r: _mib(_peak(r, "peak_rss_bytes_per_rank")), "{:.0f}"),
+    ("state KiB/rank", lambda r: _kib(_peak(r, "model_state_bytes_per_rank")), "{:.0f}"),
+    ("loss first", lambda r: _loss(r, "first"), "{:.4f}"),
+    ("loss final", lambda r: _loss(r, "final"), "{:.4f}"),
+    ("MFU %", lambda r: _pct(_sub(r, "mfu").get("value")), "{:.1f}"),
+    ("comm %", lambda r: _pct(_sub(r, "breakdown").get("comm_fraction")), "{:.0f}"),
     ("efficiency", lambda r: r.get("scaling_efficiency"), "{:.2f}"),     # " (vs N)": baseline world N > 1
     ("status", lambda r: r.get("status") if r.get("status") == "completed" else f"{r.get('status')}: {str(r.get('error', ''))[:60]}", "{}"),
 ]
@@ -48,6 +48,35 @@ def _micro_split(r: dict) -> str:
     if isinstance(micro, int) and isinstance(acc, int) and isinstance(chunks, int) and chunks > 1 and micro % chunks == 0:
         return f"{micro // chunks}x{acc * chunks} pp"
     return f"{micro}x{acc}" if micro is not None and acc is not None else None   # a job without a record
+
+
+def _sub(r: dict, key: str) -> dict:
+    """R[KEY] where it is an object, else {} (a null `mfu`, `breakdown` or `memory`)."""
+    v = r.get(key)
+    return v if isinstance(v, dict) else {}
+
+
+def _num(v):
+    """V where it is a number, else None (a null field shows "-"; a non-finite float stays: "nan")."""
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _pct(v):
+    return None if _num(v) is None else 100 * v
+
+
+def _peak(r: dict, key: str):
+    """The largest per-rank memory figure (null ranks skipped); None where none, or 0, is recorded
+    (a null entry of a GPU run's peak_device_bytes_per_rank crashed max() before)."""
+    return max((v for v in _sub(r, "memory").get(key) or [] if _num(v) is not None), default=0) or None
+
+
+def _loss(r: dict, which: str):
+    """loss.first / loss.final; NaN where the record has a loss curve but this loss is null: a
+    diverged run, whose NaN run.json now writes as null (record.finite), still reads "nan"."""
+    loss = _sub(r, "loss")
+    v = _num(loss.get(which))
+    return float("nan") if v is None and loss.get(which) is None and loss.get("curve") else v
 
 
 def _ms(s):
@@ -163,10 +192,9 @@ def render(records: list[dict], fmt: str = "table", group_by: str | None = None,
         records = [r for _, members in group_records(records, group_by) for r in members]
     if fmt == "json":
         if group_by:
-            return json.dumps({"group_by": group_by, "groups": [{"value": v, "runs": m} for v, m in
-                                                                 group_records(records, group_by)]},
-                              indent=2, default=str)
-        return json.dumps(records, indent=2, default=str)
+            return dumps({"group_by": group_by, "groups": [{"value": v, "runs": m} for v, m in
+                                                                 group_records(records, group_by)]}, indent=2)
+        return dumps(records, indent=2)   # strict JSON: a diverged run's NaN loss is null
     if fmt == "csv":
         return _csv(records)
     if fmt == "html":
@@ -221,7 +249,7 @@ def _csv(records: list[dict]) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(keys)
     for f in flat:
-        w.writerow(["" if f.get(k) is None else json.dumps(f[k]) if isinstance(f[k], (list, dict)) else f[k]
+        w.writerow(["" if f.get(k) is None else dumps(f[k]) if isinstance(f[k], (list, dict)) else f[k]
                     for k in keys])
     return buf.getvalue().rstrip("\n")
 
