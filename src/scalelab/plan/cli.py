@@ -199,6 +199,9 @@ def _model_shape_from_args(a) -> ModelSpec:
     if a.params is not None:
         if any(v is not None for v in shape):
             raise PlanError("give the whole shape (--layers --hidden --heads) or only --params")
+        if a.ffn_hidden is not None:   # dropped without a word: the guessed shape's MLP is 4 x hidden
+            raise PlanError(f"--ffn-hidden {a.ffn_hidden} needs the whole shape (--layers --hidden --heads): "
+                            "with --params alone the shape is guessed, MLP width 4 x hidden")
         return ModelSpec.trainer_gpt_for_params(a.params, seq, vocab)
     raise PlanError("no model: give --params N, or --layers L --hidden H --heads A "
                     "[--vocab V --seq-len S], or --model NAME")
@@ -276,6 +279,8 @@ def _plan(a, job_terms=None) -> int:
         precision = a.precision or default_precision(hw)
         # the trainer's own default batch, as the override form plans it (the flags planned dp x 1)
         global_batch = a.global_batch if a.global_batch is not None else default_global_batch()
+        if global_batch < 1:   # before the micro-batch derived from it (-8 / 8 ranks: "--micro-batch ... -1")
+            raise PlanError(f"--global-batch must be >= 1 (sequences per optimizer step), got {global_batch}")
         for name in names:
             kw = dict(devices=_job_flag(a, "devices"), nodes=_job_flag(a, "nodes"), tp=a.tp, pp=a.pp,
                       global_batch=global_batch, precision=precision, optimizer=_job_flag(a, "optimizer"),
@@ -300,6 +305,10 @@ def _plan(a, job_terms=None) -> int:
                 warned.append(docs[-1]["warning"])
         if command:
             docs[-1]["train_command"] = command
+        elif built is not None and terms.model.kind == "gpt" and terms.model.ffn % terms.model.hidden:
+            docs[-1]["train_command_note"] = (f"no same job: --ffn-hidden {terms.model.ffn} is not a multiple of "
+                                              f"--hidden {terms.model.hidden} (scalelab-train's MLP width is "
+                                              "model.arch.mlp_ratio, an integer, x d_model)")
         elif built is not None and built != terms.model.n_params:
             docs[-1]["train_command_note"] = (f"no same job: --params {terms.model.n_params:,} is not what "
                                               f"scalelab-train builds for this shape ({built:,}); drop --params "

@@ -327,6 +327,8 @@ def resolve_layout(strategy: Strategy, model: ModelSpec, devices: int, nodes: in
                         f"(got --strategy {strategy.name})")
     if pp > 1 and not strategy.pipeline:
         raise PlanError(f"--pp {pp} needs --strategy pipeline or nd (got --strategy {strategy.name})")
+    if tp > 1 and nodes > 1 and devices % tp:
+        _refuse_tp_across_nodes(strategy, model, tp, devices, nodes)
     if model.kind == "gpt" and tp > 1:
         check_tp_splits(model, tp, world, strategy.name)
     if pp > model.n_layers:
@@ -346,7 +348,10 @@ def resolve_layout(strategy: Strategy, model: ModelSpec, devices: int, nodes: in
         m = micro_batches or (4 * pp if strategy.pipeline else 1)
         global_batch = per_step * m
     global_batch = int(global_batch)
-    if global_batch < 1 or global_batch % per_step:
+    if global_batch < 1:
+        raise PlanError(f"--global-batch must be >= 1, got {global_batch}; valid: multiples of dp x micro-batch "
+                        f"= {dp} x {micro_batch} = {per_step}")
+    if global_batch % per_step:
         raise PlanError(f"--global-batch {global_batch} is not divisible by dp x micro-batch = "
                         f"{dp} x {micro_batch} = {per_step}; valid: multiples of {per_step}")
     if strategy.pipeline:   # pipeline and nd (also at pp 1): the trainer's schedule checks
@@ -361,3 +366,15 @@ def resolve_layout(strategy: Strategy, model: ModelSpec, devices: int, nodes: in
                   stages_per_rank=strategy.stages_per_rank if pp > 1 else 1,
                   schedule=strategy.pipeline_schedule if strategy.pipeline else "none",
                   dp_replicate=replicas)
+
+
+def _refuse_tp_across_nodes(strategy: Strategy, model: ModelSpec, tp: int, devices: int, nodes: int) -> None:
+    """scalelab-train keeps a TP group inside a node (config.validate for tp and fsdp_tp, nd's own
+    check): a degree that does not divide the devices per node on several nodes is refused there,
+    so here too (`--tp 16 --devices 8 --nodes 2` was planned, its same job refused)."""
+    valid = [d for d in _divisors(devices) if model.kind != "gpt" or not tp_indivisible(model, d)]
+    fix = (f"valid tp: {', '.join(map(str, valid))}" if devices > 1 else
+           "with one device per node there is no TP group to make: a data-parallel strategy (ddp, fsdp, zero1-3), "
+           "or more --devices per node")
+    raise PlanError(f"--tp {tp} does not divide --devices {devices} (devices per node, {nodes} nodes): "
+                    f"strategy={strategy.name}: scalelab-train keeps a tensor-parallel group inside a node; {fix}")

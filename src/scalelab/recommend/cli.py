@@ -117,7 +117,7 @@ def _request(a: argparse.Namespace):
     from scalelab.plan.spec import CHECKPOINTING, normalize_optimizer, normalize_precision
 
     from .lr import base_lr_caveat
-    from .space import Request, check_runnable, strategy_list
+    from .space import Request, check_batches, check_runnable, strategy_list
 
     if a.objective not in OBJECTIVES:
         raise PlanError(f"--objective {a.objective!r} is not valid; valid: {', '.join(OBJECTIVES)}")
@@ -140,6 +140,10 @@ def _request(a: argparse.Namespace):
     model = _model_from_args(ns)
     if a.params is not None and a.model is None and model.kind == "gpt" and not model.shape_inferred:
         model = _shape_for_params(a, ns)
+    if model.kind == "gpt" and model.ffn % model.hidden:   # every layout's command failed after the search
+        raise PlanError(f"--ffn-hidden {model.ffn} is not a multiple of --hidden {model.hidden}: scalelab-train builds "
+                        f"the MLP width as model.arch.mlp_ratio (an integer) x d_model; valid: {model.hidden}, "
+                        f"{2 * model.hidden}, {3 * model.hidden}, ... (default 4 x hidden = {4 * model.hidden})")
     hw = load_hardware(a.hardware)
     opt = normalize_optimizer(a.optimizer)
     cpu = hw.kind == "cpu"     # not the name: a cpu profile `workstation` got bf16 and a GPU check
@@ -154,6 +158,7 @@ def _request(a: argparse.Namespace):
                   strategy_list(a.strategies), ckpt, smaller_worlds=a.objective == "cost",
                   headroom=a.memory_headroom, params_asked=a.params)
     check_runnable(req)
+    check_batches(req)
     if a.verify and (a.nodes > 1) and not a.slurm:
         raise PlanError(f"--verify on --nodes {a.nodes} needs --slurm (multi-node jobs run under SLURM)")
     if a.verify and cpu is False and not a.slurm:

@@ -15,7 +15,7 @@ from scalelab.plan.report import fmt_time
 
 from .rank import PLANNER_MARGIN, SIMPLICITY, best_per_strategy, break_ties, rank, reason, score, tokens_per_s
 from .report import fmt_count, fmt_score, lr_table, ranking_rows, text_table, verify_rows, write_all
-from .space import Candidate, Request, enumerate_candidates, train_overrides
+from .space import Candidate, Request, enumerate_candidates, train_overrides, unrunnable
 
 # Run-to-run spread of one short run's throughput on a shared host (README: 10-25 % between runs of
 # one config on the 2-core VM; 5 % between interleaved ones): a measured lead below it is not one.
@@ -102,7 +102,8 @@ def recommend(req: Request, *, objective: str, tokens=None, budget_s=None, verif
     doc = {"objective": objective, "request": _request_doc(req, tokens, budget_s),
            "search": {"built": len(cands) + sum(pruned.values()), "fitting": len(cands),
                       "pruned_total": sum(pruned.values()), "pruned": pruned, "strategies_fitting":
-                      len(best_per_strategy(ranked)), "seconds": round(time.perf_counter() - t0, 2)},
+                      len(best_per_strategy(ranked)), "seconds": round(time.perf_counter() - t0, 2),
+                      "excluded": unrunnable(req)},
            "ranking": [{**candidate_doc(c, ov, req, objective, tokens, budget_s), "predicted_rank": r,
                         "tied": bool(tie) and c.strategy in tie["strategies"]}
                        for (c, ov), r in zip(shown, predicted_rank)],
@@ -309,6 +310,12 @@ def _say_ranking(doc: dict, say) -> None:
             f"guessed for --params {fmt_count(m['params_asked'] or m['n_params'])})")
     if doc["ranking"]:
         say(text_table(*ranking_rows(doc)))
+    # a strategy with no layout at all (tp at vocab 50257) was missing from the table without a word
+    by_reason: dict[str, list[str]] = {}
+    for name, why in s.get("excluded", {}).items():
+        by_reason.setdefault(why, []).append(name)
+    for why, names in by_reason.items():
+        say(f"not searched: {', '.join(names)}: {why}")
     for note in ((doc.get("tie") or {}).get("note"), (doc.get("budget") or {}).get("note")):
         if note:
             say(note)

@@ -213,6 +213,43 @@ def check_runnable(req: Request) -> None:
                         + "; give other --strategies or --devices")
 
 
+def _layouts(req: Request):
+    """(strategy, world, tp, pp, dp) of every point the search builds, before the batch splits."""
+    for devices, nodes in device_layouts(req):
+        world = devices * nodes
+        for name in req.strategies:
+            if skip_reason(name, req, world) is None:
+                for tp, pp in degrees(name, req.model, devices, world):
+                    yield name, world, tp, pp, world // (tp * pp)
+
+
+def _splits(req: Request, name: str, gb: int, pp: int, dp: int) -> list[tuple[int, int]]:
+    return batch_splits(name, gb // dp, pp, req.max_micro_batches) if gb % dp == 0 else []
+
+
+def check_batches(req: Request) -> None:
+    """PlanError when no --global-batch splits over any layout searched (the default 16 on 4 x 8
+    devices of a 7B GPT, vocab 50257: dp 32 everywhere tp cannot split, and a pipeline needs pp
+    micro-batches a replica): the search ended in "no layout fits device memory", exit 1, while
+    memory was not the reason. Names the smallest global batch some layout splits (dp, or dp x pp
+    for a pipeline's 1F1B, at micro-batch 1)."""
+    layouts = list(_layouts(req))
+    if not layouts or any(_splits(req, n, gb, pp, dp) for n, _, _, pp, dp in layouts for gb in req.global_batches):
+        return
+    lowest = [dp * (pp if get_strategy(n).pipeline else 1) for n, _, _, pp, dp in layouts]   # micro-batch 1
+    smallest = min((gb for gb, (n, _, _, pp, dp) in zip(lowest, layouts) if _splits(req, n, gb, pp, dp)), default=None)
+    if smallest is None:   # a pipeline of more stages than the micro-batches searched: the search says so
+        return
+    plain = sorted({gb for gb, (n, *_) in zip(lowest, layouts) if not get_strategy(n).pipeline})
+    piped = sorted({gb for gb, (n, *_) in zip(lowest, layouts) if get_strategy(n).pipeline})
+    need = "; ".join(([f"dp {', '.join(map(str, plain))}"] if plain else [])
+                     + ([f"a pipeline dp x pp {', '.join(map(str, piped))} (pp micro-batches a replica)"] if piped else []))
+    where = f"{req.nodes}x{req.devices}" + (" or fewer" if req.smaller_worlds else "")
+    raise PlanError(f"--global-batch {','.join(map(str, req.global_batches))} does not split over any layout searched "
+                    f"on {where} devices (it needs a multiple of the data-parallel ranks: {need}); the smallest valid "
+                    f"--global-batch is {smallest}")
+
+
 def enumerate_candidates(req: Request) -> tuple[list[Candidate], dict]:
     """Every point of the space that fits device memory, and a tally of what was pruned and why."""
     pruned: dict[str, int] = {}
