@@ -4,8 +4,10 @@ Sources:
 - "stdlib": the running interpreter's own standard-library .py files (the embedded default:
   present on every machine, no download).
 - "files": local text files or folders given by the user. A file named on the command line is
-  always read; inside a folder (recursively), hidden entries (names starting with "."), empty
-  files and binary files (a NUL byte in the first 8 KiB) are skipped, and counted.
+  always read; inside a folder (recursively, following symlinked folders, each real folder once),
+  hidden entries (names starting with "."), empty files and binary files (a NUL byte in the first
+  8 KiB) are skipped, and counted. A file reached twice (named twice, or through two links) is read
+  once, where it is first reached.
 - "hub": a Hugging Face dataset, its `text_column`: a hub name (owner/name; needs network) or a
   local folder written by `datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk` (offline).
 
@@ -13,13 +15,14 @@ Each source becomes one stream (documents joined by a 0 byte) cut into fixed-len
 seq_len + 1 byte tokens (inputs and shifted targets). The train/val split is by block: a fixed
 share of the blocks (val_fraction, rounded, at least 1 when > 0) is held out, chosen by a hash of
 the block index seeded by the data config (split_seed: not the run seed, so every strategy, world
-size and seed sees the same split). One file, a handful of files or a hub dataset all get both
-splits; no block is in both.
+size and seed sees the same split; local paths count by where they lead, not how they are
+spelled). One file, a handful of files or a hub dataset all get both splits; no block is in both.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import re
 import sysconfig
@@ -29,7 +32,8 @@ import numpy as np
 
 from scalelab.errors import ConfigError
 
-PREP_VERSION = 2  # bump when the block layout or split changes, to invalidate caches (2: split by block)
+PREP_VERSION = 3  # bump when the block layout or split changes, to invalidate caches (2: split by block;
+#                  3: split seed from resolved paths, symlinked folders followed, a file reached twice read once)
 _BINARY_PROBE = 8192
 # owner/name or name, as the hub spells dataset ids (no leading ".", "/" or "~", at most one "/")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
@@ -41,23 +45,49 @@ def stdlib_documents() -> list[tuple[str, bytes]]:
     return [(str(p.relative_to(root)), p.read_bytes()) for p in files]
 
 
-def _folder_files(folder: Path) -> tuple[list[Path], int]:
+def _folder_files(folder: Path) -> tuple[list[Path], list[Path]]:
     """Files under a folder, recursively, in a stable order, without hidden entries (names starting
-    with "."); and how many files those hidden entries held."""
-    files = [f for f in folder.rglob("*") if f.is_file()]
-    shown = [f for f in files if not any(part.startswith(".") for part in f.relative_to(folder).parts)]
-    return sorted(shown), len(files) - len(shown)
+    with "."); and the files those hidden entries held. Symlinked folders are followed, each real
+    folder walked once (a link back up the tree, or two links to one folder, are not walked again)."""
+    files: list[Path] = []
+    seen_dirs: set[str] = set()
+    for here, dirs, names in os.walk(folder, followlinks=True):
+        real = os.path.realpath(here)
+        if real in seen_dirs:
+            dirs[:] = []      # already walked (a cycle, or another link to it): neither its files nor below
+            continue
+        seen_dirs.add(real)
+        dirs.sort()           # walk in name order, so which of two links is walked is stable
+        files.extend(f for f in (Path(here) / n for n in names) if f.is_file())
+    hidden = [f for f in files if any(part.startswith(".") for part in f.relative_to(folder).parts)]
+    hidden_set = set(hidden)
+    return sorted(f for f in files if f not in hidden_set), hidden
 
 
 def file_documents(paths: list[str], info: dict | None = None) -> list[tuple[str, bytes]]:
     """(name, bytes) of every text file given or found under a given folder. `info` (optional)
-    receives the counts of files read and skipped (empty, binary and, where there were any, hidden)."""
+    receives the counts of files read and skipped (empty, binary and, where there were any, hidden
+    and duplicate: a file reached again, by a second name or link, after it was read)."""
     docs, skipped = [], {"empty": 0, "binary": 0}
+    seen: set[Path] = set()   # resolved paths read (or skipped) already: a file reached twice counts once
+
+    def first_time(f: Path) -> bool:
+        real = f.resolve()
+        if real in seen:
+            return False
+        seen.add(real)
+        return True
+
+    duplicates = 0
+    hidden_seen: set[Path] = set()
     for raw in paths:
         p = Path(str(raw)).expanduser()
         if not p.exists():
             raise ConfigError(f"data.files: {raw!r} does not exist (give existing text files or folders)")
         if not p.is_dir():   # named: read, or said why not (a folder's empty and binary files are skipped)
+            if not first_time(p):
+                duplicates += 1
+                continue
             data = p.read_bytes()
             if not data:
                 raise ConfigError(f"data.files: {raw!r} is empty (give text files or folders)")
@@ -67,9 +97,14 @@ def file_documents(paths: list[str], info: dict | None = None) -> list[tuple[str
             docs.append((str(p), data))
             continue
         found, hidden = _folder_files(p)
-        if hidden:
-            skipped["hidden"] = skipped.get("hidden", 0) + hidden
+        new_hidden = {f.resolve() for f in hidden} - hidden_seen
+        if new_hidden:
+            hidden_seen |= new_hidden
+            skipped["hidden"] = skipped.get("hidden", 0) + len(new_hidden)
         for f in found:
+            if not first_time(f):
+                duplicates += 1
+                continue
             data = f.read_bytes()
             if not data:
                 skipped["empty"] += 1
@@ -77,6 +112,8 @@ def file_documents(paths: list[str], info: dict | None = None) -> list[tuple[str
                 skipped["binary"] += 1
             else:
                 docs.append((str(f), data))
+    if duplicates:
+        skipped["duplicate"] = duplicates
     if info is not None:
         info.update(files=len(docs), skipped_files=skipped)
     if not docs or not any(d for _, d in docs):
@@ -103,7 +140,6 @@ PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PRO
 def _hub_reachable(timeout_s: float = 3.0) -> bool:
     """A TCP connection to the Hub's endpoint (HF_ENDPOINT, a mirror, when set) opens. True where
     this cannot tell: behind a proxy (the probe would go around it), an endpoint it cannot parse."""
-    import os
     import socket
     from urllib.parse import urlparse
 
@@ -157,7 +193,25 @@ def hub_documents(name: str, split: str, text_column: str) -> list[tuple[str, by
             hub_log.setLevel(level)
     if text_column not in ds.column_names:
         raise ConfigError(f"data.text_column={text_column!r} not in {name}: choose one of {ds.column_names}")
-    return [(f"{name}/{i}", str(t).encode("utf-8")) for i, t in enumerate(ds[text_column]) if t]
+    feature = ds.features[text_column]
+    if not _is_text(feature):  # str() of ints or lists would train on their Python repr
+        text = [c for c in ds.column_names if _is_text(ds.features[c])]
+        valid = f"choose a string column: {', '.join(text)}" if text else "it has no string column"
+        raise ConfigError(f"data.text_column={text_column!r} in {name} holds {_feature_name(feature)} values, "
+                          f"not text; {valid}")
+    return [(f"{name}/{i}", t.encode("utf-8")) for i, t in enumerate(ds[text_column]) if t]
+
+
+def _is_text(feature) -> bool:
+    """A column of strings (Arrow string or large_string)."""
+    return getattr(feature, "dtype", None) in ("string", "large_string")
+
+
+def _feature_name(feature) -> str:
+    """int64 for Value('int64'); the feature's repr otherwise (List(Value('int64')), a dict of them)."""
+    if type(feature).__name__ == "Value":
+        return str(feature.dtype)
+    return " ".join(repr(feature).split())[:80]
 
 
 def _blocks(docs: list[tuple[str, bytes]], block: int) -> np.ndarray:
@@ -171,8 +225,13 @@ def _blocks(docs: list[tuple[str, bytes]], block: int) -> np.ndarray:
 
 def split_seed(cfg: dict) -> int:
     """The split's seed: what the data is (source, files, hub dataset, column, max_documents), not
-    the run seed nor val_fraction (a larger fraction holds out a superset of the blocks)."""
+    the run seed nor val_fraction (a larger fraction holds out a superset of the blocks). Local paths
+    count resolved ('data', './data' and /abs/data: one split); a hub id (owner/name) as given."""
     ident = {k: cfg.get(k) for k in ("source", "files", "hub_name", "hub_split", "text_column", "max_documents")}
+    if cfg.get("source") == "files" and ident["files"]:
+        ident["files"] = [str(Path(str(f)).expanduser().resolve()) for f in ident["files"]]
+    elif cfg.get("source") == "hub" and ident["hub_name"] and Path(str(ident["hub_name"])).expanduser().exists():
+        ident["hub_name"] = str(Path(str(ident["hub_name"])).expanduser().resolve())
     return int.from_bytes(hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).digest()[:8],
                           "little")
 
