@@ -14,7 +14,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from scalelab.results import charts as C
-from scalelab.results.table import _cells, _columns, _show, flatten, job_labels, lookup
+from scalelab.results.table import (_cells, _columns, _show, flatten, job_labels, lookup, notes,
+                                    oversubscribed)
 
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
        "font-src data:; connect-src 'none'; base-uri 'none'; form-action 'none'")
@@ -111,12 +112,16 @@ def _legend_below(layout: dict, names: list[str]) -> None:
     layout["margin"]["b"] += 22 * rows
 
 
-def _table(table_id: str, heads: list[str], rows: list[list[str]], failed: list[bool], errors: list[str]) -> str:
+def _table(table_id: str, heads: list[str], rows: list[list[str]], failed: list[bool], errors: list[str],
+           crowded: list[str] | None = None) -> str:
+    """CROWDED: each row's oversubscription (table.oversubscribed, in words; "" where none): the row
+    is marked (class oversubscribed) and says it on hover, where no error does."""
     th = "".join(f'<th title="sort by {html.escape(h)}">{html.escape(h)}</th>' for h in heads)
     body = "".join(
-        "<tr" + (" class=failed" if bad else "") + (' title="%s"' % html.escape(err, quote=True) if err else "")
+        "<tr" + (" class=failed" if bad else " class=oversubscribed" if why else "")
+        + (' title="%s"' % html.escape(err or why, quote=True) if err or why else "")
         + ">" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
-        for cells, bad, err in zip(rows, failed, errors))
+        for cells, bad, err, why in zip(rows, failed, errors, crowded or [""] * len(rows)))
     return f'<div class="scroll"><table class="sortable" id="{table_id}"><thead><tr>{th}</tr></thead>' \
            f"<tbody>{body}</tbody></table></div>"
 
@@ -139,8 +144,12 @@ def tables(records: list[dict], group_by: str | None = None) -> tuple[str, str]:
     heads = ([group_by] if group_by else []) + [c[0] for c in cols]
     lead = [[_show(lookup(r, group_by))] if group_by else [] for r in records]
     labels = job_labels(records)   # a job name runs of two sweeps share: "A/sw/0", "B/sw/0" (as compare's table)
+    crowded = [f"oversubscribed: {o[0]} ranks x {o[1]} thread(s) on {o[2]} cores (figures not comparable)"
+               if (o := oversubscribed(r)) else "" for r in records]
     summary = _table("runs", heads, [g + _cells(r, cols, labels.get(id(r))) for g, r in zip(lead, records)],
-                     bad, errs)
+                     bad, errs, crowded)
+    # the marks' footnotes (a short run's "*", an oversubscribed run's "!"), as under compare's table
+    summary += "".join(f'<p class="note">{html.escape(n)}</p>' for n in notes(records, labels))
     flat = [flatten(r) for r in records]
     keys = list(dict.fromkeys(k for f in flat for k in f))
     full = _table("fields", keys, [[_field(f.get(k)) for k in keys] for f in flat], bad, errs)
@@ -158,7 +167,7 @@ document.querySelectorAll('table.sortable').forEach(t=>{t.querySelectorAll('th')
   rows.forEach(r=>tb.appendChild(r));});});});
 """
 CMP_JS = """
-function sortVal(text){const s=text.replace(/\\*$/,'');const n=parseFloat(s);
+function sortVal(text){const s=text.replace(/[*!]$/,'');const n=parseFloat(s);
  if(s==='-'||/^[-+]?(nan|inf|infinity)$/i.test(s.trim()))return null;
  return isFinite(n)&&/^[-+0-9.eE]+$/.test(s)?n:s;}
 function sortCmp(p,q,asc){const x=sortVal(p),y=sortVal(q);
@@ -188,6 +197,7 @@ STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}h1{marg
 td,th{border:1px solid #ddd;padding:3px 7px;text-align:right;white-space:nowrap}
 th{background:#eee;cursor:pointer;position:sticky;top:0}th[data-dir=asc]::after{content:' \\25B2'}
 th[data-dir=desc]::after{content:' \\25BC'}tr.failed td{color:#b00;background:#fee}
+tr.oversubscribed td{background:#fff3d6}
 .failed-list li{color:#b00}"""
 
 
@@ -223,7 +233,8 @@ def render_html(records: list[dict], summaries: list[dict], group_by: str | None
 <p>{len(records)} runs: {n_ok} completed, {len(records) - n_ok} failed. Sweeps: {sweeps}.
 {f"Grouped by <code>{html.escape(group_by)}</code>." if group_by else ""}</p>
 <div class="grid">{cards}</div>
-<h2>Runs</h2><p class="note">Click a column to sort. Failed runs in red (hover for the error).</p>{summary}
+<h2>Runs</h2><p class="note">Click a column to sort. Failed runs in red (hover for the error); runs whose
+ranks shared cores (oversubscribed, world marked !) in amber.</p>{summary}
 <h2>Failed runs</h2>{fail_html}
 <details><summary><b>Every run.json field</b> (flattened; long lists shown as their length)</summary>{full}</details>
 <pre id="scalelab-selfcheck" hidden></pre>

@@ -36,8 +36,18 @@ COLUMNS = [  # (header, getter, format)
     ("MFU %", lambda r: _pct(_sub(r, "mfu").get("value")), "{:.1f}"),
     ("comm %", lambda r: _pct(_sub(r, "breakdown").get("comm_fraction")), "{:.0f}"),
     ("efficiency", lambda r: r.get("scaling_efficiency"), "{:.2f}"),     # " (vs N)": baseline world N > 1
-    ("status", lambda r: r.get("status") if r.get("status") == "completed" else f"{r.get('status')}: {str(r.get('error', ''))[:60]}", "{}"),
+    ("status", lambda r: r.get("status") if r.get("status") == "completed" else f"{r.get('status')}: {one_line(r.get('error', ''))[:60]}", "{}"),
 ]
+
+
+def one_line(text) -> str:
+    """TEXT as one line: its non-blank lines stripped and joined with " | " (a failed run's traceback
+    tail or multi-line message; its newlines broke the text and markdown rows), tabs as spaces.
+    run.json keeps the whole text."""
+    text = str(text)
+    if text.splitlines() != [text]:   # "\n", "\r", "\r\n" and the other line breaks str.splitlines knows
+        text = " | ".join(ln.strip() for ln in text.splitlines() if ln.strip())
+    return text.replace("\t", " ")
 
 
 def _micro_split(r: dict) -> str:
@@ -92,6 +102,7 @@ def _kib(b):
 
 
 SHORT_MARK = "*"
+OVERSUB_MARK = "!"   # on the world cell of a run whose ranks x threads exceeded its node's cores
 SHORT_NOTE = f"{SHORT_MARK} fewer than 5 measured steps: not steady-state figures (raise trainer.max_steps)"
 SHORT_BASE_NOTE = ("efficiency (vs ... short run): every run at its group's smallest world size was a short run, so "
                    "the efficiencies are against a figure that is not steady-state")
@@ -104,10 +115,35 @@ def vs_baseline(world: int, short: bool | None) -> str:
     return f" (vs {', '.join(said)})" if said else ""
 
 
-def notes(records: list[dict]) -> list[str]:
-    """The footnotes the table's marks need."""
+def oversubscribed(r: dict) -> tuple[int, int, int] | None:
+    """(ranks per node, threads per rank, the node's cores) of a CPU run whose ranks x threads
+    exceeded the cores the launcher counted (hardware.host_cores, as launch.oversubscribed warns):
+    its ranks shared cores. None otherwise, and where the record lacks one of these."""
+    hw = _sub(r, "hardware")
+    ranks, threads, cores = (_num(v) for v in (r.get("devices_per_node") or r.get("world_size"),
+                                               hw.get("threads_per_rank"), hw.get("host_cores")))
+    if hw.get("accelerator") != "cpu" or not (ranks and threads and cores) or ranks * threads <= cores:
+        return None
+    return int(ranks), int(threads), int(cores)
+
+
+def oversub_note(records: list[dict], labels: dict[int, str] | None = None) -> list[str]:
+    """The OVERSUB_MARK's footnote: which runs shared cores, and why their figures do not compare."""
+    crowded = [(r, o) for r in records if (o := oversubscribed(r))]
+    if not crowded:
+        return []
+    said = [f"{(labels or {}).get(id(r)) or (r.get('job') or {}).get('name') or r.get('strategy')} "
+            f"({ranks} ranks x {threads} thread(s) on {cores} cores)" for r, (ranks, threads, cores) in crowded]
+    return [f"{OVERSUB_MARK} oversubscribed: {'; '.join(said[:8])}{'; ...' if len(said) > 8 else ''}: the ranks "
+            "shared cores, so their step time, throughput, scaling efficiency and MFU measure that contention, "
+            "not the strategy, and do not compare with runs that fit the host"]
+
+
+def notes(records: list[dict], labels: dict[int, str] | None = None) -> list[str]:
+    """The footnotes the table's marks need (LABELS: job_labels, the names the rows show)."""
     return (([SHORT_NOTE] if any(r.get("short_run") for r in records) else [])
-            + ([SHORT_BASE_NOTE] if any(r.get("scaling_baseline_short") for r in records) else []))
+            + ([SHORT_BASE_NOTE] if any(r.get("scaling_baseline_short") for r in records) else [])
+            + oversub_note(records, labels))
 
 
 def job_labels(records: list[dict]) -> dict[int, str]:
@@ -146,7 +182,9 @@ def _cells(rec: dict, columns, label: str | None = None) -> list[str]:
         v = get(rec)
         if head == "job" and label:
             v = label   # a job name other runs have too, made longer (job_labels)
-        cell = "-" if v is None or v == "" else fmt.format(v)
+        cell = "-" if v is None or v == "" else one_line(fmt.format(v))   # a cell is one line
+        if head == "world" and cell != "-" and oversubscribed(rec):
+            cell += OVERSUB_MARK
         if head == "step ms (med)" and rec.get("short_run") and cell != "-":
             cell += SHORT_MARK
         if head == "efficiency" and cell != "-" and rec.get("scaling_kind") == "weak":
@@ -205,21 +243,21 @@ def render(records: list[dict], fmt: str = "table", group_by: str | None = None,
         raise ValueError(f"format {fmt!r} is not known: choose {', '.join(FORMATS)}")
     cols = _columns(records)
     heads = [c[0] for c in cols]
-    note = notes(records)
     sections = group_records(records, group_by) if group_by else [(None, records)]
     labels = job_labels(records)
+    note = notes(records, labels)
     out = []
     for value, members in sections:
         rows = [_cells(r, cols, labels.get(id(r))) for r in members]
         if fmt == "markdown":
-            title = [f"### {group_by} = {_show(value)}", ""] if group_by else []
+            title = [f"### {group_by} = {one_line(_show(value))}", ""] if group_by else []
             out.append("\n".join(title + ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
                                  + ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]))
             continue
         widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(heads)]
         left = [h in IDENTITY for h in heads]
         line = lambda cells: "  ".join(c.ljust(w) if left[i] else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
-        title = [f"== {group_by} = {_show(value)} ({len(members)} runs) =="] if group_by else []
+        title = [f"== {group_by} = {one_line(_show(value))} ({len(members)} runs) =="] if group_by else []
         out.append("\n".join([*title, line(heads), line(["-" * w for w in widths]), *map(line, rows)]))
     if fmt == "markdown":
         return "\n\n".join(out) + ("\n\n" + "\n".join(note) if note else "")
@@ -245,13 +283,18 @@ def _csv(records: list[dict]) -> str:
     """Every run.json field, flattened (dotted keys; lists as JSON), one row per run."""
     flat = [flatten(r) for r in records]
     keys = list(dict.fromkeys(k for f in flat for k in f))
+    rows = [keys] + [["" if f.get(k) is None else dumps(f[k]) if isinstance(f[k], (list, dict)) else f[k]
+                      for k in keys] for f in flat]
+    return "\n".join(map(_csv_row, rows))
+
+
+def _csv_row(values: list) -> str:
+    """One CSV row, without its line end. A writer whose line end is "\\r\\n" quotes a field with a
+    bare "\\r" too (a progress bar's in an error's text): with "\\n" alone it left it bare, and a
+    reader split the row there."""
     buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(keys)
-    for f in flat:
-        w.writerow(["" if f.get(k) is None else dumps(f[k]) if isinstance(f[k], (list, dict)) else f[k]
-                    for k in keys])
-    return buf.getvalue().rstrip("\n")
+    csv.writer(buf, lineterminator="\r\n").writerow(values)
+    return buf.getvalue()[:-2]
 
 
 # The keys a table column shows as they are (its getter returns the key's value unchanged): --where

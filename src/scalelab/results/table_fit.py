@@ -5,7 +5,7 @@ plain-text table are results/table.py's; its names for these stay importable fro
 from __future__ import annotations
 
 from scalelab.results.select import _show, group_records, sort_records
-from scalelab.results.table import IDENTITY, _cells, _columns, job_labels, notes, render
+from scalelab.results.table import IDENTITY, _cells, _columns, job_labels, notes, one_line, render
 
 # What the terminal table hides when the terminal is too narrow for every column: first the
 # columns every run has the same value in (their value goes in the caption: nothing is lost), then
@@ -149,10 +149,10 @@ def _view(records: list[dict]) -> dict:
     cols = _columns(records)
     heads = [c[0] for c in cols]
     cells = {id(r): dict(zip(heads, _cells(r, cols, labels.get(id(r))))) for r in records}
-    for r in records:   # a failed run's whole error (the plain table cuts it at 60 characters)
+    for r in records:   # a failed run's whole error, on one line (the plain table cuts it at 60 characters)
         if r.get("status") != "completed" and "status" in heads:
-            cells[id(r)]["status"] = f"{r.get('status')}: {r.get('error', '')}"
-    said = notes(records)
+            cells[id(r)]["status"] = f"{r.get('status')}: {one_line(r.get('error', ''))}"
+    said = notes(records, labels)
     if all(r.get("status") == "completed" for r in records) and "status" in heads:
         heads.remove("status")
         said.append("completed" if len(records) == 1 else f"all {len(records)} runs completed")
@@ -169,7 +169,7 @@ def _sections(records: list[dict], group_by: str | None, sweep: str | None):
     """(title, runs) of each table: the sweep's name, and the group's value with --group-by."""
     for value, members in group_records(records, group_by) if group_by else [(None, records)]:
         title = ", ".join(filter(None, [f"sweep {sweep}" if sweep else None,
-                                       f"{group_by} = {_show(value)}" if group_by else None]))
+                                       f"{group_by} = {one_line(_show(value))}" if group_by else None]))
         yield title or None, members
 
 
