@@ -6,8 +6,8 @@ A save goes to a `.tmp` name first; after every rank has written its part (barri
 records each file's size in the manifest and renames the checkpoint to its final name, so a
 checkpoint with a final name and a manifest was complete when written. Validation before a
 resume re-checks the sizes: a checkpoint truncated or partly deleted since is reported and the
-one before it used; the file checkpoint chosen is also read whole once (its zip members' CRCs),
-so one damaged at its full size is passed over alike. The last `keep_last` checkpoints are kept;
+one before it used; the launcher also reads the file checkpoints a resume could take once (their
+zip members' CRCs) and sets one damaged at its full size aside (set_aside_damaged). The last `keep_last` checkpoints are kept;
 `.tmp` saves a killed run left behind are removed when training starts.
 
 Beside each checkpoint, every rank writes its loss curve so far (step-N.ckpt.curve-rank{R}.json):
@@ -66,29 +66,52 @@ def valid_checkpoints(ckpt_dir: Path) -> tuple[list[tuple[int, Path]], list[str]
     return good, problems
 
 
-def find_resume(job_dir: Path, below: int | None = None, slurm_job: str | None = None, verify: bool = False
+def find_resume(job_dir: Path, below: int | None = None, slurm_job: str | None = None
                 ) -> tuple[Path | None, int, list[str]]:
     """The newest valid checkpoint of this job dir (before step `below`, saved by SLURM job
-    `slurm_job`, if given): (path, step, problems); (None, 0, ...) if none. With `verify` (a rank
-    about to load it), a file checkpoint of the right size but damaged (see damaged) is a problem
-    too, and the one before it is taken; without, nothing is read (a stop's message, a restart's
-    line: reading a large checkpoint whole there would eat the stop's grace)."""
+    `slurm_job`, if given): (path, step, problems); (None, 0, ...) if none. Reads no checkpoint
+    (the launcher set damaged ones aside before the ranks started: set_aside_damaged)."""
     good, problems = valid_checkpoints(job_dir / "checkpoints")
     good = [g for g in good if (below is None or g[0] < below)
             and (slurm_job is None or _manifest(g[1]).get("slurm_job") == slurm_job)]
-    for step, path in good:
-        bad = damaged(path) if verify else None
-        if bad is None:
-            return path, step, problems
-        problems.append(bad)
+    if good:
+        return good[0][1], good[0][0], problems
     return None, 0, problems
+
+
+DAMAGED = ".damaged"   # step-N.ckpt.damaged: set aside (no longer a checkpoint's name), kept to look at
+
+
+def set_aside_damaged(job_dir: Path, max_steps: int) -> list[str]:
+    """The launcher, once per job before its ranks start (checkpoint.resume=auto): reads the
+    checkpoint files a resume could take, newest first, until one below max_steps is sound, and
+    renames each damaged one (see damaged) to NAME.damaged, so that every rank's resume_point
+    passes it over alike; returns a line for each. One read of the file (not one per rank, each
+    deciding alone). Before, a file damaged at its full size (sizes agree with the manifest)
+    crashed every rank in torch.load, in every requeue or restart after."""
+    lines = []
+    for step, path in valid_checkpoints(job_dir / "checkpoints")[0]:
+        bad = damaged(path)
+        if bad is None:
+            if step < max_steps:
+                break
+            continue
+        aside = path.with_name(path.name + DAMAGED)
+        try:
+            os.replace(path, aside)
+        except FileNotFoundError:   # another node's launcher set it aside first (a shared folder)
+            continue
+        lines.append(f"checkpoint {bad}: set aside as {aside.name}, not used")
+    return lines
 
 
 def damaged(path: Path) -> str | None:
     """Why checkpoint file `path` (torch.save's zip archive, as Lightning's .ckpt) cannot be loaded
-    although its size is right (a problem line, as valid_checkpoints'), else None. Reads it whole
-    once: every member against its CRC-32. Not for a sharded checkpoint's folder, nor a file
-    that is no zip archive at either end (another format: torch.load judges it)."""
+    although its size is right, else None. Reads it whole once: every member against its CRC-32.
+    None (not judged) for a sharded checkpoint's folder, a file that is no zip archive at either
+    end (another format: torch.load judges it), one saved without CRCs
+    (torch.serialization.set_crc32_options(False): zero in every member, which torch.load reads),
+    and a read that failed (OSError: a file system's hiccup is no damage to set aside for)."""
     path = Path(path)
     if not path.is_file():
         return None
@@ -98,24 +121,28 @@ def damaged(path: Path) -> str | None:
         if not zip_head and not zipfile.is_zipfile(path):
             return None
         with zipfile.ZipFile(path) as z:
+            if any(i.CRC == 0 and i.file_size for i in z.infolist()):
+                return None
             member = z.testzip()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, zlib.error) as e:
+    except OSError:
+        return None
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, zlib.error) as e:
         return f"{path} is damaged (not a readable zip archive: {e})"
     return f"{path} is damaged (its member {member} fails its CRC check)" if member else None
 
 
-def resume_point(job_dir: Path, max_steps: int, slurm_job: str | None = None, verify: bool = False
+def resume_point(job_dir: Path, max_steps: int, slurm_job: str | None = None
                  ) -> tuple[Path | None, int, list[str], bool]:
     """checkpoint.resume=auto's choice in a job folder: (path, step, problems, passed_last). The
     newest valid checkpoint; where that one is at max_steps (the last step is saved but the
     record is not: the job was cut between the two, or SLURM requeued it after its last step;
     train.run_job keeps a completed record before any rank starts), the one before it, of SLURM
     job `slurm_job` if given, so that the attempt redoes one interval and has steps to measure
-    (passed_last: True); (None, 0, ...) where there is none. `verify`: as find_resume's."""
-    path, step, problems = find_resume(job_dir)    # not read: the newest at max_steps is not loaded
+    (passed_last: True); (None, 0, ...) where there is none."""
+    path, step, problems = find_resume(job_dir)
     if path is None or step < max_steps:
-        return (*find_resume(job_dir, verify=True), False) if verify else (path, step, problems, False)
-    path, step, problems = find_resume(job_dir, below=max_steps, slurm_job=slurm_job, verify=verify)
+        return path, step, problems, False
+    path, step, problems = find_resume(job_dir, below=max_steps, slurm_job=slurm_job)
     return path, step, problems, True
 
 

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from scalelab import job_dir as job_dir_check
 from scalelab import launch, requeue, run_end, same_job, spawn, timing
 from scalelab.checkpointing import (PROGRESS, RESTARTS, RESUMED, find_resume, goes_on_from,
-                                    read_restarts, resume_point)
+                                    read_restarts, resume_point, set_aside_damaged)
 from scalelab.errors import ConfigError
 from scalelab.job_outcome import RERUN_MARK, collect, failed_on_node, mark_attempt, node_record, one_line
 from scalelab.paths import conf_dir
@@ -137,6 +137,9 @@ def run_job(cfg: DictConfig) -> dict:
         (job_dir / mark).unlink(missing_ok=True)
     for stale in job_dir.glob("error-rank*.txt"):  # an earlier run's here: not this run's error
         stale.unlink(missing_ok=True)
+    if cfg.checkpoint.get("resume", "auto") == "auto":   # once here, not in every rank: the ranks agree
+        for line in set_aside_damaged(job_dir, int(cfg.trainer.max_steps)):
+            log.info(f"[scalelab] {line}")
     slurm_batch = cfg.launcher.name == "srun" and requeue.in_slurm_job()   # ranks.log marks its attempts
     if (job_dir / "ranks.log").exists() and not slurm_batch:                # ranks.log keeps every run
         with open(job_dir / "ranks.log", "a") as f:

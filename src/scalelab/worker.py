@@ -273,8 +273,7 @@ def _resume_point(cfg, job_dir: Path, rank: int) -> tuple[str | None, int | None
         return start, None
     max_steps = cfg.trainer.max_steps
     slurm_job = os.environ.get("SLURM_JOB_ID") if requeue.requeue_count() > 0 else None  # a requeue: its own
-    # verify: every rank reads the file it loads once more (its zip CRCs; the page cache serves a node's others)
-    path, step, problems, passed_last = resume_point(job_dir, max_steps, slurm_job, verify=True)
+    path, step, problems, passed_last = resume_point(job_dir, max_steps, slurm_job)
     if passed_last and path is None and rank == 0:
         print(f"[scalelab] the newest checkpoint is at trainer.max_steps={max_steps} and none before it"
               + (f" of SLURM job {slurm_job}" if slurm_job else "") + " (checkpoint.every_n_steps): "

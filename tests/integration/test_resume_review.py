@@ -1,5 +1,5 @@
-"""A real Lightning checkpoint damaged at its full size (one byte of a tensor flipped) is reported and
-the one before it resumed (it resumed silently before, or crashed in torch.load), and the `.tmp`
+"""A real Lightning checkpoint damaged at its full size (one byte of a tensor flipped) is set aside by
+the launcher (renamed NAME.damaged) and the one before it resumed (it resumed silently before, or crashed in torch.load), and the `.tmp`
 save a killed run left is removed when the rerun starts (tests/unit/test_resume_review.py: the logic)."""
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ def test_a_damaged_newest_checkpoint_is_passed_over_and_stale_tmp_removed(tmp_pa
     (ckpts / "step-00000015.ckpt.tmp").write_bytes(b"a save killed mid-write")
     proc = train([*args, "trainer.max_steps=15"], tmp_path)                            # the same job, rerun
     out = proc.stdout + proc.stderr
-    assert f"{newest} is damaged (its member {info.filename} fails its CRC check): not used" in out, out[-3000:]
+    assert (f"[scalelab] checkpoint {newest} is damaged (its member {info.filename} fails its CRC check): set aside "
+            "as step-00000010.ckpt.damaged, not used") in out, out[-3000:]
+    assert (ckpts / "step-00000010.ckpt.damaged").stat().st_size == size
     assert "resuming from" in out and "step-00000005.ckpt (step 5)" in out
     rec = json.loads((job / "run.json").read_text())
     assert rec["status"] == "completed" and rec["resumed_at_step"] == 5

@@ -9,9 +9,11 @@ import zipfile
 from types import SimpleNamespace
 
 import pytest
+import torch
 import yaml
 
-from scalelab.checkpointing import MANIFEST, PeriodicCheckpoint, damaged, find_resume, resume_point, valid_checkpoints
+from scalelab.checkpointing import (MANIFEST, PeriodicCheckpoint, damaged, find_resume, resume_point,
+                                   set_aside_damaged, valid_checkpoints)
 from scalelab.errors import ConfigError
 from scalelab.preflight import preflight
 from scalelab.resume_checks import resume_mismatch
@@ -123,22 +125,43 @@ def _flip_mid_member(ckpt, member: str) -> None:
     ckpt.write_bytes(bytes(data))
 
 
-def test_a_damaged_newest_checkpoint_of_its_full_size_is_passed_over(tmp_path):
+def test_a_damaged_newest_checkpoint_of_its_full_size_is_set_aside(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     older, newest = _periodic(tmp_path, 10, 1.0), _periodic(tmp_path, 20, 2.0)
-    assert find_resume(tmp_path) == (newest, 20, [])
+    assert set_aside_damaged(tmp_path, 100) == [] and find_resume(tmp_path) == (newest, 20, [])
     size = newest.stat().st_size
     _flip_mid_member(newest, "step-00000020/data/0")              # the tensor's bytes
     assert newest.stat().st_size == size and valid_checkpoints(tmp_path / "checkpoints")[1] == []   # sizes agree
-    assert find_resume(tmp_path, verify=True) == (older, 10, [f"{newest} is damaged (its member "
-                                                              "step-00000020/data/0 fails its CRC check)"])
-    # resume=auto's choice (the worker verifies, and prints each problem, "checkpoint ...: not used")
-    assert resume_point(tmp_path, 100, verify=True)[:3] == (older, 10, [f"{newest} is damaged (its member "
-                                                                        "step-00000020/data/0 fails its CRC check)"])
-    # a stop's message and a restart's line do not read checkpoints whole (the stop's grace)
-    assert find_resume(tmp_path) == (newest, 20, []) and resume_point(tmp_path, 100)[:3] == (newest, 20, [])
+    assert damaged(newest) == f"{newest} is damaged (its member step-00000020/data/0 fails its CRC check)"
+    # the launcher, once: renamed, so every rank's resume_point takes the one before it alike
+    assert set_aside_damaged(tmp_path, 100) == [f"checkpoint {newest} is damaged (its member step-00000020/data/0 "
+                                                "fails its CRC check): set aside as step-00000020.ckpt.damaged, not used"]
+    assert not newest.exists() and newest.with_name("step-00000020.ckpt.damaged").stat().st_size == size
+    assert resume_point(tmp_path, 100)[:3] == (older, 10, [])
     _flip_mid_member(older, "step-00000010/data.pkl")
-    assert find_resume(tmp_path, verify=True)[:2] == (None, 0) and len(find_resume(tmp_path, verify=True)[2]) == 2
+    assert len(set_aside_damaged(tmp_path, 100)) == 1 and find_resume(tmp_path)[:2] == (None, 0)
+
+
+def test_only_what_a_resume_could_take_is_read(tmp_path):
+    """Newest first until one below max_steps is sound: an older damaged file is not read; the
+    newest at max_steps is read too (resume=auto then takes the one before it)."""
+    (tmp_path / "checkpoints").mkdir()
+    old, mid, last = (_periodic(tmp_path, s, float(s)) for s in (10, 20, 30))
+    _flip_mid_member(old, "step-00000010/data/0")
+    assert set_aside_damaged(tmp_path, 100) == [] and old.exists()      # 30 is sound: 10 is not read
+    _flip_mid_member(last, "step-00000030/data/0")
+    assert set_aside_damaged(tmp_path, 30) == [f"checkpoint {last} is damaged (its member step-00000030/data/0 fails "
+                                               "its CRC check): set aside as step-00000030.ckpt.damaged, not used"]
+    assert old.exists() and mid.exists()
+
+
+def test_a_checkpoint_saved_without_crcs_is_not_judged(tmp_path):
+    torch.serialization.set_crc32_options(False)
+    try:
+        plain = _torch_file(tmp_path / "plain.ckpt")
+    finally:
+        torch.serialization.set_crc32_options(True)
+    assert torch.load(plain, weights_only=True) is not None and damaged(plain) is None
 
 
 def test_damaged_reads_zip_files_only(tmp_path):
