@@ -1,6 +1,7 @@
 """How a job of `scalelab-train` ends, in lines (scalelab.train): a failed job's one FAILED line,
 a sweep's job its one line, a single run its table, then where its record is and how to compare it;
-and trainer.timeout_s, the whole job's limit, which a timed-out job's error names."""
+and trainer.timeout_s, the whole job's limit, which a timed-out job's error names; the line of a
+job Ctrl-C or SIGTERM stopped."""
 from __future__ import annotations
 
 import logging
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from scalelab.checkpointing import find_resume, resume_point
 from scalelab.job_outcome import one_line
 from scalelab.results.record import RUN_FILE
 
@@ -50,3 +52,25 @@ def job_timeout(cfg: DictConfig) -> float:
     here (1800 s, until found by review) killed every longer run, SLURM jobs with hours of --time too."""
     t = cfg.trainer.get("timeout_s")
     return math.inf if t is None else float(t)
+
+
+def interrupted_line(job_dir: Path | None, sweep_dir: Path | None = None, signame: str = "Ctrl-C",
+                     run_dir: Path | None = None, max_steps: int | None = None, every: int | None = None) -> str:
+    """One line for Ctrl-C (or SIGTERM): which job it stopped and how to go on (checkpoint.resume=auto
+    resumes from the job's newest checkpoint when the same command runs again into the same folder,
+    run_dir: Hydra's, where node K of a torchrun job keeps its files in JOB_DIR/nodeK)."""
+    if job_dir is None:
+        return f"[scalelab] interrupted ({signame}) before any job started"
+    # where checkpoint.resume=auto goes on from (the one before a checkpoint at max_steps, to redo its interval)
+    saved = resume_point(job_dir, max_steps)[0] if max_steps else find_resume(job_dir)[0]
+    again = (f"hydra.sweep.dir={sweep_dir} (its completed jobs are kept; this one resumes)" if sweep_dir
+             else f"hydra.run.dir={run_dir or job_dir}")
+    if saved:
+        how = f"the same command with {again} goes on from its checkpoint {saved.name}"
+    elif every:   # stopped before its first save
+        how = f"it saved no checkpoint yet (checkpoint.every_n_steps={every})"
+    else:
+        how = "it saved no checkpoint (checkpoint.every_n_steps=N saves one every N steps)"
+    if not saved and sweep_dir:   # what a rerun still keeps: the default folder is new each time
+        how += f"; the same command with hydra.sweep.dir={sweep_dir} keeps the jobs that completed"
+    return f"[scalelab] interrupted ({signame}) in {job_dir}: {how}"

@@ -17,8 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from scalelab import job_dir as job_dir_check
 from scalelab import launch, requeue, run_end, same_job, spawn, timing
-from scalelab.checkpointing import (PROGRESS, RESTARTS, RESUMED, find_resume, goes_on_from,
-                                    read_restarts, resume_point, set_aside_damaged)
+from scalelab.checkpointing import (PROGRESS, RESTARTS, RESUMED, goes_on_from, read_restarts,
+                                    set_aside_damaged)
 from scalelab.errors import ConfigError
 from scalelab.job_outcome import RERUN_MARK, collect, failed_on_node, mark_attempt, node_record, one_line
 from scalelab.paths import conf_dir
@@ -374,25 +374,8 @@ def _terminated(signum, frame) -> None:
 
 def _interrupted(job_dir: Path | None, sweep_dir: Path | None = None, signame: str = "Ctrl-C",
                  run_dir: Path | None = None) -> str:
-    """One line for Ctrl-C (or SIGTERM): which job it stopped and how to go on (checkpoint.resume=auto
-    resumes from the job's newest checkpoint when the same command runs again into the same folder,
-    run_dir: Hydra's, where node K of a torchrun job keeps its files in JOB_DIR/nodeK)."""
-    if job_dir is None:
-        return f"[scalelab] interrupted ({signame}) before any job started"
-    # where checkpoint.resume=auto goes on from (the one before a checkpoint at max_steps, to redo its interval)
-    saved = resume_point(job_dir, _MARKS["max_steps"])[0] if _MARKS.get("max_steps") else find_resume(job_dir)[0]
-    again = (f"hydra.sweep.dir={sweep_dir} (its completed jobs are kept; this one resumes)" if sweep_dir
-             else f"hydra.run.dir={run_dir or job_dir}")
-    every = _MARKS.get("every_n_steps")
-    if saved:
-        how = f"the same command with {again} goes on from its checkpoint {saved.name}"
-    elif every:   # stopped before its first save
-        how = f"it saved no checkpoint yet (checkpoint.every_n_steps={every})"
-    else:
-        how = "it saved no checkpoint (checkpoint.every_n_steps=N saves one every N steps)"
-    if not saved and sweep_dir:   # what a rerun still keeps: the default folder is new each time
-        how += f"; the same command with hydra.sweep.dir={sweep_dir} keeps the jobs that completed"
-    return f"[scalelab] interrupted ({signame}) in {job_dir}: {how}"
+    return run_end.interrupted_line(job_dir, sweep_dir, signame, run_dir, _MARKS.get("max_steps"),
+                                    _MARKS.get("every_n_steps"))
 
 
 def _fast_exit(code: int) -> None:
