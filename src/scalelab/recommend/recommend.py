@@ -287,14 +287,14 @@ def _lr_check(winner: dict, adv: dict, out: Path, steps: int, extra, slurm, cand
             *launch, *extra]
     rc, wall = _multirun(argv, out / "lr_check.log", "LR check", say, f"LR check: scalelab-train {' '.join(argv)}")
     runs = V.lr_rows(out / "lr_check", varied)
-    ok = [r for r in runs if r["loss_tail"] is not None and r["status"] == "completed"]
-    best = min(ok, key=lambda r: r["loss_tail"]) if ok else None
+    best = V.best_lr_run(runs)     # a diverged run (NaN/inf loss) is shown, never picked
     from scalelab.results.record import read_records
 
     records = read_records([out / "lr_check"], [])
     advised = adv["rule"] if varied == "lr_scaling" else adv["base_lr"]
     return ({"varied": varied, "argv": argv, "sweep_dir": str(out / "lr_check"), "returncode": rc, "wall_s": wall,
              "steps": steps, "runs": runs, "best": best["value"] if best else None,
+             "diverged": [r["value"] for r in runs if r["diverged"]],
              "agrees_with_advice": bool(best) and str(best["value"]) == str(advised),
              "report": str(out / "lr_check" / "report.html")}, records, [])
 
@@ -338,7 +338,9 @@ def _finish(doc: dict, out: Path, records, summaries, say) -> None:
         say(f"LR check ({c['steps']} steps, {c['wall_s']:.0f} s): lowest training loss over the last quarter with "
             f"{c['varied']}={c['best']}"
             + ("" if c["agrees_with_advice"] else f" (not the advice: {_why_not_advice(c, lr['advice'])}; "
-               "the command keeps the advice)"))
+               "the command keeps the advice)")
+            + (f"; diverged (NaN/inf loss, not picked): {', '.join(map(str, c['diverged']))}"
+               if c.get("diverged") else ""))
         say(text_table(*lr_table(doc)))
     for k, p in doc["files"].items():
         say(f"{k}: {p}")
@@ -352,6 +354,9 @@ def _finish(doc: dict, out: Path, records, summaries, say) -> None:
 def _why_not_advice(check: dict, advice: dict) -> str:
     """Why a short LR check's lowest loss need not overrule the advice, for the way it differs."""
     if check.get("best") is None:
+        if check.get("diverged"):
+            return (f"no LR-check run completed without diverging ({check['varied']}="
+                    f"{', '.join(map(str, check['diverged']))} diverged: NaN/inf loss)")
         return "no LR-check run completed (lr_check.log has why)"
     if check["varied"] == "lr_scaling":
         return f"a {check['steps']}-step loss is noisy; --lr-steps longer would tell the rules apart"

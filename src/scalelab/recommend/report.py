@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 from pathlib import Path
 
@@ -58,9 +59,29 @@ def verify_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
                      fmt_time(v["predicted_step_s"]), fmt_time(v["measured_step_s"]) if ok else "-",
                      f"{v['step_ratio']:.2f}" if ok else "-",
                      f"{v['step_ratio_at_host_speed']:.2f}" if ok else "-",
-                     fmt_score(obj, v.get("measured_score")), f"{v['loss_final']:.4f}" if ok and v.get("loss_final")
-                     is not None else "-", v["status"] + (f": {v['error']}" if v.get("error") else "")])
+                     fmt_score(obj, v.get("measured_score")), _verified_loss(v) if ok else "-",
+                     v["status"] + (f": {v['error']}" if v.get("error") else "")])
     return head, rows
+
+
+DIVERGED = "diverged (NaN/inf loss)"
+
+
+def fmt_loss(x, diverged: bool = False, digits: int = 4) -> str:
+    """A loss; "nan" for a diverged run's null or NaN/inf one (run.json writes NaN as null), else "-"."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x):
+        return f"{x:.{digits}f}"
+    if isinstance(x, float):
+        return str(x)   # an older record's nan / inf
+    return "nan" if diverged else "-"
+
+
+def _verified_loss(v: dict) -> str:
+    """A verified candidate's final loss (median of its runs' finite ones), with how many diverged."""
+    n = v.get("loss_diverged") or 0
+    if v.get("loss_final") is None:
+        return "nan (diverged)" if n else "-"
+    return fmt_loss(v["loss_final"]) + (f" ({n} of {v.get('runs', n)} diverged)" if n else "")
 
 
 def lr_table(doc: dict) -> tuple[list[str], list[list[str]]]:
@@ -71,11 +92,14 @@ def lr_table(doc: dict) -> tuple[list[str], list[list[str]]]:
     for r in check["runs"]:
         curve = r["curve"]
         picks = [curve[int(i * (len(curve) - 1) / 4)] for i in range(5)] if curve else []
+        # a diverged run (NaN/inf loss, written as null): "nan" where its losses are, and picked by none
+        div = bool(r.get("diverged"))
+        status = r["status"] or "-"
+        if div:
+            status = DIVERGED if status == "completed" else f"{status}, {DIVERGED}"
         rows.append([str(r["value"]), f"{r['lr']:.4g}" if r["lr"] is not None else "-",
-                     f"{r['loss_first']:.4f}" if r["loss_first"] is not None else "-",
-                     f"{r['loss_final']:.4f}" if r["loss_final"] is not None else "-",
-                     f"{r['loss_tail']:.4f}" if r["loss_tail"] is not None else "-",
-                     ", ".join(f"{int(s)}: {v:.3f}" for s, v in picks), r["status"] or "-"])
+                     fmt_loss(r["loss_first"], div), fmt_loss(r["loss_final"], div), fmt_loss(r["loss_tail"], div),
+                     ", ".join(f"{int(s)}: {fmt_loss(v, True, 3)}" for s, v in picks), status])
     return head, rows
 
 
@@ -140,8 +164,10 @@ def markdown(doc: dict) -> str:
             *(f"| {r} | {v:.4g} |" for r, v in lr["advice"]["by_rule"].items()), ""]
     if lr.get("check"):
         c = lr["check"]
+        div = (f"; diverged (NaN/inf loss, not picked): {', '.join(map(str, c['diverged']))}"
+               if c.get("diverged") else "")
         out += [f"Short LR check (`scalelab-train {' '.join(c['argv'])}`, {c['wall_s']:.0f} s): lowest training "
-                f"loss over the last quarter of the steps with {c['varied']}={c['best']}; loss curves: "
+                f"loss over the last quarter of the steps with {c['varied']}={c['best']}{div}; loss curves: "
                 f"`{c['report']}`.", "", markdown_table(*lr_table(doc)), ""]
     return "\n".join(out)
 

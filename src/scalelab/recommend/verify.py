@@ -16,6 +16,7 @@ the LR grid (recommend/lr.py). Results are read back from run.json only.
 """
 from __future__ import annotations
 
+import math
 import re
 import statistics
 import subprocess
@@ -220,9 +221,16 @@ def measured_row(c: Candidate, recs: list[dict], objective: str, hw: Hardware, t
                measured_tokens_per_s_runs=tps_runs,
                step_ratio=pred_step / step, host_speed_factor=speed, step_ratio_at_host_speed=pred_step / speed / step,
                measured_peak_bytes=max(peaks) if peaks else None, predicted_total_bytes=c.memory_bytes,
-               loss_final=statistics.median(float((r.get("loss") or {}).get("final") or "nan") for r in ok),
+               loss_final=_median([finite_loss((r.get("loss") or {}).get("final")) for r in ok]),
+               loss_diverged=sum(diverged(r.get("loss")) for r in ok),
                short_run=any(bool(r.get("short_run")) for r in ok))
     return row
+
+
+def _median(values: list) -> float | None:
+    """The median of the values that are not None (None: none is)."""
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
 
 
 def measured_tokens_per_s(rec: dict, c: Candidate) -> float | None:
@@ -239,26 +247,57 @@ def measured_tokens_per_s(rec: dict, c: Candidate) -> float | None:
 
 
 def lr_rows(sweep: Path, varied: str) -> list[dict]:
-    """One row per LR-check run: the varied value, the LR used, final loss, and its loss curve."""
-    from scalelab.results.record import read_records
+    """One row per LR-check run: the varied value, the LR used, final loss, and its loss curve;
+    `diverged` when its loss went NaN/inf (diverged()): its tail mean is then None, never a score."""
+    from scalelab.results.record import finite, read_records
 
     rows = []
     for rec in sorted(read_records([sweep], []), key=lambda r: (r.get("job") or {}).get("num", 0)):
         loss = rec.get("loss") or {}
         value = rec.get("lr_rule") if varied == "lr_scaling" else rec.get("base_lr")
-        curve = loss.get("curve") or []
+        # an older record's NaN/inf is None here, as run.json now writes it: recommendation.json stays JSON
+        curve = finite(loss.get("curve") or [])
         rows.append({"value": value, "lr_rule": rec.get("lr_rule"), "base_lr": rec.get("base_lr"),
                      "lr": rec.get("lr"), "status": rec.get("status"), "error": rec.get("error"),
-                     "loss_first": loss.get("first"), "loss_final": loss.get("final"), "loss_tail": tail_mean(curve),
+                     "loss_first": finite_loss(loss.get("first")), "loss_final": finite_loss(loss.get("final")),
+                     "loss_tail": tail_mean(curve), "diverged": diverged(loss),
                      "curve": curve, "run_dir": (rec.get("job") or {}).get("dir")})
     return rows
 
 
+def best_lr_run(rows: list[dict]) -> dict | None:
+    """The LR-check run with the lowest tail loss among those that completed and did not diverge
+    (a diverged run's last finite losses are often its lowest: it was picked). None: no such run."""
+    ok = [r for r in rows if r["status"] == "completed" and not r.get("diverged") and r["loss_tail"] is not None]
+    return min(ok, key=lambda r: r["loss_tail"]) if ok else None
+
+
+def finite_loss(v) -> float | None:
+    """V as a float where it is a finite number; else None (a null: run.json writes NaN/inf as null
+    since results/record.finite; or an older record's NaN/inf itself)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def diverged(loss: dict | None) -> bool:
+    """Whether a run's `loss` (run.json) went NaN/inf: a curve point that is null (NaN/inf written
+    as null) or not finite (older records), or a final loss null while there is a curve, or NaN/inf."""
+    loss = loss or {}
+    curve = loss.get("curve") or []
+    if any(finite_loss(p[1]) is None for p in curve if isinstance(p, (list, tuple)) and len(p) == 2):
+        return True
+    final = loss.get("final")
+    return (final is None and bool(curve)) or (final is not None and finite_loss(final) is None)
+
+
 def tail_mean(curve: list, fraction: float = 0.25) -> float | None:
     """Mean training loss over the last `fraction` of the steps: one step's loss is one batch's,
-    noisier than the differences between LRs a short check can show."""
-    losses = [float(v) for _, v in curve if v is not None]
-    if not losses:
+    noisier than the differences between LRs a short check can show. None for no curve, and for a
+    curve with a null or NaN/inf loss (diverged): the mean of its finite losses would score a
+    diverged run on its last losses before it went NaN, often its lowest."""
+    losses = [finite_loss(v) for _, v in curve]
+    if not losses or any(v is None for v in losses):
         return None
     tail = losses[-max(1, round(len(losses) * fraction)):]
     return sum(tail) / len(tail)
