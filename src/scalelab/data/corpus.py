@@ -8,8 +8,10 @@ Sources:
   hidden entries (names starting with "."), empty files and binary files (a NUL byte in the first
   8 KiB) are skipped, and counted. A file reached twice (named twice, or through two links) is read
   once, where it is first reached.
-- "hub": a Hugging Face dataset, its `text_column`: a hub name (owner/name; needs network) or a
-  local folder written by `datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk` (offline).
+- "hub": a Hugging Face dataset, its `text_column`: a hub name (owner/name; needs network; its
+  configuration, e.g. wikitext's wikitext-2-raw-v1, in `hub_config`), a local folder written by
+  `datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk`, or local data files: a .jsonl,
+  .json, .csv or .parquet file, or a folder of them (tables.py; load_dataset("json", data_files=...)).
 
 Each source becomes one stream (documents joined by a 0 byte) cut into fixed-length blocks of
 seq_len + 1 byte tokens (inputs and shifted targets). The train/val split is by block: a fixed
@@ -21,15 +23,18 @@ spelled). One file, a handful of files or a hub dataset all get both splits; no 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import platform
 import re
 import sysconfig
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
+from scalelab.data import tables
 from scalelab.errors import ConfigError
 
 PREP_VERSION = 3  # bump when the block layout or split changes, to invalidate caches (2: split by block;
@@ -40,9 +45,13 @@ _HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*
 
 
 def stdlib_documents() -> list[tuple[str, bytes]]:
+    return list(iter_stdlib_documents())
+
+
+def iter_stdlib_documents() -> Iterator[tuple[str, bytes]]:
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts)
-    return [(str(p.relative_to(root)), p.read_bytes()) for p in files]
+    return ((str(p.relative_to(root)), p.read_bytes()) for p in files)
 
 
 def _folder_files(folder: Path) -> tuple[list[Path], list[Path]]:
@@ -68,7 +77,13 @@ def file_documents(paths: list[str], info: dict | None = None) -> list[tuple[str
     """(name, bytes) of every text file given or found under a given folder. `info` (optional)
     receives the counts of files read and skipped (empty, binary and, where there were any, hidden
     and duplicate: a file reached again, by a second name or link, after it was read)."""
-    docs, skipped = [], {"empty": 0, "binary": 0}
+    return list(iter_file_documents(paths, info))
+
+
+def iter_file_documents(paths: list[str], info: dict | None = None) -> Iterator[tuple[str, bytes]]:
+    """file_documents, one file at a time (prepare keeps none of them: each goes into the stream)."""
+    docs, skipped = 0, {"empty": 0, "binary": 0}
+    any_text = False
     seen: set[Path] = set()   # resolved paths read (or skipped) already: a file reached twice counts once
 
     def first_time(f: Path) -> bool:
@@ -92,9 +107,12 @@ def file_documents(paths: list[str], info: dict | None = None) -> list[tuple[str
             if not data:
                 raise ConfigError(f"data.files: {raw!r} is empty (give text files or folders)")
             if b"\x00" in data[:_BINARY_PROBE]:
+                hint = f"; a data file: data=hub data.hub_name={raw}" if p.suffix.lower() == ".parquet" else ""
                 raise ConfigError(f"data.files: {raw!r} is not text (a NUL byte in its first {_BINARY_PROBE} bytes; "
-                                  "give text files or folders)")
-            docs.append((str(p), data))
+                                  f"give text files or folders{hint})")
+            docs += 1
+            any_text = True
+            yield str(p), data
             continue
         found, hidden = _folder_files(p)
         new_hidden = {f.resolve() for f in hidden} - hidden_seen
@@ -111,27 +129,31 @@ def file_documents(paths: list[str], info: dict | None = None) -> list[tuple[str
             elif b"\x00" in data[:_BINARY_PROBE]:
                 skipped["binary"] += 1
             else:
-                docs.append((str(f), data))
+                docs += 1
+                any_text = True
+                yield str(f), data
     if duplicates:
         skipped["duplicate"] = duplicates
     if info is not None:
-        info.update(files=len(docs), skipped_files=skipped)
-    if not docs or not any(d for _, d in docs):
+        info.update(files=docs, skipped_files=skipped)
+    if not any_text:
         raise ConfigError(f"data.files: no text found in {list(map(str, paths))!r} "
                           f"(skipped {skipped['empty']} empty and {skipped['binary']} binary files)")
-    return docs
 
 
 def hub_kind(name: str) -> str:
-    """'local' (an existing folder: load_from_disk) or 'hub' (a plausible hub id: load_dataset).
+    """'local' (an existing folder or file: save_to_disk's or data files) or 'hub' (a plausible hub
+    id: load_dataset).
     Anything else is a ConfigError naming both readings."""
     name = str(name)
-    if Path(name).expanduser().exists():
+    if tables.local_paths(name):
         return "local"
+    if tables.is_pattern(name):
+        raise ConfigError(f"data.hub_name={name!r} matches no file")
     if _HUB_NAME.match(name):
         return "hub"
-    raise ConfigError(f"data.hub_name={name!r} is neither an existing folder (written by datasets' "
-                      "save_to_disk) nor a hub dataset name (owner/name)")
+    raise ConfigError(f"data.hub_name={name!r} is neither an existing folder or file (written by datasets' "
+                      "save_to_disk, or .jsonl/.json/.csv/.parquet data) nor a hub dataset name (owner/name)")
 
 
 PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")
@@ -159,34 +181,56 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
         return False
 
 
-def hub_documents(name: str, split: str, text_column: str) -> list[tuple[str, bytes]]:
+def hub_documents(name: str, split: str, text_column: str, config: str | None = None) -> list[tuple[str, bytes]]:
+    return list(iter_hub_documents(name, split, text_column, config))
+
+
+def iter_hub_documents(name: str, split: str, text_column: str, config: str | None = None
+                       ) -> Iterator[tuple[str, bytes]]:
+    """The non-empty `text_column` values of a hub dataset (`config`: its configuration name, as
+    load_dataset's second argument, e.g. wikitext's wikitext-2-raw-v1), of a folder written by
+    save_to_disk, or of local data files (tables.py: a .jsonl/.json/.csv/.parquet file, a folder of
+    them), as (name/row, UTF-8 bytes)."""
     import datasets
 
     if hub_kind(name) == "local":
         path = Path(str(name)).expanduser()
-        try:
-            ds = datasets.load_from_disk(str(path))
-        except (FileNotFoundError, ValueError) as e:
-            raise ConfigError(f"data.hub_name={name!r} is a folder but not a dataset written by save_to_disk "
-                              f"({str(e).splitlines()[0][:200]}); for plain text files use data=text_files") from e
-        if isinstance(ds, datasets.DatasetDict):
-            if split not in ds:
-                raise ConfigError(f"data.hub_split={split!r} is not in {name}: choose one of {', '.join(ds)}")
-            ds = ds[split]
+        if config is not None:
+            raise ConfigError(f"data.hub_config={config!r} names a configuration of a hub dataset; {name} is a local "
+                              "path (set data.hub_config=null)")
+        fmt, files = ("", []) if tables.is_saved_dataset(path) else tables.data_files(str(name), split)
+        if files:
+            ds = tables.load_files(str(name), fmt, files)
+        else:
+            try:
+                ds = datasets.load_from_disk(str(path))
+            except (FileNotFoundError, ValueError) as e:
+                raise ConfigError(f"data.hub_name={name!r} is a folder but not a dataset written by save_to_disk "
+                                  f"({str(e).splitlines()[0][:200]}) nor holds {', '.join(tables.FOLDER_EXTS)} "
+                                  "files; for plain text files use data=text_files") from e
+            if isinstance(ds, datasets.DatasetDict):
+                if split not in ds:
+                    raise ConfigError(f"data.hub_split={split!r} is not in {name}: choose one of {', '.join(ds)}")
+                ds = ds[split]
     else:
         import logging
         import sys
 
         # huggingface_hub logs each of its retries (11 lines over ~23 s offline): one line instead
-        print(f"[scalelab] data: {name} from the Hugging Face Hub (cached after the first time)", file=sys.stderr,
+        label = f"{name} ({config})" if config is not None else name
+        print(f"[scalelab] data: {label} from the Hugging Face Hub (cached after the first time)", file=sys.stderr,
               flush=True)
         hub_log = logging.getLogger("huggingface_hub")
         level = hub_log.level
         hub_log.setLevel(logging.ERROR)
         try:
-            ds = datasets.load_dataset(name, split=split)
-        except Exception as e:  # noqa: BLE001 - offline, unknown name, bad split: one line
-            raise ConfigError(f"data.hub_name={name!r}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            named = {} if config is None else {"name": config}   # load_dataset's config name
+            ds = datasets.load_dataset(name, split=split, **named)
+        except Exception as e:  # noqa: BLE001 - offline, unknown name, config or split: one line
+            key = "data.hub_config" if config is not None and "config" in str(e).lower() else "data.hub_name"
+            value = config if key == "data.hub_config" else name
+            hint = " (set data.hub_config=NAME)" if config is None and "config" in str(e).lower() else ""
+            raise ConfigError(f"{key}={value!r}: {type(e).__name__}: {str(e).splitlines()[0][:300]}{hint}"
                               + ("" if _hub_reachable() else " (the Hub is not reachable from here: a dataset "
                                  "written by save_to_disk loads offline, data.hub_name=/path/to/it)")) from e
         finally:
@@ -199,7 +243,7 @@ def hub_documents(name: str, split: str, text_column: str) -> list[tuple[str, by
         valid = f"choose a string column: {', '.join(text)}" if text else "it has no string column"
         raise ConfigError(f"data.text_column={text_column!r} in {name} holds {_feature_name(feature)} values, "
                           f"not text; {valid}")
-    return [(f"{name}/{i}", t.encode("utf-8")) for i, t in enumerate(ds[text_column]) if t]
+    return tables.text_rows(ds, name, text_column)
 
 
 def _is_text(feature) -> bool:
@@ -214,24 +258,42 @@ def _feature_name(feature) -> str:
     return " ".join(repr(feature).split())[:80]
 
 
-def _blocks(docs: list[tuple[str, bytes]], block: int) -> np.ndarray:
+def stream(docs: Iterable[tuple[str, bytes]]) -> tuple[np.ndarray, int, int]:
+    """(the documents joined by a 0 byte, as a writable uint8 array; documents; their bytes), each
+    document appended as it is read and then dropped: the corpus is held once (a bytearray grows in
+    place: a large one is remapped, not copied), not as a list of documents and their join."""
+    buf = bytearray()
+    n_docs = n_bytes = 0
+    for _, data in docs:
+        if n_docs:
+            buf.append(0)
+        buf += data
+        n_docs += 1
+        n_bytes += len(data)
+    return np.frombuffer(buf, dtype=np.uint8), n_docs, n_bytes
+
+
+def _blocks(docs: Iterable[tuple[str, bytes]], block: int) -> np.ndarray:
     """Concatenate documents (separated by a 0 byte) and cut into non-overlapping blocks."""
-    if not docs:
-        return np.zeros((0, block), dtype=np.uint8)
-    flat = np.frombuffer(b"\x00".join(d for _, d in docs), dtype=np.uint8)
+    flat = stream(docs)[0]
     n = len(flat) // block
     return flat[: n * block].reshape(n, block)
 
 
 def split_seed(cfg: dict) -> int:
-    """The split's seed: what the data is (source, files, hub dataset, column, max_documents), not
-    the run seed nor val_fraction (a larger fraction holds out a superset of the blocks). Local paths
-    count resolved ('data', './data' and /abs/data: one split); a hub id (owner/name) as given."""
+    """The split's seed: what the data is (source, files, hub dataset and config, column,
+    max_documents), not the run seed nor val_fraction (a larger fraction holds out a superset of the
+    blocks). Local paths count resolved ('data', './data' and /abs/data: one split); a hub id
+    (owner/name) as given."""
     ident = {k: cfg.get(k) for k in ("source", "files", "hub_name", "hub_split", "text_column", "max_documents")}
+    if cfg.get("hub_config") is not None:  # only when set: the splits of configs without it stay as they were
+        ident["hub_config"] = cfg["hub_config"]
     if cfg.get("source") == "files" and ident["files"]:
         ident["files"] = [str(Path(str(f)).expanduser().resolve()) for f in ident["files"]]
     elif cfg.get("source") == "hub" and ident["hub_name"] and Path(str(ident["hub_name"])).expanduser().exists():
         ident["hub_name"] = str(Path(str(ident["hub_name"])).expanduser().resolve())
+    elif cfg.get("source") == "hub" and ident["hub_name"] and tables.is_pattern(ident["hub_name"]):
+        ident["hub_name"] = os.path.abspath(os.path.expanduser(str(ident["hub_name"])))
     return int.from_bytes(hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).digest()[:8],
                           "little")
 
@@ -286,11 +348,13 @@ def source_key(cfg: dict) -> str:
     """A short, stable id of what the prepared data depends on (its cache folder name)."""
     src = {k: cfg.get(k) for k in ("source", "files", "hub_name", "hub_split", "text_column",
                                    "val_fraction", "max_documents")}
+    if cfg.get("hub_config") is not None:  # only when set: caches prepared without the key stay valid
+        src["hub_config"] = cfg["hub_config"]
     paths: list[Path] = []
     if cfg.get("source") == "files":
         paths = [Path(str(f)).expanduser() for f in cfg.get("files") or []]
-    elif cfg.get("source") == "hub" and cfg.get("hub_name") and Path(str(cfg["hub_name"])).expanduser().exists():
-        paths = [Path(str(cfg["hub_name"])).expanduser()]
+    elif cfg.get("source") == "hub" and cfg.get("hub_name"):
+        paths = tables.local_paths(cfg["hub_name"])   # a file, a folder, a pattern's files; none for a hub id
     if paths:  # where the data is and its content (sizes, mtimes) must invalidate the cache
         src["stamp"] = [[str(p.resolve()), _tree_stamp(p)] for p in paths if p.exists()]
     if cfg.get("source") == "stdlib":
@@ -302,15 +366,21 @@ def source_key(cfg: dict) -> str:
 
 
 def load_documents(cfg: dict, info: dict | None = None) -> list[tuple[str, bytes]]:
+    return list(iter_documents(cfg, info))
+
+
+def iter_documents(cfg: dict, info: dict | None = None) -> Iterator[tuple[str, bytes]]:
+    """The source's (name, bytes) documents, in order, read one at a time (at most max_documents)."""
     source = cfg["source"]
     if source == "stdlib":
-        docs = stdlib_documents()
+        docs = iter_stdlib_documents()
     elif source == "files":
-        docs = file_documents(list(cfg.get("files") or []), info)
+        docs = iter_file_documents(list(cfg.get("files") or []), info)
     elif source == "hub":
-        docs = hub_documents(cfg["hub_name"], cfg.get("hub_split", "train"), cfg.get("text_column", "text"))
+        docs = iter_hub_documents(cfg["hub_name"], cfg.get("hub_split", "train"), cfg.get("text_column", "text"),
+                                  cfg.get("hub_config"))
     else:
         raise ConfigError(f"data.source={source!r} is not known: choose one of stdlib, files, hub")
     if cfg.get("max_documents"):
-        docs = docs[: int(cfg["max_documents"])]
+        return itertools.islice(docs, int(cfg["max_documents"]))
     return docs

@@ -29,15 +29,22 @@ def prepared_dir(cfg: dict, seq_len: int, cache_root: Path) -> Path:
 
 
 def _save(blocks: np.ndarray, block: int, path: Path) -> None:
+    import hashlib
+
     import datasets
     import pyarrow as pa
 
     # Straight to Arrow: Dataset.from_dict on a 2-D array goes through Python lists (~50x slower).
-    column = pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(blocks).reshape(-1)), block)
+    # pa.array of a contiguous uint8 array wraps its memory (no copy).
+    flat = np.ascontiguousarray(blocks).reshape(-1)
+    column = pa.FixedSizeListArray.from_arrays(pa.array(flat), block)
+    # A fingerprint of the blocks' bytes: without one, Dataset() makes its own by pickling the whole
+    # table into memory to hash it (~4 copies of the corpus at once: the peak of preparing)
+    fingerprint = hashlib.blake2b(flat.data, digest_size=8, person=b"scalelab%d" % block).hexdigest()
     was_off = datasets.is_progress_bar_enabled() is False
     datasets.disable_progress_bars()  # its "Saving the dataset" bars: prepare prints one line instead
     try:
-        datasets.Dataset(pa.table({"input_ids": column})).save_to_disk(str(path))
+        datasets.Dataset(pa.table({"input_ids": column}), fingerprint=fingerprint).save_to_disk(str(path))
     finally:
         if not was_off:
             datasets.enable_progress_bars()
@@ -52,15 +59,17 @@ def prepare(cfg: dict, seq_len: int, cache_root: Path, progress: bool = True) ->
     block = seq_len + 1
     val_fraction = float(cfg.get("val_fraction", 0.02))
     info: dict[str, Any] = {}
-    docs = corpus.load_documents(cfg, info)
-    blocks = corpus._blocks(docs, block)
+    # the corpus is held once: documents go into one buffer as they are read, the train blocks are
+    # moved together inside it (only the val blocks are copied), and Arrow wraps it
+    flat, n_docs, n_bytes = corpus.stream(corpus.iter_documents(cfg, info))
+    n_blocks = len(flat) // block
+    blocks = flat[: n_blocks * block].reshape(n_blocks, block)
     seed = corpus.split_seed(cfg)
-    val_idx = corpus.split_blocks(len(blocks), val_fraction, seed, block)
-    is_val = np.zeros(len(blocks), dtype=bool)
-    is_val[val_idx] = True
-    meta = {"version": corpus.PREP_VERSION, "source": cfg["source"], "documents": len(docs),
-            "bytes": int(sum(len(d) for _, d in docs)), "block_bytes": block, "blocks": int(len(blocks)),
-            "train_blocks": int((~is_val).sum()), "val_blocks": int(is_val.sum()), "val_fraction": val_fraction,
+    val_idx = corpus.split_blocks(n_blocks, val_fraction, seed, block)
+    train, val = take_val(blocks, val_idx)
+    meta = {"version": corpus.PREP_VERSION, "source": cfg["source"], "documents": n_docs,
+            "bytes": n_bytes, "block_bytes": block, "blocks": n_blocks,
+            "train_blocks": len(train), "val_blocks": len(val), "val_fraction": val_fraction,
             "split": "by token block: the round(blocks x val_fraction) (>= 1 if > 0) blocks of smallest "
                      "splitmix64(index ^ split_seed); split_seed from the data config", "split_seed": seed, **info}
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
@@ -70,9 +79,9 @@ def prepare(cfg: dict, seq_len: int, cache_root: Path, progress: bool = True) ->
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)
     try:
-        _save(blocks[~is_val], block, tmp / "train")
+        _save(train, block, tmp / "train")
         if meta["val_blocks"]:  # an empty Arrow dataset does not load back (IndexError): none is written
-            _save(blocks[is_val], block, tmp / "val")
+            _save(val, block, tmp / "val")
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
         try:
             os.rename(tmp, out)
@@ -87,6 +96,28 @@ def prepare(cfg: dict, seq_len: int, cache_root: Path, progress: bool = True) ->
               f"train + {meta['val_blocks']} val blocks of {block} bytes{' (' + note + ')' if note else ''} "
               f"-> {out}", flush=True)
     return out
+
+
+def take_val(blocks: np.ndarray, val_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) rows of blocks: val a copy of the rows val_idx (sorted, unique), train every
+    other row in order, moved forward inside `blocks` itself (writable; its content is overwritten):
+    what blocks[~is_val] gives, without a second copy of the corpus. Each move is of at most
+    max(distance moved, 64 Ki rows): where it overlaps its destination, numpy's temporary copy
+    of it is that small."""
+    val = blocks[val_idx].copy()
+    write = 0
+    start = 0
+    for end in [*val_idx.tolist(), len(blocks)]:   # the train rows [start, end), then val row `end`
+        src = start
+        while src < end:
+            shift = src - write
+            step = end - src if shift == 0 else min(end - src, max(shift, 1 << 16))
+            if shift:
+                blocks[write:write + step] = blocks[src:src + step]
+            write += step
+            src += step
+        start = end + 1
+    return blocks[:write], val
 
 
 def read_meta(prepared: Path) -> dict:

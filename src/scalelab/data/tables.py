@@ -1,0 +1,169 @@
+"""Local data files in the formats `datasets` reads (JSON Lines, JSON, CSV, Parquet), for the hub
+source: `data.hub_name` may be such a file, or a folder of them, besides a hub dataset id and a
+folder written by `save_to_disk`. They are loaded with `datasets.load_dataset(FORMAT,
+data_files=[...])`, as a `datasets` user would, and the text column is then taken as for any
+hub dataset (corpus.hub_documents).
+
+A folder is read recursively, in name order, hidden entries skipped, its .jsonl, .csv and .parquet
+files (.json only when the file itself is named: a folder's .json files are as often metadata,
+e.g. save_to_disk's own state.json, as data). All files of one source have one format. A folder's
+files are split by their names as `datasets` splits them (train.jsonl / test.jsonl: data.hub_split
+picks one); a single file is the split 'train', as are the files a glob pattern matches
+(data.hub_name='shards/train-*.parquet'). text_rows reads a string column's values as UTF-8 bytes
+straight from Arrow (for every hub source).
+"""
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from scalelab.errors import ConfigError
+
+#: file extension -> the `datasets` packaged builder that reads it
+FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+FOLDER_EXTS = (".jsonl", ".csv", ".parquet")
+_SAVED_MARKERS = ("dataset_dict.json", "state.json")   # what save_to_disk writes (DatasetDict, Dataset)
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """A folder written by Dataset.save_to_disk or DatasetDict.save_to_disk."""
+    return path.is_dir() and any((path / m).is_file() for m in _SAVED_MARKERS)
+
+
+def is_pattern(name: str) -> bool:
+    """A glob pattern (data/train-*.jsonl, shards/**/*.parquet), not an existing path."""
+    return any(c in str(name) for c in "*?[") and not Path(str(name)).expanduser().exists()
+
+
+def glob_files(name: str) -> list[Path]:
+    """The files a glob pattern matches, sorted (hidden names only where the pattern spells the
+    dot; ** spans folders), or [] if `name` is no pattern."""
+    if not is_pattern(name):
+        return []
+    return sorted(Path(p) for p in glob.glob(os.path.expanduser(str(name)), recursive=True) if os.path.isfile(p))
+
+
+def local_paths(name: str) -> list[Path]:
+    """The local paths data.hub_name stands for (its cache key follows their content): the file or
+    folder, the files a pattern matches; none for a hub id."""
+    path = Path(str(name)).expanduser()
+    return [path] if path.exists() else glob_files(name)
+
+
+def data_files(name: str, split: str) -> tuple[str, list[Path]]:
+    """(format, files of `split`) of a local data file, of the files a glob pattern matches, or of
+    the data files under a folder; ('', []) when a folder holds none. A folder's files are split by
+    name as `datasets` splits them (train.jsonl, data/test-00000.parquet, ...; all 'train' where no
+    name says otherwise); a file, or a pattern's files, are the split 'train'. A file of another
+    kind, a folder or pattern mixing formats or a split that no file makes is a ConfigError."""
+    from scalelab.data.corpus import _folder_files
+
+    path = Path(str(name)).expanduser()
+    if is_pattern(name):
+        files = glob_files(name)
+        formats = {FORMATS.get(f.suffix.lower()) for f in files}
+        if None in formats or len(formats) != 1:
+            names = ", ".join(f.name for f in files[:4]) + (" ..." if len(files) > 4 else "")
+            raise ConfigError(f"data.hub_name={str(name)!r} matches {names}: give a pattern of files of one of "
+                              f"{', '.join(FORMATS)}")
+        fmt = formats.pop()
+        splits = {"train": files}
+    elif not path.is_dir():
+        fmt = FORMATS.get(path.suffix.lower())
+        if fmt is None:
+            raise ConfigError(f"data.hub_name={str(path)!r} is a file but not one of {', '.join(FORMATS)} "
+                              "(for plain text files use data=text_files data.files=[...])")
+        splits = {"train": [path]}
+    else:
+        files = [f for f in _folder_files(path)[0] if f.suffix.lower() in FOLDER_EXTS]
+        by_format: dict[str, list[str]] = {}
+        for f in files:
+            by_format.setdefault(FORMATS[f.suffix.lower()], []).append(f.name)
+        if len(by_format) > 1:
+            mixed = "; ".join(f"{k}: {', '.join(v[:3])}{' ...' if len(v) > 3 else ''}" for k, v in by_format.items())
+            raise ConfigError(f"data.hub_name={str(path)!r} mixes data file formats ({mixed}): give a folder of one "
+                              "format")
+        if not files:
+            return "", []
+        fmt = next(iter(by_format))
+        splits = _split_by_name(path, files)
+    if split not in splits:
+        raise ConfigError(f"data.hub_split={split!r} is not in {name}: its data files make the split(s) "
+                          f"{', '.join(splits)}")
+    return fmt, splits[split]
+
+
+def _split_by_name(folder: Path, files: list[Path]) -> dict[str, list[Path]]:
+    """files grouped by split as `datasets` names them from file and folder names (its
+    get_data_patterns); files in no split's pattern, and all files where it cannot tell, are 'train'."""
+    try:
+        from datasets.data_files import DataFilesDict, get_data_patterns
+
+        resolved = DataFilesDict.from_patterns(get_data_patterns(str(folder)), base_path=str(folder))
+        where = {os.path.realpath(str(f)): str(k) for k, fs in resolved.items() for f in fs}
+    except Exception:  # noqa: BLE001 - its layout rules did not apply: one split
+        where = {}
+    out: dict[str, list[Path]] = {}
+    for f in files:
+        out.setdefault(where.get(os.path.realpath(str(f)), "train"), []).append(f)
+    return out
+
+
+def load_files(name: str, fmt: str, files: list[Path]):
+    """datasets.load_dataset(fmt, data_files=files, split='train'): a Dataset. Its own Arrow copy
+    goes to a temporary folder, removed once loaded (prepare caches the blocks; a second copy under
+    ~/.cache/huggingface would only take disk)."""
+    import logging
+
+    import datasets
+
+    was_off = datasets.is_progress_bar_enabled() is False
+    datasets.disable_progress_bars()   # "Generating train split" bars: prepare prints one line instead
+    ds_log = logging.getLogger("datasets")
+    level = ds_log.level
+    ds_log.setLevel(logging.CRITICAL)   # a parse error is logged as well as raised: the one line below instead
+    tmp = tempfile.TemporaryDirectory(prefix="scalelab-tables-")
+    try:
+        return datasets.load_dataset(fmt, data_files=[str(f) for f in files], split="train", cache_dir=tmp.name,
+                                     keep_in_memory=True)
+    except Exception as e:  # noqa: BLE001 - a file its reader cannot parse: one line
+        raise _bad_file(name, fmt, e) from e
+    finally:
+        tmp.cleanup()
+        ds_log.setLevel(level)
+        if not was_off:
+            datasets.enable_progress_bars()
+
+
+def _bad_file(name: str, fmt: str, e: Exception) -> ConfigError:
+    cause = e
+    while cause.__cause__ is not None and cause.__cause__ is not cause:   # DatasetGenerationError wraps it
+        cause = cause.__cause__
+    text = " ".join(str(cause).split())[:300]
+    return ConfigError(f"data.hub_name={name!r}: its {fmt} data could not be read ({type(cause).__name__}: {text})")
+
+
+def text_rows(ds, name: str, text_column: str, batch: int = 1024) -> Iterator[tuple[str, bytes]]:
+    """(name/row, UTF-8 bytes) of the column's non-empty values, copied straight from the Arrow
+    string column's UTF-8 data (the bytes str.encode would give), a batch of rows at a time: not
+    the whole column as Python strings and then again as bytes."""
+    import numpy as np
+
+    row = 0
+    arrow = ds.select_columns([text_column]).with_format("arrow")
+    for table in arrow.iter(batch_size=batch):
+        for chunk in table.column(0).chunks:
+            _, offsets_buf, data_buf = chunk.buffers()
+            wide = str(chunk.type) == "large_string"
+            offsets = np.frombuffer(offsets_buf, dtype=np.int64 if wide else np.int32)
+            offsets = offsets[chunk.offset:chunk.offset + len(chunk) + 1].tolist()
+            valid = chunk.is_valid().to_pylist() if chunk.null_count else None
+            data = memoryview(data_buf) if data_buf is not None else memoryview(b"")
+            for j in range(len(chunk)):
+                start, end = offsets[j], offsets[j + 1]
+                if end > start and (valid is None or valid[j]):
+                    yield f"{name}/{row + j}", bytes(data[start:end])
+            row += len(chunk)
