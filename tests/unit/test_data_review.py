@@ -145,6 +145,20 @@ def test_the_split_seed_does_not_depend_on_how_a_path_is_spelled(tmp_path, monke
     assert corpus.split_seed(files_cfg("data")) != corpus.split_seed(files_cfg("data/x.txt"))
 
 
+def test_the_same_relative_files_in_two_checkouts_split_alike(tmp_path, monkeypatch):
+    """A review of the resolved-path seed: the same command in /m1/proj and /m2/other/proj (two
+    users, two nodes of one job) split the same files apart. Inside the working directory a
+    path counts relative to it; outside, resolved."""
+    seeds = []
+    for root in (tmp_path / "m1" / "proj", tmp_path / "m2" / "other" / "proj"):
+        two_files(root / "data")
+        monkeypatch.chdir(root)
+        seeds.append((corpus.split_seed(files_cfg("data")), corpus.split_seed(files_cfg(str(root / "data")))))
+    assert seeds[0][0] == seeds[1][0] and seeds[0] == (seeds[0][0], seeds[0][0])
+    outside = two_files(tmp_path / "shared")                    # not under the working directory: resolved
+    assert corpus.split_seed(files_cfg(str(outside))) == corpus.split_seed(files_cfg("../../../shared"))
+
+
 def test_a_local_hub_folder_seed_does_not_depend_on_spelling(tmp_path, monkeypatch):
     datasets.Dataset.from_dict({"text": ["a b c"]}).save_to_disk(str(tmp_path / "ds"))
     monkeypatch.chdir(tmp_path)

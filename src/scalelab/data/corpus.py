@@ -37,8 +37,9 @@ import numpy as np
 from scalelab.data import tables
 from scalelab.errors import ConfigError
 
-PREP_VERSION = 3  # bump when the block layout or split changes, to invalidate caches (2: split by block;
-#                  3: split seed from resolved paths, symlinked folders followed, a file reached twice read once)
+PREP_VERSION = 4  # bump when the block layout or split changes, to invalidate caches (2: split by block;
+#                  3: split seed from resolved paths, symlinked folders followed, a file reached twice read once;
+#                  4: those paths relative to the working directory where inside it)
 _BINARY_PROBE = 8192
 # owner/name or name, as the hub spells dataset ids (no leading ".", "/" or "~", at most one "/")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
@@ -283,19 +284,31 @@ def _blocks(docs: Iterable[tuple[str, bytes]], block: int) -> np.ndarray:
 def split_seed(cfg: dict) -> int:
     """The split's seed: what the data is (source, files, hub dataset and config, column,
     max_documents), not the run seed nor val_fraction (a larger fraction holds out a superset of the
-    blocks). Local paths count resolved ('data', './data' and /abs/data: one split); a hub id
-    (owner/name) as given."""
+    blocks). Local paths count by _where ('data', './data' and /abs/data: one split; the same
+    relative files in another checkout or on another node: the same split); a hub id as given."""
     ident = {k: cfg.get(k) for k in ("source", "files", "hub_name", "hub_split", "text_column", "max_documents")}
     if cfg.get("hub_config") is not None:  # only when set: the splits of configs without it stay as they were
         ident["hub_config"] = cfg["hub_config"]
     if cfg.get("source") == "files" and ident["files"]:
-        ident["files"] = [str(Path(str(f)).expanduser().resolve()) for f in ident["files"]]
-    elif cfg.get("source") == "hub" and ident["hub_name"] and Path(str(ident["hub_name"])).expanduser().exists():
-        ident["hub_name"] = str(Path(str(ident["hub_name"])).expanduser().resolve())
-    elif cfg.get("source") == "hub" and ident["hub_name"] and tables.is_pattern(ident["hub_name"]):
-        ident["hub_name"] = os.path.abspath(os.path.expanduser(str(ident["hub_name"])))
+        ident["files"] = [_where(f) for f in ident["files"]]
+    elif cfg.get("source") == "hub" and ident["hub_name"] and (Path(str(ident["hub_name"])).expanduser().exists()
+                                                               or tables.is_pattern(ident["hub_name"])):
+        ident["hub_name"] = _where(ident["hub_name"])
     return int.from_bytes(hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).digest()[:8],
                           "little")
+
+
+def _where(path) -> str:
+    """A local path as the split seed counts it: resolved (links, '.', '..', a trailing '/'), then
+    relative to the working directory where it is inside it. Absolute, the seed followed the
+    checkout's place: the same command in /home/a/proj and /scratch/b/proj (or on two nodes of one
+    job) split the same files apart."""
+    p = Path(str(path)).expanduser()
+    full = p.resolve() if not tables.is_pattern(str(path)) else Path(os.path.abspath(p))
+    try:
+        return full.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(full)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
