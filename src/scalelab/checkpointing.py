@@ -22,7 +22,6 @@ import re
 import shutil
 import time
 import zipfile
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -82,36 +81,40 @@ def find_resume(job_dir: Path, below: int | None = None, slurm_job: str | None =
 DAMAGED = ".damaged"   # step-N.ckpt.damaged: set aside (no longer a checkpoint's name), kept to look at
 
 
-def set_aside_damaged(job_dir: Path, max_steps: int) -> list[str]:
+def set_aside_damaged(job_dir: Path, max_steps: int, slurm_job: str | None = None) -> list[str]:
     """The launcher, once per job before its ranks start (checkpoint.resume=auto): reads the
-    checkpoint files a resume could take, newest first, until one below max_steps is sound, and
-    renames each damaged one (see damaged) to NAME.damaged, so that every rank's resume_point
-    passes it over alike; returns a line for each. One read of the file (not one per rank, each
+    checkpoint file the ranks' resume_point would load (the same max_steps and SLURM job) and, while
+    it is damaged (see damaged), renames it NAME.damaged and takes the next one, so that every rank
+    passes it over alike; returns a line for each. One read of one file (not one per rank, each
     deciding alone). Before, a file damaged at its full size (sizes agree with the manifest)
     crashed every rank in torch.load, in every requeue or restart after."""
     lines = []
-    for step, path in valid_checkpoints(job_dir / "checkpoints")[0]:
+    while True:
+        path = resume_point(job_dir, max_steps, slurm_job)[0]
+        if path is None:
+            return lines
         bad = damaged(path)
         if bad is None:
-            if step < max_steps:
-                break
-            continue
+            if path.exists():
+                return lines
+            continue          # another node's launcher set it aside meanwhile (a shared folder)
         aside = path.with_name(path.name + DAMAGED)
         try:
             os.replace(path, aside)
-        except FileNotFoundError:   # another node's launcher set it aside first (a shared folder)
+        except FileNotFoundError:
             continue
         lines.append(f"checkpoint {bad}: set aside as {aside.name}, not used")
-    return lines
 
 
 def damaged(path: Path) -> str | None:
     """Why checkpoint file `path` (torch.save's zip archive, as Lightning's .ckpt) cannot be loaded
-    although its size is right, else None. Reads it whole once: every member against its CRC-32.
-    None (not judged) for a sharded checkpoint's folder, a file that is no zip archive at either
-    end (another format: torch.load judges it), one saved without CRCs
-    (torch.serialization.set_crc32_options(False): zero in every member, which torch.load reads),
-    and a read that failed (OSError: a file system's hiccup is no damage to set aside for)."""
+    right although its size is right, else None: its index as torch.load's reader reads it, then
+    every member against its CRC-32 (read whole once; torch.load does not check CRCs: a flipped
+    byte in a tensor loads as another weight). None (not judged) for a sharded checkpoint's folder,
+    a file that is no zip archive at either end (another format: torch.load judges it), a CRC
+    Python's zipfile cannot check (an index only torch's reader reads; saved without CRCs,
+    torch.serialization.set_crc32_options(False), zero in every member), and a read that failed
+    (OSError: a file system's hiccup is no damage to set aside for)."""
     path = Path(path)
     if not path.is_file():
         return None
@@ -120,14 +123,20 @@ def damaged(path: Path) -> str | None:
             zip_head = f.read(4) == b"PK\x03\x04"
         if not zip_head and not zipfile.is_zipfile(path):
             return None
+        import torch
+
+        torch._C.PyTorchFileReader(str(path)).get_all_records()
+    except OSError:
+        return None
+    except Exception as e:  # noqa: BLE001 - what torch.load's reader refuses, in its words
+        return f"{path} is damaged (not a readable zip archive: {str(e).splitlines()[0][:160]})"
+    try:
         with zipfile.ZipFile(path) as z:
             if any(i.CRC == 0 and i.file_size for i in z.infolist()):
                 return None
             member = z.testzip()
-    except OSError:
+    except Exception:  # noqa: BLE001 - zipfile stricter than torch's reader here: not judged
         return None
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, zlib.error) as e:
-        return f"{path} is damaged (not a readable zip archive: {e})"
     return f"{path} is damaged (its member {member} fails its CRC check)" if member else None
 
 

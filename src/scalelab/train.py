@@ -138,7 +138,8 @@ def run_job(cfg: DictConfig) -> dict:
     for stale in job_dir.glob("error-rank*.txt"):  # an earlier run's here: not this run's error
         stale.unlink(missing_ok=True)
     if cfg.checkpoint.get("resume", "auto") == "auto":   # once here, not in every rank: the ranks agree
-        for line in set_aside_damaged(job_dir, int(cfg.trainer.max_steps)):
+        slurm_job = os.environ.get("SLURM_JOB_ID") if requeue.requeue_count() > 0 else None  # as the ranks
+        for line in set_aside_damaged(job_dir, int(cfg.trainer.max_steps), slurm_job):
             log.info(f"[scalelab] {line}")
     slurm_batch = cfg.launcher.name == "srun" and requeue.in_slurm_job()   # ranks.log marks its attempts
     if (job_dir / "ranks.log").exists() and not slurm_batch:                # ranks.log keeps every run

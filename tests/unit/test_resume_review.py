@@ -142,17 +142,40 @@ def test_a_damaged_newest_checkpoint_of_its_full_size_is_set_aside(tmp_path):
     assert len(set_aside_damaged(tmp_path, 100)) == 1 and find_resume(tmp_path)[:2] == (None, 0)
 
 
-def test_only_what_a_resume_could_take_is_read(tmp_path):
-    """Newest first until one below max_steps is sound: an older damaged file is not read; the
-    newest at max_steps is read too (resume=auto then takes the one before it)."""
+def test_only_the_checkpoint_a_resume_loads_is_read(tmp_path):
+    """The ranks' own choice (resume_point: the one before a checkpoint at max_steps; on a SLURM
+    requeue, that job's own), read and set aside until a sound one: no other file is read."""
     (tmp_path / "checkpoints").mkdir()
     old, mid, last = (_periodic(tmp_path, s, float(s)) for s in (10, 20, 30))
     _flip_mid_member(old, "step-00000010/data/0")
     assert set_aside_damaged(tmp_path, 100) == [] and old.exists()      # 30 is sound: 10 is not read
     _flip_mid_member(last, "step-00000030/data/0")
-    assert set_aside_damaged(tmp_path, 30) == [f"checkpoint {last} is damaged (its member step-00000030/data/0 fails "
-                                               "its CRC check): set aside as step-00000030.ckpt.damaged, not used"]
-    assert old.exists() and mid.exists()
+    assert set_aside_damaged(tmp_path, 30) == [] and last.exists()      # at max_steps: 20 is loaded, not 30
+    assert resume_point(tmp_path, 30)[:2] == (mid, 20)
+    _flip_mid_member(mid, "step-00000020/data/0")
+    assert set_aside_damaged(tmp_path, 30) == [
+        f"checkpoint {mid} is damaged (its member step-00000020/data/0 fails its CRC check): set aside as "
+        "step-00000020.ckpt.damaged, not used",
+        f"checkpoint {old} is damaged (its member step-00000010/data/0 fails its CRC check): set aside as "
+        "step-00000010.ckpt.damaged, not used"]
+    assert resume_point(tmp_path, 30)[:2] == (None, 0) and last.exists()
+
+
+def test_a_requeue_reads_its_own_jobs_checkpoint(tmp_path):
+    """SLURM job 222 requeued: resume_point takes its own step-100 (step 300 at max_steps; 200 is
+    job 111's), so that one is read and set aside: before, 300 and 200 were read and 100, damaged,
+    crashed every rank."""
+    (tmp_path / "checkpoints").mkdir()
+    for step, job in ((100, "222"), (200, "111"), (300, "222")):
+        ckpt = _periodic(tmp_path, step, float(step))
+        manifest = ckpt.with_name(ckpt.name + MANIFEST)
+        manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "slurm_job": job}))
+    first = tmp_path / "checkpoints" / "step-00000100.ckpt"
+    _flip_mid_member(first, "step-00000100/data/0")
+    assert set_aside_damaged(tmp_path, 300, "222") == [
+        f"checkpoint {first} is damaged (its member step-00000100/data/0 fails its CRC check): set aside as "
+        "step-00000100.ckpt.damaged, not used"]
+    assert resume_point(tmp_path, 300, "222")[:2] == (None, 0)
 
 
 def test_a_checkpoint_saved_without_crcs_is_not_judged(tmp_path):
