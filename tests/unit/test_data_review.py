@@ -188,3 +188,15 @@ def test_the_embedded_stdlib_split_is_unchanged_and_caches_are_renewed():
                               "text_column": "text"}) == corpus.split_seed(
         {"source": "hub", "hub_name": "owner/name", "hub_split": "train", "text_column": "text"})
     assert corpus.PREP_VERSION >= 3
+
+
+def test_a_missing_local_data_file_is_one_line_without_the_hub(tmp_path, monkeypatch):
+    """notes.jsonl run from the wrong folder: was taken for a hub id (~25 s of retries offline,
+    then 'Couldn't reach notes.jsonl on the Hub')."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("notes.jsonl", "data/train.PARQUET", "x.csv"):
+        with pytest.raises(ConfigError) as e:
+            corpus.hub_kind(name)
+        assert str(e.value).startswith(f"data.hub_name={name!r} is neither an existing folder or file")
+        assert f"relative paths from {tmp_path}) nor a hub dataset name" in str(e.value)
+    assert corpus.hub_kind("roneneldan/TinyStories") == "hub" and corpus.hub_kind("wikitext") == "hub"

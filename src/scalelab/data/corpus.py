@@ -151,10 +151,12 @@ def hub_kind(name: str) -> str:
         return "local"
     if tables.is_pattern(name):
         raise ConfigError(f"data.hub_name={name!r} matches no file")
-    if _HUB_NAME.match(name):
+    # a data file by its name (notes.jsonl): not a hub id to retry for ~25 s offline
+    if _HUB_NAME.match(name) and not name.lower().endswith(tuple(tables.FORMATS)):
         return "hub"
     raise ConfigError(f"data.hub_name={name!r} is neither an existing folder or file (written by datasets' "
-                      "save_to_disk, or .jsonl/.json/.csv/.parquet data) nor a hub dataset name (owner/name)")
+                      "save_to_disk, or .jsonl/.json/.csv/.parquet data; relative paths from "
+                      f"{Path.cwd()}) nor a hub dataset name (owner/name)")
 
 
 PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")

@@ -113,29 +113,35 @@ def _split_by_name(folder: Path, files: list[Path]) -> dict[str, list[Path]]:
 
 
 def load_files(name: str, fmt: str, files: list[Path]):
-    """datasets.load_dataset(fmt, data_files=files, split='train'): a Dataset. Its own Arrow copy
-    goes to a temporary folder, removed once loaded (prepare caches the blocks; a second copy under
-    ~/.cache/huggingface would only take disk)."""
+    """datasets.load_dataset(fmt, data_files=files, split='train'): a Dataset, memory-mapped from
+    its Arrow copy in a temporary folder under scalelab's cache (not $TMPDIR, often small or in RAM
+    on a cluster node), removed with the Dataset once its rows are read (prepare caches the blocks;
+    a second copy under ~/.cache/huggingface would only take disk). keep_in_memory held the whole
+    table in RAM beside the byte stream prepare builds from it."""
     import logging
 
     import datasets
 
+    from scalelab.paths import cache_dir
+
     was_off = datasets.is_progress_bar_enabled() is False
-    datasets.disable_progress_bars()   # "Generating train split" bars: prepare prints one line instead
+    datasets.disable_progress_bars()
     ds_log = logging.getLogger("datasets")
     level = ds_log.level
     ds_log.setLevel(logging.CRITICAL)   # a parse error is logged as well as raised: the one line below instead
-    tmp = tempfile.TemporaryDirectory(prefix="scalelab-tables-")
+    (cache_dir() / "tmp").mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.TemporaryDirectory(prefix="scalelab-tables-", dir=cache_dir() / "tmp")
     try:
-        return datasets.load_dataset(fmt, data_files=[str(f) for f in files], split="train", cache_dir=tmp.name,
-                                     keep_in_memory=True)
+        ds = datasets.load_dataset(fmt, data_files=[str(f) for f in files], split="train", cache_dir=tmp.name)
     except Exception as e:  # noqa: BLE001 - a file its reader cannot parse: one line
+        tmp.cleanup()
         raise _bad_file(name, fmt, e) from e
     finally:
-        tmp.cleanup()
         ds_log.setLevel(level)
         if not was_off:
             datasets.enable_progress_bars()
+    ds._scalelab_tmp = tmp   # its folder goes with the Dataset (TemporaryDirectory's finalizer)
+    return ds
 
 
 def _bad_file(name: str, fmt: str, e: Exception) -> ConfigError:
