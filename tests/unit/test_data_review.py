@@ -3,10 +3,13 @@ Python repr); symlinked folders are followed, each file read once; the split doe
 a local path is spelled (the embedded stdlib corpus keeps its split)."""
 from __future__ import annotations
 
+import itertools
 import os
+from pathlib import Path
 
 import datasets
 import numpy as np
+
 import pytest
 
 from scalelab.data import corpus
@@ -200,3 +203,17 @@ def test_a_missing_local_data_file_is_one_line_without_the_hub(tmp_path, monkeyp
         assert str(e.value).startswith(f"data.hub_name={name!r} is neither an existing folder or file")
         assert f"relative paths from {tmp_path}) nor a hub dataset name" in str(e.value)
     assert corpus.hub_kind("roneneldan/TinyStories") == "hub" and corpus.hub_kind("wikitext") == "hub"
+
+
+def test_max_documents_keeps_the_files_read_in_the_info(tmp_path):
+    """data.max_documents stops the (streaming) reader early: its info said nothing then (meta.json
+    lost files and skipped_files)."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "a_empty.txt").write_text("")
+    for name in ("b.txt", "c.txt", "d.txt"):
+        (folder / name).write_text(name * 10)
+    info = {}
+    docs = list(itertools.islice(corpus.iter_file_documents([str(folder)], info), 2))
+    assert [Path(n).name for n, _ in docs] == ["b.txt", "c.txt"]
+    assert info == {"files": 2, "skipped_files": {"empty": 1, "binary": 0}}

@@ -96,6 +96,11 @@ def iter_file_documents(paths: list[str], info: dict | None = None) -> Iterator[
 
     duplicates = 0
     hidden_seen: set[Path] = set()
+
+    def note() -> None:   # before each yield too: data.max_documents stops this generator early
+        if info is not None:
+            info.update(files=docs, skipped_files={**skipped, **({"duplicate": duplicates} if duplicates else {})})
+
     for raw in paths:
         p = Path(str(raw)).expanduser()
         if not p.exists():
@@ -113,6 +118,7 @@ def iter_file_documents(paths: list[str], info: dict | None = None) -> Iterator[
                                   f"give text files or folders{hint})")
             docs += 1
             any_text = True
+            note()
             yield str(p), data
             continue
         found, hidden = _folder_files(p)
@@ -132,11 +138,11 @@ def iter_file_documents(paths: list[str], info: dict | None = None) -> Iterator[
             else:
                 docs += 1
                 any_text = True
+                note()
                 yield str(f), data
+    note()
     if duplicates:
         skipped["duplicate"] = duplicates
-    if info is not None:
-        info.update(files=docs, skipped_files=skipped)
     if not any_text:
         raise ConfigError(f"data.files: no text found in {list(map(str, paths))!r} "
                           f"(skipped {skipped['empty']} empty and {skipped['binary']} binary files)")
