@@ -88,11 +88,12 @@ def set_aside_damaged(job_dir: Path, max_steps: int, slurm_job: str | None = Non
     passes it over alike; returns a line for each. One read of one file (not one per rank, each
     deciding alone). Before, a file damaged at its full size (sizes agree with the manifest)
     crashed every rank in torch.load, in every requeue or restart after."""
-    lines = []
+    lines, tried = [], set()
     while True:
         path = resume_point(job_dir, max_steps, slurm_job)[0]
-        if path is None:
+        if path is None or path in tried:   # (a path that stays chosen: a dangling link)
             return lines
+        tried.add(path)
         bad = damaged(path)
         if bad is None:
             if path.exists():
@@ -118,14 +119,15 @@ def damaged(path: Path) -> str | None:
     path = Path(path)
     if not path.is_file():
         return None
+    import torch
+
     try:
         with open(path, "rb") as f:
             zip_head = f.read(4) == b"PK\x03\x04"
         if not zip_head and not zipfile.is_zipfile(path):
             return None
-        import torch
-
-        torch._C.PyTorchFileReader(str(path)).get_all_records()
+        with open(path, "rb") as f:   # read through Python: a failed read is an OSError, not torch's RuntimeError
+            torch._C.PyTorchFileReader(f).get_all_records()
     except OSError:
         return None
     except Exception as e:  # noqa: BLE001 - what torch.load's reader refuses, in its words

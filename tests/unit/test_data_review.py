@@ -197,12 +197,45 @@ def test_a_missing_local_data_file_is_one_line_without_the_hub(tmp_path, monkeyp
     """notes.jsonl run from the wrong folder: was taken for a hub id (~25 s of retries offline,
     then 'Couldn't reach notes.jsonl on the Hub')."""
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
     for name in ("notes.jsonl", "data/train.PARQUET", "x.csv"):
         with pytest.raises(ConfigError) as e:
             corpus.hub_kind(name)
         assert str(e.value).startswith(f"data.hub_name={name!r} is neither an existing folder or file")
         assert f"relative paths from {tmp_path}) nor a hub dataset name" in str(e.value)
     assert corpus.hub_kind("roneneldan/TinyStories") == "hub" and corpus.hub_kind("wikitext") == "hub"
+    assert corpus.hub_kind("owner/corpus.csv") == "hub"     # a hub name may end so (no owner/ folder here)
+
+
+def test_a_killed_prepares_arrow_copy_is_cleared_by_the_next(tmp_path, monkeypatch):
+    """The copy of local data files lives under the cache's tmp/ while prepare reads it; a prepare
+    killed (or ended by os._exit) leaves it: the next load removes this host's copies whose process
+    is gone, and keeps a live one's."""
+    import socket
+    import subprocess
+
+    from scalelab.data import tables
+
+    monkeypatch.setenv("SCALELAB_CACHE", str(tmp_path / "cache"))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    host = socket.gethostname()
+    tmp = tmp_path / "cache" / "tmp"
+    gone = tmp / f"scalelab-tables-{host}-{dead.pid}-abc"
+    live = tmp / f"scalelab-tables-{host}-{os.getpid()}-def"
+    other = tmp / "scalelab-tables-otherhost-1-ghi"
+    for d in (gone, live, other):
+        (d / "x").mkdir(parents=True)
+    (tmp_path / "n.jsonl").write_text('{"text": "ab"}\n')
+    ds = tables.load_files("n.jsonl", "json", [tmp_path / "n.jsonl"])
+    assert ds["text"] == ["ab"]
+    assert not gone.exists() and live.exists() and other.exists()
+    mine = Path(ds._scalelab_tmp.name)
+    assert mine.parent == tmp and mine.name.startswith(f"scalelab-tables-{host}-{os.getpid()}-")
+    del ds
+    import gc
+    gc.collect()
+    assert not mine.exists()
 
 
 def test_max_documents_keeps_the_files_read_in_the_info(tmp_path):

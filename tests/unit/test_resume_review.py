@@ -178,6 +178,23 @@ def test_a_requeue_reads_its_own_jobs_checkpoint(tmp_path):
     assert resume_point(tmp_path, 300, "222")[:2] == (None, 0)
 
 
+def test_a_checkpoint_that_stays_chosen_but_is_no_file_ends_the_loop(tmp_path):
+    """A dangling link with an empty manifest is a valid checkpoint by its sizes: damaged() does not
+    judge it and resume_point keeps choosing it (the loop spun forever; found by review)."""
+    import signal
+
+    (tmp_path / "checkpoints").mkdir()
+    link = tmp_path / "checkpoints" / "step-00000020.ckpt"
+    link.symlink_to(tmp_path / "gone.ckpt")
+    link.with_name(link.name + MANIFEST).write_text(json.dumps({"step": 20, "files": {}}))
+    assert resume_point(tmp_path, 100)[:2] == (link, 20)
+    signal.alarm(10)
+    try:
+        assert set_aside_damaged(tmp_path, 100) == []
+    finally:
+        signal.alarm(0)
+
+
 def test_a_checkpoint_saved_without_crcs_is_not_judged(tmp_path):
     torch.serialization.set_crc32_options(False)
     try:

@@ -157,8 +157,10 @@ def hub_kind(name: str) -> str:
         return "local"
     if tables.is_pattern(name):
         raise ConfigError(f"data.hub_name={name!r} matches no file")
-    # a data file by its name (notes.jsonl): not a hub id to retry for ~25 s offline
-    if _HUB_NAME.match(name) and not name.lower().endswith(tuple(tables.FORMATS)):
+    # a data file by its name (notes.jsonl, data/x.csv with data/ here): not a hub id to retry for
+    # ~25 s offline; owner/name.csv is one (hub names may end so)
+    local_file = name.lower().endswith(tuple(tables.FORMATS)) and ("/" not in name or Path(name).parent.exists())
+    if _HUB_NAME.match(name) and not local_file:
         return "hub"
     raise ConfigError(f"data.hub_name={name!r} is neither an existing folder or file (written by datasets' "
                       "save_to_disk, or .jsonl/.json/.csv/.parquet data; relative paths from "

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,6 +114,32 @@ def _split_by_name(folder: Path, files: list[Path]) -> dict[str, list[Path]]:
     return out
 
 
+_TMP_PREFIX = "scalelab-tables-"
+
+
+def _clear_stale(folder: Path) -> Path:
+    """`folder`, made, without the copies of earlier prepares on this host whose process is gone
+    (killed, or ended by os._exit on Ctrl-C / SIGTERM: no finalizer ran). Named HOST-PID: a copy
+    another host or a live process is reading is left alone (a cache shared by a team)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    host = socket.gethostname()
+    for old in folder.glob(f"{_TMP_PREFIX}{host}-*-*"):
+        pid = old.name[len(_TMP_PREFIX) + len(host) + 1:].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:    # another user's: alive
+        return True
+    return True
+
+
 def load_files(name: str, fmt: str, files: list[Path]):
     """datasets.load_dataset(fmt, data_files=files, split='train'): a Dataset, memory-mapped from
     its Arrow copy in a temporary folder under scalelab's cache (not $TMPDIR, often small or in RAM
@@ -129,8 +157,8 @@ def load_files(name: str, fmt: str, files: list[Path]):
     ds_log = logging.getLogger("datasets")
     level = ds_log.level
     ds_log.setLevel(logging.CRITICAL)   # a parse error is logged as well as raised: the one line below instead
-    (cache_dir() / "tmp").mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.TemporaryDirectory(prefix="scalelab-tables-", dir=cache_dir() / "tmp")
+    tmp = tempfile.TemporaryDirectory(prefix=f"{_TMP_PREFIX}{socket.gethostname()}-{os.getpid()}-",
+                                      dir=_clear_stale(cache_dir() / "tmp"), ignore_cleanup_errors=True)
     try:
         ds = datasets.load_dataset(fmt, data_files=[str(f) for f in files], split="train", cache_dir=tmp.name)
     except Exception as e:  # noqa: BLE001 - a file its reader cannot parse: one line
