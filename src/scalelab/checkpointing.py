@@ -104,6 +104,10 @@ def set_aside_damaged(job_dir: Path, max_steps: int, slurm_job: str | None = Non
             os.replace(path, aside)
         except FileNotFoundError:
             continue
+        except OSError as e:   # a read-only folder: every rank would crash loading it, after the queue wait
+            from scalelab.errors import ConfigError
+            raise ConfigError(f"checkpoint {bad}, and it cannot be set aside as {aside.name} ({e.strerror or e}): "
+                              f"move it out of {path.parent}, or run with checkpoint.resume=never") from None
         lines.append(f"checkpoint {bad}: set aside as {aside.name}, not used")
 
 

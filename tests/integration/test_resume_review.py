@@ -4,7 +4,9 @@ save a killed run left is removed when the rerun starts (tests/unit/test_resume_
 from __future__ import annotations
 
 import json
+import os
 import struct
+import subprocess
 import zipfile
 
 import pytest
@@ -29,6 +31,21 @@ def test_a_damaged_newest_checkpoint_is_passed_over_and_stale_tmp_removed(tmp_pa
     newest.write_bytes(bytes(data))
     assert newest.stat().st_size == size
     (ckpts / "step-00000015.ckpt.tmp").write_bytes(b"a save killed mid-write")
+    # where it cannot be renamed (a read-only folder; root is stopped only by an immutable one): one
+    # line naming it and the way out, before any rank starts; the 10-step record stays (a traceback before)
+    if os.geteuid() == 0:
+        ranks_log, record = (job / "ranks.log").read_bytes(), (job / "run.json").read_bytes()
+        subprocess.run(["chattr", "+i", str(ckpts)], check=True)
+        try:
+            proc = train([*args, "trainer.max_steps=15"], tmp_path, check=False)
+        finally:
+            subprocess.run(["chattr", "-i", str(ckpts)], check=True)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 1 and "Traceback" not in out, out[-3000:]
+        assert (f"checkpoint {newest} is damaged (its member {info.filename} fails its CRC check), and it cannot be "
+                f"set aside as step-00000010.ckpt.damaged (Operation not permitted): move it out of {ckpts}, or run "
+                "with checkpoint.resume=never") in out, out[-3000:]
+        assert (job / "run.json").read_bytes() == record and (job / "ranks.log").read_bytes() == ranks_log
     proc = train([*args, "trainer.max_steps=15"], tmp_path)                            # the same job, rerun
     out = proc.stdout + proc.stderr
     assert (f"[scalelab] checkpoint {newest} is damaged (its member {info.filename} fails its CRC check): set aside "
