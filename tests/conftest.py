@@ -216,6 +216,17 @@ def read_record(job: Path) -> dict:
     return json.loads((job / "run.json").read_text())
 
 
+def assert_carries_its_config(ckpt: Path, step: int) -> None:
+    """Checkpoint `ckpt` (JOB/checkpoints/NAME, any strategy's format) carries its job's resolved
+    config and its step, read without its tensors (scalelab.checkpoint_config: a copy is checked by them)."""
+    import yaml
+
+    from scalelab.checkpoint_config import saved_config, saved_step
+
+    job_config = yaml.safe_load((ckpt.parent.parent / "config_resolved.yaml").read_text())
+    assert saved_config(ckpt) == job_config and saved_step(ckpt) == step
+
+
 def seeded_initial_state(rec: dict) -> dict:
     """The job's own initial weights, rebuilt as its worker built them: L.seed_everything(cfg.seed,
     workers=True), then scalelab.models.build.build_net(arch) (LitModule.__init__) from the job's

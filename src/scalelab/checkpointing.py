@@ -175,20 +175,28 @@ def goes_on_from(job_dir: Path, max_steps: int, auto: bool = True, start: str | 
 
 def checkpoint_step(ckpt: Path) -> int | None:
     """The optimizer step a checkpoint was saved at: its manifest's, else its name's
-    (step-00000060.ckpt); None when neither says."""
+    (step-00000060.ckpt), else its own entries' (a copy renamed, without its manifest); None when
+    none says."""
+    from scalelab.checkpoint_config import saved_step
+
     step = _manifest(Path(ckpt)).get("step")
     if isinstance(step, int):
         return step
     m = _NAME.match(Path(ckpt).name)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if m else saved_step(ckpt)
 
 
 def saved_by(ckpt: Path) -> dict | None:
-    """The resolved config of the run that saved `ckpt` (JOB_DIR/config_resolved.yaml beside its
-    checkpoints/ folder), or None: a checkpoint copied elsewhere, or one saved outside scalelab."""
+    """The resolved config of the run that saved `ckpt`: the one it carries (checkpoint_config),
+    else JOB_DIR/config_resolved.yaml beside its checkpoints/ folder (a checkpoint saved before
+    they carried it); None for one saved outside scalelab, or an older one copied elsewhere."""
+    from scalelab.checkpoint_config import saved_config
     from scalelab.job_dir import earlier_config
 
     ckpt = Path(ckpt)
+    own = saved_config(ckpt)
+    if own is not None:
+        return own
     return earlier_config(ckpt.parent.parent) if ckpt.parent.name == "checkpoints" else None
 
 

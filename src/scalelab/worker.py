@@ -87,6 +87,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         module = LitModule(spec.run.model_arch, cfg.model.task, hydra.utils.instantiate(cfg.optim.optimizer),
                            spec.lr, cfg.trainer.max_steps, cfg.lr_scaling.warmup_steps, cfg.lr_scaling.decay,
                            cfg.lr_scaling.min_lr_ratio, plan, fused_on_gpu=bool(cfg.optim.get("fused_on_gpu", False)))
+    module.run_config = OmegaConf.to_container(cfg, resolve=True)   # in each checkpoint (a copy is checked by it)
     marks["model_built"] = timing.now()
     n_params = num_params(module.net)
     data = ByteCorpusDataModule(cfg.job.data_prepared, spec.batch.global_batch_size,

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import (ADAMW, REPO, assert_nano_flops, assert_same_curve, assert_trained_from_seeded_init,
-                        losses_by_step, worker_pids)
+from ..conftest import (ADAMW, REPO, assert_carries_its_config, assert_nano_flops, assert_same_curve,
+                        assert_trained_from_seeded_init, losses_by_step, worker_pids)
 from ..conftest import read_record as _rec
 from ..conftest import run_jobs, run_one_job
 
@@ -196,6 +196,12 @@ def test_states_are_partitioned_vs_ddp(strategy, request, ref):
 
 
 # -- checkpoint round trip --------------------------------------------------------------------
+def test_zero2_and_zero3_checkpoints_carry_their_config(zero2_saved, zero3_saved):
+    """In the engine's model states (ZeRO-1/2: mp_rank_00_..., ZeRO-3: zero_pp_rank_0_mp_rank_00_...)."""
+    for saved in (zero2_saved, zero3_saved):
+        assert_carries_its_config(saved / "checkpoints" / "last.ckpt", 10)
+
+
 @JIT_BUILD
 @pytest.mark.parametrize("strategy", [pytest.param("zero2", marks=pytest.mark.slow), "zero3"])
 def test_deepspeed_checkpoint_resumes_on_the_same_curve(strategy, request, ref):

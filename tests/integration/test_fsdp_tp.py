@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import (assert_nano_flops, assert_same_curve, assert_trained_from_seeded_init, losses_by_step,
-                        worker_pids)
+from ..conftest import (assert_carries_its_config, assert_nano_flops, assert_same_curve,
+                        assert_trained_from_seeded_init, losses_by_step, worker_pids)
 from ..conftest import read_record as _rec
 from ..conftest import run_jobs
 from ..conftest import run_one_job as _job
@@ -139,6 +139,7 @@ def test_sharded_checkpoint_resumes_on_the_same_curve(strategy, request, ref):
     ckpt = r["ckpt"]
     assert ckpt.is_dir()  # torch.distributed.checkpoint: one shard file per rank + metadata
     assert len(list(ckpt.glob("*.distcp"))) == 2 and (ckpt / ".metadata").exists()
+    assert_carries_its_config(ckpt, 10)
     rec = _rec(r["resumed"])
     assert rec["resumed_from"] == str(ckpt) and rec["resumed_at_step"] == 10 and rec["steps"] == 20
     assert rec["steps_this_attempt"] == 10

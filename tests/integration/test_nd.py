@@ -18,7 +18,7 @@ import math
 
 import pytest
 
-from ..conftest import assert_nano_flops, assert_same_curve, assert_trained_from_seeded_init, worker_pids
+from ..conftest import assert_carries_its_config, assert_nano_flops, assert_same_curve, assert_trained_from_seeded_init, worker_pids
 from ..conftest import read_record as _rec
 from ..conftest import run_one_job as _job
 
@@ -99,6 +99,7 @@ def test_pp2_tp2_resumes_on_the_same_curve(pp_tp, ref):
     ckpt = pp_tp["ckpt"]
     # every rank wrote its shards (torch.distributed.checkpoint), rank 0 the trainer state
     assert ckpt.is_dir() and (ckpt / "meta.pt").is_file() and len(list(ckpt.glob("*.distcp"))) == 4
+    assert_carries_its_config(ckpt, 10)
     rec = _rec(pp_tp["resumed"])
     assert rec["resumed_from"] == str(ckpt) and rec["resumed_at_step"] == 10 and rec["steps"] == 20
     assert rec["steps_this_attempt"] == 10

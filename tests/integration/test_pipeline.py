@@ -17,7 +17,7 @@ import torch
 from scalelab.errors import ConfigError
 from scalelab.preflight import preflight
 
-from ..conftest import FAST, assert_nano_flops, assert_trained_from_seeded_init, records, train, worker_pids
+from ..conftest import FAST, assert_carries_its_config, assert_nano_flops, assert_trained_from_seeded_init, records, train, worker_pids
 
 pytestmark = pytest.mark.integration
 
@@ -131,6 +131,7 @@ def test_resume_continues_like_an_uninterrupted_run(pipe, core_sweep):
     ckpt = pipe / "first" / "checkpoints" / "last.ckpt"
     # every stage wrote its own shard (torch.distributed.checkpoint), rank 0 the trainer state
     assert ckpt.is_dir() and (ckpt / "meta.pt").is_file() and len(list(ckpt.glob("*.distcp"))) == 2
+    assert_carries_its_config(ckpt, 10)
     resumed = _run(pipe, "resumed")
     assert resumed["status"] == "completed" and resumed["resumed_from"]
     assert [s for s, _ in resumed["loss"]["curve"]] == list(range(11, 21))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import subprocess
 import zipfile
@@ -56,3 +57,15 @@ def test_a_damaged_newest_checkpoint_is_passed_over_and_stale_tmp_removed(tmp_pa
     assert rec["status"] == "completed" and rec["resumed_at_step"] == 5
     assert not (ckpts / "step-00000015.ckpt.tmp").exists()
     assert sorted(p.name for p in ckpts.glob("step-*.ckpt")) == ["step-00000010.ckpt", "step-00000015.ckpt"]
+
+    # a copy away from its job folder, renamed (no manifest, no step in its name): checked before any
+    # rank by the config and step it carries (another model's copy got as far as every rank's load)
+    copy = tmp_path / "colleague.ckpt"
+    shutil.copy(ckpts / "step-00000015.ckpt", copy)
+    start = [*FAST, "strategy=single", "trainer.devices=1", "logger=none", f"checkpoint.resume_from={copy}"]
+    other = train([*start, "model.arch.n_layers=3", "trainer.max_steps=20", f"hydra.run.dir={tmp_path / 'b'}"],
+                  tmp_path, check=False)
+    assert other.returncode == 2 and "Traceback" not in other.stderr, other.stderr[-3000:]
+    assert "was saved by another kind of run (model.arch.n_layers: 2 vs 3)" in other.stderr, other.stderr[-3000:]
+    late = train([*start, "trainer.max_steps=15", f"hydra.run.dir={tmp_path / 'c'}"], tmp_path, check=False)
+    assert late.returncode == 2 and "is at step 15: trainer.max_steps=15 must be larger" in late.stderr, late.stderr

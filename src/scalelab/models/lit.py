@@ -185,6 +185,9 @@ class LitModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["scalelab_schedule"] = self.schedule_run
+        if getattr(self, "run_config", None) is not None:   # the run's config: checkpoint_config
+            from scalelab.checkpoint_config import KEY
+            checkpoint[KEY] = self.run_config
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         saved = checkpoint.get("scalelab_schedule")
