@@ -13,22 +13,23 @@ the command line runs no code of its own and no torch import is needed.
 """
 from __future__ import annotations
 
-import builtins
-import codecs
 import collections
 import io
+import json
 import pickle
 import zipfile
 from pathlib import Path
 from typing import Any
 
 KEY = "scalelab_config"
-_PICKLE_LIMIT = 64 << 20     # a checkpoint's index is KBs to a few MB; anything larger is not one of ours
-# the classes a config (OmegaConf.to_container's) and Lightning's own entries unpickle to as themselves
-_PLAIN: dict[tuple[str, str], Any] = {("builtins", n): getattr(builtins, n)
-                                      for n in ("set", "frozenset", "list", "dict", "tuple", "complex", "slice")}
-_PLAIN[("collections", "OrderedDict")] = collections.OrderedDict
-_PLAIN[("_codecs", "encode")] = codecs.encode   # protocol 2's bytes
+# a checkpoint's index is KBs to a few MB (one entry per tensor); torch stores it uncompressed, so a
+# larger or compressed one is not one of ours (a small deflated member can claim gigabytes)
+_PICKLE_LIMIT = 16 << 20
+# Everything a class name in the pickle becomes: a plain container where a checkpoint's entries need
+# one (Lightning's state_dict), built without its arguments; anything else an inert _Opaque. No
+# callable that copies or grows its argument (tuple, list, codecs.encode's hex_codec: a few hundred
+# bytes of pickle asking for gigabytes): what it builds is a small multiple of the pickle's size.
+_PLAIN: dict[tuple[str, str], Any] = {("collections", "OrderedDict"): lambda *args, **kwargs: collections.OrderedDict()}
 
 
 class _Opaque:
@@ -67,7 +68,7 @@ def _index(archive: Path) -> dict | None:
     try:
         with zipfile.ZipFile(archive) as z:
             names = [i for i in z.infolist() if i.filename.count("/") == 1 and i.filename.endswith("/data.pkl")]
-            if len(names) != 1 or names[0].file_size > _PICKLE_LIMIT:
+            if len(names) != 1 or names[0].file_size > _PICKLE_LIMIT or names[0].compress_type != zipfile.ZIP_STORED:
                 return None
             data = z.read(names[0])
         out = _Unpickler(io.BytesIO(data)).load()
@@ -88,7 +89,7 @@ def saved_entries(ckpt: Path) -> dict | None:
         tag = (ckpt / "latest").read_text().strip()
     except OSError:
         return None
-    if not tag or "/" in tag:
+    if tag in ("", ".", "..") or "/" in tag:   # a tag naming another folder is not followed
         return None
     # ZeRO-1/2 write the model states once; ZeRO-3 one file per rank (rank 0's has the same entries)
     for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
@@ -101,7 +102,10 @@ def saved_config(ckpt: Path) -> dict | None:
     """The resolved config of the run that saved checkpoint `ckpt`, as it carries it; None when
     it carries none (saved before scalelab kept it there, or by another program)."""
     cfg = (saved_entries(ckpt) or {}).get(KEY)
-    return cfg if isinstance(cfg, dict) else None
+    try:   # plain values only, as the run wrote them (a crafted file's loops or placeholders: none)
+        return json.loads(json.dumps(cfg)) if isinstance(cfg, dict) else None
+    except (TypeError, ValueError, RecursionError):
+        return None
 
 
 def saved_step(ckpt: Path) -> int | None:

@@ -105,9 +105,11 @@ def set_aside_damaged(job_dir: Path, max_steps: int, slurm_job: str | None = Non
         except FileNotFoundError:
             continue
         except OSError as e:   # a read-only folder: every rank would crash loading it, after the queue wait
+            if not path.exists():   # another node's launcher set it aside meanwhile
+                continue
             from scalelab.errors import ConfigError
             raise ConfigError(f"checkpoint {bad}, and it cannot be set aside as {aside.name} ({e.strerror or e}): "
-                              f"move it out of {path.parent}, or run with checkpoint.resume=never") from None
+                              f"{path.parent} must be writable (the job's saves need it too)") from None
         lines.append(f"checkpoint {bad}: set aside as {aside.name}, not used")
 
 

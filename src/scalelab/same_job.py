@@ -52,7 +52,7 @@ def difference(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:
 
 def check(overrides: list[str], node_rank: int, timeout_s: float, environ=None,
           resume: tuple[str | None, int | None] = (None, None),
-          accelerator: str | None = None) -> tuple[str | None, int | None]:
+          accelerator: str | None = None, data: str | None = None) -> tuple[str | None, int | None]:
     """Post this rank's overrides to the rendezvous store, wait for every rank's, and raise one line
     (RuntimeError) when any node's differ from global rank 0's. The ranks' torchrun environment
     (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) names the store.
@@ -60,6 +60,9 @@ def check(overrides: list[str], node_rank: int, timeout_s: float, environ=None,
     trainer.accelerator=auto itself, so one where CUDA failed ran its ranks on cpu and gloo beside
     the others' NCCL, with the same overrides, and the job hung in its first collective until
     trainer.collective_timeout_s: every node stops instead, in one line naming the one that differs.
+    `data`: the data this rank prepared (prepare.data_identity): each node read its own files, and
+    the same override (data.files=notes.txt) on nodes whose disks hold other files trained each node's
+    replicas on other data, silently; every node stops instead, in one line.
     Returns global rank 0's `resume` (checkpoint path, step): every rank goes on from the one rank
     0 chose. Each node found its own in its own job folder, where only node 0's has checkpoints:
     node 0 resumed and the others started over (a hang, or replicas apart; found by review)."""
@@ -73,11 +76,11 @@ def check(overrides: list[str], node_rank: int, timeout_s: float, environ=None,
     store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=wait)
     prefix = f"scalelab/same_job/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
     store.set(f"{prefix}{rank}", json.dumps([int(node_rank), shared_overrides(overrides), list(resume),
-                                             accelerator, socket.gethostname()]))
+                                             accelerator, socket.gethostname(), data]))
     keys = [f"{prefix}{r}" for r in range(world)]
     store.wait(keys, wait)
-    every = [json.loads(store.get(k)) + [None, None] for k in keys]   # (a rank that posted no accelerator)
-    node0, ref, chosen, acc0, host0 = every[0][:5]
+    every = [json.loads(store.get(k)) + [None, None, None] for k in keys]   # (a rank that posted fewer)
+    node0, ref, chosen, acc0, host0, data0 = every[0][:6]
     for node, theirs, *_ in every:
         diff = difference(ref, theirs)
         if diff:
@@ -91,6 +94,11 @@ def check(overrides: list[str], node_rank: int, timeout_s: float, environ=None,
                                "each node's scalelab-train resolved trainer.accelerator itself, and every node must "
                                f"run on the same one: check node {cpu_node}'s GPUs and driver (nvidia-smi), or run "
                                "every node with trainer.accelerator=cpu")
+    for node, _, _, _, host, theirs, *_ in every:
+        if theirs is not None and data0 is not None and theirs != data0:
+            raise RuntimeError(f"node {node} (host {host}) prepared other data than node {node0} (host {host0}): "
+                               f"{theirs} vs {data0}: every node must read the same data (the same files at the "
+                               "data.files / data.hub_name paths on every node, or one shared copy)")
     path, step = chosen
     if path is None:
         return path, step

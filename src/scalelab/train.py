@@ -129,11 +129,6 @@ def run_job(cfg: DictConfig) -> dict:
         if not multirun:
             log.info(results_line(job_dir))
         return done
-    if cfg.checkpoint.get("resume", "auto") == "auto":   # once here, not in every rank: the ranks agree
-        # (before the folder's records are replaced: one that cannot be set aside fails the job, one line)
-        slurm_job = os.environ.get("SLURM_JOB_ID") if requeue.requeue_count() > 0 else None  # as the ranks
-        for line in set_aside_damaged(job_dir, int(cfg.trainer.max_steps), slurm_job):
-            log.info(f"[scalelab] {line}")
     OmegaConf.save(OmegaConf.create(scrub(resolved)), job_dir / job_dir_check.CONFIG_FILE)
     (job_dir / RUN_FILE).unlink(missing_ok=True)
     # a failed record's steps and resume point come from this run's marks only; an earlier run's
@@ -142,6 +137,16 @@ def run_job(cfg: DictConfig) -> dict:
         (job_dir / mark).unlink(missing_ok=True)
     for stale in job_dir.glob("error-rank*.txt"):  # an earlier run's here: not this run's error
         stale.unlink(missing_ok=True)
+    if cfg.checkpoint.get("resume", "auto") == "auto":   # once here, not in every rank: the ranks agree
+        slurm_job = os.environ.get("SLURM_JOB_ID") if requeue.requeue_count() > 0 else None  # as the ranks
+        try:
+            for line in set_aside_damaged(job_dir, int(cfg.trainer.max_steps), slurm_job):
+                log.info(f"[scalelab] {line}")
+        except ConfigError as e:   # one it cannot set aside (every rank would crash loading it): this job's record
+            record = {**collect(job_dir, 1, resolved, spec, threads), "error": str(e)}
+            write_json(job_dir / RUN_FILE, scrub(record))
+            report_end(record, resolved["job"]["name"], job_dir, multirun)
+            return record
     slurm_batch = cfg.launcher.name == "srun" and requeue.in_slurm_job()   # ranks.log marks its attempts
     if (job_dir / "ranks.log").exists() and not slurm_batch:                # ranks.log keeps every run
         with open(job_dir / "ranks.log", "a") as f:

@@ -77,11 +77,13 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     timeout_s = float(cfg.trainer.get("collective_timeout_s", 600))   # conf/trainer/default.yaml's
     if cfg.launcher.name == "torchrun" and spec.run.num_nodes > 1:  # nodes started by hand: the same command?
         from scalelab import same_job
+        from scalelab.data.prepare import data_identity
 
         # ... and global rank 0's checkpoint to go on from, for every node (each has its own folder), and
         # the same accelerator on every node (each node's launcher resolved trainer.accelerator=auto itself)
         resume, resumed_at = same_job.check(list(cfg.job.overrides), int(cfg.launcher.node_rank),
-                                            timeout_s, resume=(resume, resumed_at), accelerator=spec.run.accelerator)
+                                            timeout_s, resume=(resume, resumed_at), accelerator=spec.run.accelerator,
+                                            data=data_identity(cfg.job.data_prepared))
     plan = spec.plan
     with plan.init_device(spec.run, _local_rank()):  # on the GPU itself where it can
         module = LitModule(spec.run.model_arch, cfg.model.task, hydra.utils.instantiate(cfg.optim.optimizer),

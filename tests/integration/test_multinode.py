@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from scalelab.launch import free_port
 
@@ -181,6 +183,37 @@ def test_nodes_running_different_commands_stop_at_once_naming_the_difference(tmp
     assert rec["steps"] == 0 and rec["node_rank"] == 0 and not worker_pids(tmp_path)
     other = json.loads((tmp_path / "node1" / "run.json").read_text())   # it says which node it is from
     assert (other["status"], other["node_rank"], other["steps"]) == ("failed", 1, None), other
+
+
+def test_nodes_reading_other_files_under_one_name_stop_naming_the_data(tmp_path):
+    """The same data.files=[notes.txt] on two nodes whose working directories hold other files: the
+    overrides agree, the data does not (each node prepares its own). Beside its overrides each rank
+    posts what its node prepared, and every node stops in one line; before, each node's replicas
+    trained on other data and nothing said so."""
+    from ..unit.test_data_split import write_text
+
+    port, cwds = free_port(), [tmp_path / "cwd0", tmp_path / "cwd1"]
+    for k, cwd in enumerate(cwds):
+        write_text(cwd / "notes.txt", 60_000, seed=k)   # the same size, other text
+    data = ["data=text_files", "data.files=[notes.txt]", "launcher.rdzv_timeout_s=60"]
+    procs = [_node(k, port, tmp_path / f"node{k}", cwds[k], data) for k in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=150)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill() if p.poll() is None else None
+    prepared = [Path(yaml.safe_load((tmp_path / f"node{k}" / "config_resolved.yaml").read_text())["job"]["data_prepared"])
+                for k in (0, 1)]
+    metas = [json.loads((d / "meta.json").read_text()) for d in prepared]
+    for d in prepared:   # (in the shared test cache, keyed by these temporary files)
+        shutil.rmtree(d, ignore_errors=True)
+    assert prepared[0] != prepared[1] and metas[0]["bytes"] == metas[1]["bytes"] == 60_000
+    rec = json.loads((tmp_path / "node0" / "run.json").read_text())
+    assert rec["status"] == "failed" and "\n" not in rec["error"] and rec["steps"] == 0, outs[0][-3000:]
+    host = socket.gethostname()
+    assert (f"node 1 (host {host}) prepared other data than node 0 (host {host}): {metas[1]['documents']} documents, "
+            "60000 bytes (blocks ") in rec["error"], rec["error"]
+    assert "every node must read the same data" in rec["error"] and not worker_pids(tmp_path)
 
 
 @pytest.mark.slow  # ~35 s (the 30 s margin); the default suite keeps start_by's unit test (tests/unit/test_start_by.py)

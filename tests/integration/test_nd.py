@@ -18,7 +18,8 @@ import math
 
 import pytest
 
-from ..conftest import assert_carries_its_config, assert_nano_flops, assert_same_curve, assert_trained_from_seeded_init, worker_pids
+from ..conftest import (assert_carries_its_config, assert_nano_flops, assert_same_curve, assert_trained_from_seeded_init,
+                        worker_pids)
 from ..conftest import read_record as _rec
 from ..conftest import run_one_job as _job
 

@@ -17,7 +17,8 @@ import torch
 from scalelab.errors import ConfigError
 from scalelab.preflight import preflight
 
-from ..conftest import FAST, assert_carries_its_config, assert_nano_flops, assert_trained_from_seeded_init, records, train, worker_pids
+from ..conftest import (FAST, assert_carries_its_config, assert_nano_flops, assert_trained_from_seeded_init, records,
+                        train, worker_pids)
 
 pytestmark = pytest.mark.integration
 

@@ -55,8 +55,9 @@ def test_sharded_folders_carry_it_in_their_meta_or_deepspeeds_model_states(tmp_p
     z3 = ds / "checkpoint" / "zero_pp_rank_0_mp_rank_00_model_states.pt"   # ZeRO-3: one per rank
     (ds / "checkpoint" / "mp_rank_00_model_states.pt").rename(z3)
     assert saved_config(ds) == CONFIG and saved_step(ds) == 9
-    (ds / "latest").write_text("../elsewhere")   # a tag that leaves the folder is not followed
-    assert saved_config(ds) is None
+    for tag in ("../elsewhere", "..", "."):   # a tag that leaves the folder is not followed
+        (ds / "latest").write_text(tag)
+        assert saved_config(ds) is None
 
 
 class _RunsACommand:
@@ -75,3 +76,36 @@ def test_nothing_the_file_names_is_run(tmp_path):
     assert not mark.exists()
     pickle.loads(pickle.dumps(payload))   # the same pickle, loaded by pickle itself, does run it
     assert mark.exists()
+
+
+def _data_pkl(path, payload: bytes, compress=zipfile.ZIP_STORED):
+    with zipfile.ZipFile(path, "w", compression=compress) as z:
+        z.writestr("archive/data.pkl", payload)
+    return path
+
+
+def test_a_pickle_that_asks_for_memory_gets_none_of_it(tmp_path):
+    """Nested codecs.encode(x, "hex_codec") doubles the bytes each time (a 365-byte pickle asking for
+    32 GiB at depth 34, a reviewer's case); a deflated member claims sizes it does not hold."""
+    import resource
+
+    value = b"C\x01a"
+    for _ in range(34):   # encode(encode(...(b"a", "hex_codec")...), "hex_codec"): 16 GiB by pickle.loads
+        value = b"h\x02(" + value + b"X\t\x00\x00\x00hex_codectR"
+    grow = (b"\x80\x02c_codecs\nencode\nq\x020}q\x00(X\x0f\x00\x00\x00scalelab_configq\x01}X\x04\x00\x00\x00seedK"
+            b"\x03sX\x01\x00\x00\x00x" + value + b"su.")
+    assert len(grow) < 1000
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert saved_config(_data_pkl(tmp_path / "grow.ckpt", grow)) is None   # no plain tree: a placeholder in it
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 << 10   # KiB: nothing grew
+    deflated = pickle.dumps({KEY: CONFIG}, protocol=2)
+    assert saved_config(_data_pkl(tmp_path / "deflated.ckpt", deflated, zipfile.ZIP_DEFLATED)) is None
+    assert saved_config(_data_pkl(tmp_path / "stored.ckpt", deflated)) == CONFIG
+
+
+def test_a_config_that_is_no_plain_tree_is_none(tmp_path):
+    loop: dict = {"seed": 1}
+    loop["self"] = loop
+    assert saved_config(_data_pkl(tmp_path / "loop.ckpt", pickle.dumps({KEY: loop}, protocol=2))) is None
+    odd = {"seed": 1, "x": torch.nn.Linear(1, 1)}   # a placeholder inside it
+    assert saved_config(_data_pkl(tmp_path / "odd.ckpt", pickle.dumps({KEY: odd}, protocol=2))) is None

@@ -98,6 +98,19 @@ def prepare(cfg: dict, seq_len: int, cache_root: Path, progress: bool = True) ->
     return out
 
 
+def data_identity(prepared: str | Path) -> str | None:
+    """What a prepared folder holds, as nodes compare it (same_job.check): its documents and bytes
+    and its train and val blocks' fingerprints (a hash of their bytes, _save); None where unreadable."""
+    prepared = Path(prepared)
+    try:
+        meta = json.loads((prepared / META_FILE).read_text())
+        prints = [json.loads((prepared / split / "state.json").read_text())["_fingerprint"]
+                  for split in ("train", "val") if (prepared / split).is_dir()]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return f"{meta.get('documents')} documents, {meta.get('bytes')} bytes (blocks {'/'.join(prints)})"
+
+
 def take_val(blocks: np.ndarray, val_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(train, val) rows of blocks: val a copy of the rows val_idx (sorted, unique), train every
     other row in order, moved forward inside `blocks` itself (writable; its content is overwritten):
