@@ -97,8 +97,10 @@ def check(overrides: list[str], node_rank: int, timeout_s: float, environ=None,
     for node, _, _, _, host, theirs, *_ in every:
         if theirs is not None and data0 is not None and theirs != data0:
             raise RuntimeError(f"node {node} (host {host}) prepared other data than node {node0} (host {host0}): "
-                               f"{theirs} vs {data0}: every node must read the same data (the same files at the "
-                               "data.files / data.hub_name paths on every node, or one shared copy)")
+                               f"{theirs} vs {data0}: every node must read the same data, split alike (the same "
+                               "files at the data.files / data.hub_name paths on every node, or one shared copy, "
+                               "named the same way from the same relative working directory; data=stdlib: the "
+                               "same Python on every node)")
     path, step = chosen
     if path is None:
         return path, step

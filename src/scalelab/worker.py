@@ -31,7 +31,7 @@ from scalelab.console import StepProgressBar, quiet_rank
 from scalelab.data.datamodule import ByteCorpusDataModule, ValidationCurve, validation_trainer_args
 from scalelab.launch import host_cores, too_few_gpus
 from scalelab.models.gpt import num_params
-from scalelab.models.lit import LitModule, RankRandomness
+from scalelab.models.lit import LitModule, RankRandomness, optimizer_settings
 from scalelab.strategies.base import without_teardown_copies
 from scalelab.strategies.group_timeout import with_collective_timeout
 from scalelab.results.record import RUN_FILE, base_record, write_json
@@ -257,6 +257,8 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         record["lr_final"] = (metrics.last_lr if metrics.last_lr is not None
                               else trainer.optimizers[0].param_groups[0]["lr"])
         record["val"] = val_curve.record() if val_curve is not None else None
+        # what the optimizer trained with (after a resume too: LitModule._own_optimizer_settings)
+        record["optimizer_settings"] = optimizer_settings(trainer.optimizers[0].param_groups[0])
         write_json(job_dir / RUN_FILE, record)
         log_summary(logger, record)
     del trainer, module, data, metrics, callbacks, logger

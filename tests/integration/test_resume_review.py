@@ -57,6 +57,8 @@ def test_a_damaged_newest_checkpoint_is_passed_over_and_stale_tmp_removed(tmp_pa
     assert "resuming from" in out and "step-00000005.ckpt (step 5)" in out
     rec = json.loads((job / "run.json").read_text())
     assert rec["status"] == "completed" and rec["resumed_at_step"] == 5
+    assert (rec["optimizer_settings"]["momentum"], rec["optimizer_settings"]["weight_decay"]) == (0.9, 0.0)
+    assert "optimizer settings" not in out   # the same job resumed: its own settings, nothing to say
     assert not (ckpts / "step-00000015.ckpt.tmp").exists()
     assert sorted(p.name for p in ckpts.glob("step-*.ckpt")) == ["step-00000010.ckpt", "step-00000015.ckpt"]
 
@@ -71,3 +73,15 @@ def test_a_damaged_newest_checkpoint_is_passed_over_and_stale_tmp_removed(tmp_pa
     assert "was saved by another kind of run (model.arch.n_layers: 2 vs 3)" in other.stderr, other.stderr[-3000:]
     late = train([*start, "trainer.max_steps=15", f"hydra.run.dir={tmp_path / 'c'}"], tmp_path, check=False)
     assert late.returncode == 2 and "is at step 15: trainer.max_steps=15 must be larger" in late.stderr, late.stderr
+    # resumed with other optimizer settings: this run's from the resumed step on (torch's load_state_dict
+    # restored the checkpoint's param groups whole, and they trained on, silently)
+    tuned = train([*start, "optim.optimizer.momentum=0.5", "optim.optimizer.weight_decay=0.01", "trainer.max_steps=17",
+                   f"hydra.run.dir={tmp_path / 'd'}"], tmp_path)
+    assert ("resumed with this run's optimizer settings (momentum 0.9 -> 0.5; weight_decay 0.0 -> 0.01): the "
+            "checkpoint's came back with its state") in tuned.stdout + tuned.stderr
+    # and with a longer schedule (said on the console now: Lightning's rank_zero_info line reached no handler)
+    assert ("[scalelab] resumed at step 15 with another LR schedule (max_steps 15 -> 17): from here on it is this "
+            "run's own") in tuned.stdout + tuned.stderr
+    rec = json.loads((tmp_path / "d" / "run.json").read_text())
+    assert rec["resumed_at_step"] == 15 and rec["steps"] == 17
+    assert (rec["optimizer_settings"]["momentum"], rec["optimizer_settings"]["weight_decay"]) == (0.5, 0.01)

@@ -167,6 +167,7 @@ class LitModule(L.LightningModule):
 
     def configure_optimizers(self):
         opt = self.make_optimizer(self.parameters(), lr=self.lr, **self._fused_on_gpu())
+        self._configured = [{k: g[k] for k in optimizer_settings(g)} for g in opt.param_groups]   # before a load
         sched = build_scheduler(opt, **self.schedule)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
@@ -190,6 +191,7 @@ class LitModule(L.LightningModule):
             checkpoint[KEY] = self.run_config
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._loaded = True   # the optimizer's settings come back with its state: on_train_start
         saved = checkpoint.get("scalelab_schedule")
         # the earlier schedule where it is not this run's (followed at the start of training)
         self._schedule_before = saved if saved not in (None, self.schedule_run) else None
@@ -200,6 +202,8 @@ class LitModule(L.LightningModule):
             checkpoint["lr_schedulers"] = []
 
     def on_train_start(self) -> None:
+        if getattr(self, "_loaded", False):
+            self._own_optimizer_settings()
         saved, now = getattr(self, "_schedule_before", None), self.schedule_run
         if saved is None:
             return
@@ -207,9 +211,51 @@ class LitModule(L.LightningModule):
         for config in self.trainer.lr_scheduler_configs:
             lr = follow_schedule(config.scheduler, self.schedule, self.lr, step)
         changed = "; ".join(f"{k} {saved.get(k)} -> {v}" for k, v in now.items() if saved.get(k) != v)
-        from lightning.pytorch.utilities import rank_zero_info
-        rank_zero_info(f"resumed at step {step} with another LR schedule ({changed}): from here on it is "
-                       f"this run's own (LR now {lr:.3g})")
+        if self.trainer.is_global_zero:   # (Lightning's rank_zero_info: an INFO record no handler showed)
+            print(f"[scalelab] resumed at step {step} with another LR schedule ({changed}): from here on it is "
+                  f"this run's own (LR now {lr:.3g})", flush=True)
+
+    # ---- the optimizer settings of a run resumed from another run's checkpoint --------------------
+    # torch's Optimizer.load_state_dict restores the saved param groups whole: checkpoint.resume_from
+    # with another weight decay, momentum, betas or eps trained on with the checkpoint's, silently.
+    # This run's own, as configured, from the resumed step on (its LR is the schedule's, above).
+
+    def _own_optimizer_settings(self) -> None:
+        changed: dict[str, str] = {}
+        for opt in self.trainer.optimizers:
+            for group, want in zip(opt.param_groups, getattr(self, "_configured", [])):
+                for key, value in want.items():
+                    if key not in group or _plain(group[key]) == _plain(value) or key in _IMPLEMENTATION:
+                        continue
+                    if key in _STATE_LAYOUT:
+                        changed[key] = f"{key} stays the checkpoint's {_plain(group[key])}"
+                    else:
+                        changed[key] = f"{key} {_plain(group[key])} -> {_plain(value)}"
+                        group[key] = value
+        if changed and self.trainer.is_global_zero:
+            print(f"[scalelab] resumed with this run's optimizer settings ({'; '.join(changed.values())}): the "
+                  "checkpoint's came back with its state", flush=True)
+
+
+# param-group keys that are no setting of the config's optimizer: the LR is the schedule's
+_NOT_SETTINGS = ("params", "param_names", "lr", "initial_lr")
+# settings whose change changes the optimizer's state (Adam's amsgrad: max_exp_avg_sq): the checkpoint's stay
+_STATE_LAYOUT = ("amsgrad",)
+# how the same update is computed: the checkpoint's stay, silently, since torch's load placed the state
+# for them (fused or capturable: each `step` on the parameter's device; a CPU checkpoint's steps under
+# a fused CUDA kernel would be host pointers read as device ones)
+_IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")
+
+
+def _plain(v: Any) -> Any:
+    return list(v) if isinstance(v, (tuple, list)) else v
+
+
+def optimizer_settings(group: dict) -> dict:
+    """A param group's settings (weight_decay, momentum, betas, eps, ...): numbers, flags, names."""
+    ok = (int, float, bool, str, type(None))
+    return {k: _plain(v) for k, v in group.items() if k not in _NOT_SETTINGS and
+            (isinstance(v, ok) or isinstance(v, (tuple, list)) and all(isinstance(x, ok) for x in v))}
 
 
 def follow_schedule(scheduler: Any, schedule: dict, lr: float, step: int) -> float:
