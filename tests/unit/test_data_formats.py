@@ -107,7 +107,8 @@ def test_a_number_column_of_a_csv_is_not_text(tmp_path):
     ("bad.jsonl", '{"text": "ab"}\nnot json\n', r"^data.hub_name='.*bad.jsonl': its json data could not be read "
                                                  r"\(ArrowInvalid: JSON parse error"),
     ("notes.txt", "plain text", r"^data.hub_name='.*notes.txt' is a file but not one of \.jsonl, \.json, \.csv, "
-                                r"\.parquet \(for plain text files use data=text_files data.files=\[...\]\)$"),
+                                r"\.parquet \(or \.gz/\.bz2/\.xz of the first three; for plain text files use "
+                                r"data=text_files data.files=\[...\]\)$"),
 ])
 def test_a_file_it_cannot_read_is_one_line(tmp_path, name, content, expected):
     (tmp_path / name).write_text(content)
@@ -343,3 +344,53 @@ def test_saving_blocks_does_not_pickle_them_for_a_fingerprint(tmp_path, monkeypa
     assert state["_fingerprint"] == json.loads((tmp_path / "c" / "state.json").read_text())["_fingerprint"]
     _save(blocks[::-1].copy(), 3, tmp_path / "d")
     assert state["_fingerprint"] != json.loads((tmp_path / "d" / "state.json").read_text())["_fingerprint"]
+
+
+# ---------------------------------------------------------------- compressed files
+
+
+def _compress(path, data: bytes, suffix: str):
+    import bz2
+    import gzip
+    import lzma
+
+    out = path.with_name(path.name + suffix)
+    out.write_bytes({".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}[suffix](data))
+    return out
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+def test_a_compressed_data_file_prepares_the_blocks_of_its_plain_copy(tmp_path, suffix):
+    rows = [{"text": f"row {i}: " + "abc " * (i % 7)} for i in range(40)]
+    plain = jsonl(tmp_path / "plain" / "notes.jsonl", rows)
+    (tmp_path / "packed").mkdir()
+    packed = _compress(tmp_path / "packed" / "notes.jsonl", open(plain, "rb").read(), suffix)
+    a = prepare(hub_cfg(plain), 15, tmp_path / "cache", progress=False)
+    b = prepare(hub_cfg(packed), 15, tmp_path / "cache", progress=False)
+    assert read_meta(b)["documents"] == 40 and read_meta(b)["bytes"] == read_meta(a)["bytes"]
+    assert sorted(blocks_of(b)) == sorted(blocks_of(a))   # (each path its own split seed: the same blocks)
+
+
+def test_a_folder_of_compressed_csv_and_text_files(tmp_path):
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    _compress(folder / "train.csv", b"text,n\nhello there,1\ngeneral kenobi,2\n", ".gz")
+    _compress(folder / "test.csv", b"text,n\nheld out,3\n", ".xz")
+    assert tables.data_files(str(folder), "train") == ("csv", [folder / "train.csv.gz"])
+    assert corpus.hub_documents(str(folder), "test", "text") == [(f"{folder}/0", b"held out")]
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    _compress(texts / "a.txt", b"alpha text\n", ".gz")
+    _compress(texts / "b.txt", b"beta text\n", ".bz2")
+    (texts / "c.txt.gz").write_bytes(b"not gzip at all")        # does not decompress: skipped, counted
+    (texts / "d.txt").write_text("plain delta\n")
+    info: dict = {}
+    docs = corpus.file_documents([str(texts)], info)
+    assert [(os.path.basename(n), d) for n, d in docs] == [("a.txt.gz", b"alpha text\n"), ("b.txt.bz2", b"beta text\n"),
+                                                           ("d.txt", b"plain delta\n")]
+    assert info["skipped_files"]["binary"] == 1
+    with pytest.raises(ConfigError, match=r"data.files: '.*c.txt.gz' does not decompress as its name says \(.gz\)"):
+        corpus.file_documents([str(texts / "c.txt.gz")])
+    with pytest.raises(ConfigError, match=r"is a file but not one of .jsonl, .json, .csv, .parquet \(or "
+                                          r".gz/.bz2/.xz of the first three"):
+        tables.data_files(str(_compress(tmp_path / "t.parquet", b"x", ".gz")), "train")

@@ -3,7 +3,8 @@
 Sources:
 - "stdlib": the running interpreter's own standard-library .py files (the embedded default:
   present on every machine, no download).
-- "files": local text files or folders given by the user. A file named on the command line is
+- "files": local text files (plain, or .gz/.bz2/.xz: read decompressed) or folders given by the
+  user. A file named on the command line is
   always read; inside a folder (recursively, following symlinked folders, each real folder once),
   hidden entries (names starting with "."), empty files and binary files (a NUL byte in the first
   8 KiB) are skipped, and counted. A file reached twice (named twice, or through two links) is read
@@ -11,7 +12,8 @@ Sources:
 - "hub": a Hugging Face dataset, its `text_column`: a hub name (owner/name; needs network; its
   configuration, e.g. wikitext's wikitext-2-raw-v1, in `hub_config`), a local folder written by
   `datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk`, or local data files: a .jsonl,
-  .json, .csv or .parquet file, or a folder of them (tables.py; load_dataset("json", data_files=...)).
+  .json, .csv or .parquet file (the first three also .gz/.bz2/.xz), or a folder of them (tables.py;
+  load_dataset("json", data_files=...)).
 
 Each source becomes one stream (documents joined by a 0 byte) cut into fixed-length blocks of
 seq_len + 1 byte tokens (inputs and shifted targets). The train/val split is by block: a fixed
@@ -53,6 +55,25 @@ def iter_stdlib_documents() -> Iterator[tuple[str, bytes]]:
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts)
     return ((str(p.relative_to(root)), p.read_bytes()) for p in files)
+
+
+_DECOMPRESS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}   # notes.txt.gz: read as the text it holds
+
+
+def _read_file(p: Path) -> bytes | None:
+    """A text file's bytes; a .gz / .bz2 / .xz file's decompressed (None where it does not
+    decompress: not text either)."""
+    codec = _DECOMPRESS.get(p.suffix.lower())
+    if codec is None:
+        return p.read_bytes()
+    import importlib
+    import lzma
+    import zlib
+
+    try:
+        return importlib.import_module(codec).decompress(p.read_bytes())
+    except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError):   # each codec's "not mine"
+        return None
 
 
 def _folder_files(folder: Path) -> tuple[list[Path], list[Path]]:
@@ -109,7 +130,10 @@ def iter_file_documents(paths: list[str], info: dict | None = None) -> Iterator[
             if not first_time(p):
                 duplicates += 1
                 continue
-            data = p.read_bytes()
+            data = _read_file(p)
+            if data is None:
+                raise ConfigError(f"data.files: {raw!r} does not decompress as its name says ({p.suffix}): give "
+                                  "text files or folders, plain or .gz/.bz2/.xz")
             if not data:
                 raise ConfigError(f"data.files: {raw!r} is empty (give text files or folders)")
             if b"\x00" in data[:_BINARY_PROBE]:
@@ -130,10 +154,10 @@ def iter_file_documents(paths: list[str], info: dict | None = None) -> Iterator[
             if not first_time(f):
                 duplicates += 1
                 continue
-            data = f.read_bytes()
-            if not data:
+            data = _read_file(f)
+            if data is not None and not data:
                 skipped["empty"] += 1
-            elif b"\x00" in data[:_BINARY_PROBE]:
+            elif data is None or b"\x00" in data[:_BINARY_PROBE]:   # (one that does not decompress: not text)
                 skipped["binary"] += 1
             else:
                 docs += 1
@@ -159,11 +183,11 @@ def hub_kind(name: str) -> str:
         raise ConfigError(f"data.hub_name={name!r} matches no file")
     # a data file by its name (notes.jsonl, data/x.csv with data/ here): not a hub id to retry for
     # ~25 s offline; owner/name.csv is one (hub names may end so)
-    local_file = name.lower().endswith(tuple(tables.FORMATS)) and ("/" not in name or Path(name).parent.exists())
+    local_file = bool(tables.data_ext(Path(name)) in tables.FORMATS) and ("/" not in name or Path(name).parent.exists())
     if _HUB_NAME.match(name) and not local_file:
         return "hub"
     raise ConfigError(f"data.hub_name={name!r} is neither an existing folder or file (written by datasets' "
-                      "save_to_disk, or .jsonl/.json/.csv/.parquet data; relative paths from "
+                      "save_to_disk, or .jsonl/.json/.csv/.parquet data, the first three also .gz/.bz2/.xz; relative paths from "
                       f"{Path.cwd()}) nor a hub dataset name (owner/name)")
 
 

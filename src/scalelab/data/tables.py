@@ -5,7 +5,7 @@ data_files=[...])`, as a `datasets` user would, and the text column is then take
 hub dataset (corpus.hub_documents).
 
 A folder is read recursively, in name order, hidden entries skipped, its .jsonl, .csv and .parquet
-files (.json only when the file itself is named: a folder's .json files are as often metadata,
+files (.jsonl and .csv also compressed: .gz, .bz2, .xz; .json only when the file itself is named: a folder's .json files are as often metadata,
 e.g. save_to_disk's own state.json, as data). All files of one source have one format. A folder's
 files are split by their names as `datasets` splits them (train.jsonl / test.jsonl: data.hub_split
 picks one); a single file is the split 'train', as are the files a glob pattern matches
@@ -27,6 +27,18 @@ from scalelab.errors import ConfigError
 #: file extension -> the `datasets` packaged builder that reads it
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 FOLDER_EXTS = (".jsonl", ".csv", ".parquet")
+#: compressed copies `datasets` extracts before reading (notes.jsonl.gz, data/train.csv.xz); Parquet
+#: compresses inside its own format
+COMPRESSED = (".gz", ".bz2", ".xz")
+
+
+def data_ext(path: Path) -> str:
+    """A data file's format extension: its last suffix, or the one before a compression suffix
+    (.jsonl of notes.jsonl.gz); '' for a compressed Parquet file (not a form `datasets` reads)."""
+    suffixes = [s.lower() for s in Path(path).suffixes]
+    if len(suffixes) >= 2 and suffixes[-1] in COMPRESSED:
+        return suffixes[-2] if suffixes[-2] != ".parquet" else ""
+    return suffixes[-1] if suffixes else ""
 _SAVED_MARKERS = ("dataset_dict.json", "state.json")   # what save_to_disk writes (DatasetDict, Dataset)
 
 
@@ -66,7 +78,7 @@ def data_files(name: str, split: str) -> tuple[str, list[Path]]:
     path = Path(str(name)).expanduser()
     if is_pattern(name):
         files = glob_files(name)
-        formats = {FORMATS.get(f.suffix.lower()) for f in files}
+        formats = {FORMATS.get(data_ext(f)) for f in files}
         if None in formats or len(formats) != 1:
             names = ", ".join(f.name for f in files[:4]) + (" ..." if len(files) > 4 else "")
             raise ConfigError(f"data.hub_name={str(name)!r} matches {names}: give a pattern of files of one of "
@@ -74,16 +86,17 @@ def data_files(name: str, split: str) -> tuple[str, list[Path]]:
         fmt = formats.pop()
         splits = {"train": files}
     elif not path.is_dir():
-        fmt = FORMATS.get(path.suffix.lower())
+        fmt = FORMATS.get(data_ext(path))
         if fmt is None:
-            raise ConfigError(f"data.hub_name={str(path)!r} is a file but not one of {', '.join(FORMATS)} "
-                              "(for plain text files use data=text_files data.files=[...])")
+            raise ConfigError(f"data.hub_name={str(path)!r} is a file but not one of {', '.join(FORMATS)} (or "
+                              f"{'/'.join(COMPRESSED)} of the first three; for plain text files use data=text_files "
+                              "data.files=[...])")
         splits = {"train": [path]}
     else:
-        files = [f for f in _folder_files(path)[0] if f.suffix.lower() in FOLDER_EXTS]
+        files = [f for f in _folder_files(path)[0] if data_ext(f) in FOLDER_EXTS]
         by_format: dict[str, list[str]] = {}
         for f in files:
-            by_format.setdefault(FORMATS[f.suffix.lower()], []).append(f.name)
+            by_format.setdefault(FORMATS[data_ext(f)], []).append(f.name)
         if len(by_format) > 1:
             mixed = "; ".join(f"{k}: {', '.join(v[:3])}{' ...' if len(v) > 3 else ''}" for k, v in by_format.items())
             raise ConfigError(f"data.hub_name={str(path)!r} mixes data file formats ({mixed}): give a folder of one "
