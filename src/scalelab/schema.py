@@ -68,7 +68,7 @@ GROUPS: dict[str, dict[str, Field]] = {
         "source": Choice(("stdlib", "files", "hub")),
         "files": Field("list", item=Str(), rule="must be a list of text files or folders, e.g. data.files=[notes.txt,docs/]"),
         "hub_name": Str("a hub dataset name, a folder written by save_to_disk, or a local .jsonl/.json/.csv/.parquet "
-                        "file, a glob pattern or a folder of them"),
+                        "file (the first three also .gz/.bz2/.xz), a glob pattern or a folder of them"),
         "hub_config": Str("the hub dataset's configuration name, e.g. wikitext-2-raw-v1; null: its default",
                           null=True),
         "hub_split": Str("the split of a DatasetDict"),

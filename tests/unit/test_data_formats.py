@@ -394,3 +394,23 @@ def test_a_folder_of_compressed_csv_and_text_files(tmp_path):
     with pytest.raises(ConfigError, match=r"is a file but not one of .jsonl, .json, .csv, .parquet \(or "
                                           r".gz/.bz2/.xz of the first three"):
         tables.data_files(str(_compress(tmp_path / "t.parquet", b"x", ".gz")), "train")
+
+
+def test_a_compressed_binary_in_a_text_folder_is_not_inflated_to_be_skipped(tmp_path):
+    """Its first 8 KiB decompressed hold a NUL: skipped from those (a reviewer's 510 KB .gz of 512 MiB
+    of zeros took 1 GB to be skipped)."""
+    import gzip
+    import tracemalloc
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "weights.bin.gz").write_bytes(gzip.compress(bytes(64 << 20), compresslevel=1))
+    (tmp_path / "docs" / "notes.txt").write_text("some text\n")
+    info: dict = {}
+    tracemalloc.start()
+    try:
+        docs = corpus.file_documents([str(tmp_path / "docs")], info)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [os.path.basename(n) for n, _ in docs] == ["notes.txt"] and info["skipped_files"]["binary"] == 1
+    assert peak < 8 << 20, peak   # bytes: the compressed file once (~64 KB) and its first block, not 64 MiB

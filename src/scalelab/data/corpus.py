@@ -39,9 +39,10 @@ import numpy as np
 from scalelab.data import tables
 from scalelab.errors import ConfigError
 
-PREP_VERSION = 4  # bump when the block layout or split changes, to invalidate caches (2: split by block;
+PREP_VERSION = 5  # bump when the block layout or split changes, to invalidate caches (2: split by block;
 #                  3: split seed from resolved paths, symlinked folders followed, a file reached twice read once;
-#                  4: those paths relative to the working directory where inside it)
+#                  4: those paths relative to the working directory where inside it;
+#                  5: .gz/.bz2/.xz files read: a folder's compressed files, passed over before)
 _BINARY_PROBE = 8192
 # owner/name or name, as the hub spells dataset ids (no leading ".", "/" or "~", at most one "/")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
@@ -61,8 +62,9 @@ _DECOMPRESS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}   # notes.txt.gz: re
 
 
 def _read_file(p: Path) -> bytes | None:
-    """A text file's bytes; a .gz / .bz2 / .xz file's decompressed (None where it does not
-    decompress: not text either)."""
+    """A text file's bytes; a .gz / .bz2 / .xz file's decompressed, as a stream: where its first
+    _BINARY_PROBE bytes hold a NUL (a .pt.gz, a .tar.gz: not text) only those are returned, not
+    the whole file inflated to be skipped. None where it does not decompress (not text either)."""
     codec = _DECOMPRESS.get(p.suffix.lower())
     if codec is None:
         return p.read_bytes()
@@ -71,7 +73,14 @@ def _read_file(p: Path) -> bytes | None:
     import zlib
 
     try:
-        return importlib.import_module(codec).decompress(p.read_bytes())
+        with importlib.import_module(codec).open(p, "rb") as f:
+            head = f.read(_BINARY_PROBE)
+            if b"\x00" in head:
+                return head
+            out = bytearray(head)
+            while chunk := f.read(1 << 22):
+                out += chunk
+        return bytes(out)
     except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError):   # each codec's "not mine"
         return None
 
@@ -183,7 +192,7 @@ def hub_kind(name: str) -> str:
         raise ConfigError(f"data.hub_name={name!r} matches no file")
     # a data file by its name (notes.jsonl, data/x.csv with data/ here): not a hub id to retry for
     # ~25 s offline; owner/name.csv is one (hub names may end so)
-    local_file = bool(tables.data_ext(Path(name)) in tables.FORMATS) and ("/" not in name or Path(name).parent.exists())
+    local_file = tables.data_ext(Path(name)) in tables.FORMATS and ("/" not in name or Path(name).parent.exists())
     if _HUB_NAME.match(name) and not local_file:
         return "hub"
     raise ConfigError(f"data.hub_name={name!r} is neither an existing folder or file (written by datasets' "

@@ -5,7 +5,8 @@ data_files=[...])`, as a `datasets` user would, and the text column is then take
 hub dataset (corpus.hub_documents).
 
 A folder is read recursively, in name order, hidden entries skipped, its .jsonl, .csv and .parquet
-files (.jsonl and .csv also compressed: .gz, .bz2, .xz; .json only when the file itself is named: a folder's .json files are as often metadata,
+files (.jsonl and .csv also .gz, .bz2, .xz, which datasets decompresses as it reads them; .json only
+when the file itself is named: a folder's .json files are as often metadata,
 e.g. save_to_disk's own state.json, as data). All files of one source have one format. A folder's
 files are split by their names as `datasets` splits them (train.jsonl / test.jsonl: data.hub_split
 picks one); a single file is the split 'train', as are the files a glob pattern matches
@@ -27,7 +28,7 @@ from scalelab.errors import ConfigError
 #: file extension -> the `datasets` packaged builder that reads it
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 FOLDER_EXTS = (".jsonl", ".csv", ".parquet")
-#: compressed copies `datasets` extracts before reading (notes.jsonl.gz, data/train.csv.xz); Parquet
+#: compressed copies `datasets` decompresses as it reads them (notes.jsonl.gz, data/train.csv.xz); Parquet
 #: compresses inside its own format
 COMPRESSED = (".gz", ".bz2", ".xz")
 
@@ -39,6 +40,8 @@ def data_ext(path: Path) -> str:
     if len(suffixes) >= 2 and suffixes[-1] in COMPRESSED:
         return suffixes[-2] if suffixes[-2] != ".parquet" else ""
     return suffixes[-1] if suffixes else ""
+
+
 _SAVED_MARKERS = ("dataset_dict.json", "state.json")   # what save_to_disk writes (DatasetDict, Dataset)
 
 
@@ -82,7 +85,7 @@ def data_files(name: str, split: str) -> tuple[str, list[Path]]:
         if None in formats or len(formats) != 1:
             names = ", ".join(f.name for f in files[:4]) + (" ..." if len(files) > 4 else "")
             raise ConfigError(f"data.hub_name={str(name)!r} matches {names}: give a pattern of files of one of "
-                              f"{', '.join(FORMATS)}")
+                              f"{', '.join(FORMATS)} (or {'/'.join(COMPRESSED)} of the first three)")
         fmt = formats.pop()
         splits = {"train": files}
     elif not path.is_dir():
