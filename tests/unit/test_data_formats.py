@@ -414,3 +414,23 @@ def test_a_compressed_binary_in_a_text_folder_is_not_inflated_to_be_skipped(tmp_
         tracemalloc.stop()
     assert [os.path.basename(n) for n, _ in docs] == ["notes.txt"] and info["skipped_files"]["binary"] == 1
     assert peak < 8 << 20, peak   # bytes: the compressed file once (~64 KB) and its first block, not 64 MiB
+
+
+def test_a_file_beside_its_compressed_copy_is_one_line(tmp_path):
+    """Both would be read: every row trained on twice (a reviewer's case, new with compressed files)."""
+    import gzip
+
+    folder = tmp_path / "shards"
+    jsonl(folder / "train.jsonl", [{"text": "ab"}])
+    (folder / "train.jsonl.gz").write_bytes(gzip.compress((folder / "train.jsonl").read_bytes()))
+    with pytest.raises(ConfigError, match=r"^data.hub_name='.*shards': .*train.jsonl and .*train.jsonl.gz are both in "
+                                          r"it \(a file and its compressed copy: every row read twice\): keep one"):
+        tables.data_files(str(folder), "train")
+    with pytest.raises(ConfigError, match=r"train.jsonl and .*train.jsonl.gz are both in it"):
+        tables.data_files(str(folder / "train.*"), "train")
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "notes.txt").write_text("hello\n")
+    (texts / "notes.txt.bz2").write_bytes(__import__("bz2").compress(b"hello\n"))
+    with pytest.raises(ConfigError, match=r"^data.files: '.*texts': .*notes.txt and .*notes.txt.bz2 are both in it"):
+        corpus.file_documents([str(texts)])

@@ -155,6 +155,7 @@ def iter_file_documents(paths: list[str], info: dict | None = None) -> Iterator[
             yield str(p), data
             continue
         found, hidden = _folder_files(p)
+        tables.refuse_twins(f"data.files: {raw!r}", found)
         new_hidden = {f.resolve() for f in hidden} - hidden_seen
         if new_hidden:
             hidden_seen |= new_hidden

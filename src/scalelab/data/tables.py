@@ -42,6 +42,23 @@ def data_ext(path: Path) -> str:
     return suffixes[-1] if suffixes else ""
 
 
+def compressed_twin(files: list[Path]) -> tuple[Path, Path] | None:
+    """A file and its compressed copy both among `files` (notes.jsonl and notes.jsonl.gz): read
+    twice, every row of it trained on twice. The first such pair, else None."""
+    names = {str(f) for f in files}
+    for f in files:
+        if f.suffix.lower() in COMPRESSED and str(f.with_suffix("")) in names:
+            return f.with_suffix(""), f
+    return None
+
+
+def refuse_twins(key: str, files: list[Path]) -> None:
+    twin = compressed_twin(files)
+    if twin:
+        raise ConfigError(f"{key}: {twin[0]} and {twin[1]} are both in it (a file and its compressed copy: every "
+                          "row read twice): keep one of them")
+
+
 _SAVED_MARKERS = ("dataset_dict.json", "state.json")   # what save_to_disk writes (DatasetDict, Dataset)
 
 
@@ -108,6 +125,7 @@ def data_files(name: str, split: str) -> tuple[str, list[Path]]:
             return "", []
         fmt = next(iter(by_format))
         splits = _split_by_name(path, files)
+    refuse_twins(f"data.hub_name={str(name)!r}", [f for fs in splits.values() for f in fs])
     if split not in splits:
         raise ConfigError(f"data.hub_split={split!r} is not in {name}: its data files make the split(s) "
                           f"{', '.join(splits)}")
