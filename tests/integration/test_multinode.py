@@ -33,7 +33,7 @@ REL = 1e-5
 
 
 def _node(k: int, port: int, job: Path, cwd: Path, extra: list[str], nodes: int = 2,
-          from_env: bool = False) -> subprocess.Popen:
+          from_env: bool = False, devices: int = 2) -> subprocess.Popen:
     """Node k; from_env: the endpoint and node rank from MASTER_ADDR/MASTER_PORT/NODE_RANK (keys left
     null), as a PyTorchJob pod or a cluster script sets them, instead of the launcher keys."""
     e = env()
@@ -41,7 +41,7 @@ def _node(k: int, port: int, job: Path, cwd: Path, extra: list[str], nodes: int 
     if from_env:
         e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK=str(k))
         where = []
-    args = [*COMMON, *extra, "launcher=torchrun", f"trainer.num_nodes={nodes}", "trainer.devices=2", *where,
+    args = [*COMMON, *extra, "launcher=torchrun", f"trainer.num_nodes={nodes}", f"trainer.devices={devices}", *where,
             f"hydra.run.dir={job}"]
     return subprocess.Popen(TRAIN + args, cwd=cwd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -196,7 +196,7 @@ def test_nodes_reading_other_files_under_one_name_stop_naming_the_data(tmp_path)
     for k, cwd in enumerate(cwds):
         write_text(cwd / "notes.txt", 60_000, seed=k)   # the same size, other text
     data = ["data=text_files", "data.files=[notes.txt]", "launcher.rdzv_timeout_s=60"]
-    procs = [_node(k, port, tmp_path / f"node{k}", cwds[k], data) for k in (0, 1)]
+    procs = [_node(k, port, tmp_path / f"node{k}", cwds[k], data, devices=1) for k in (0, 1)]
     try:
         outs = [p.communicate(timeout=150)[0] for p in procs]
     finally:
