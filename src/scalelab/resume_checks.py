@@ -115,7 +115,7 @@ def check_resume_from(c: dict) -> None:
     if not path.exists():
         raise ConfigError(f"{what} does not exist: give a checkpoint (file or folder) saved by a run of the same "
                           "kind of strategy (ZeRO: stage and world size) and model shape, or null")
-    not_one = folder_problem(path) or file_problem(path)
+    not_one = folder_problem(path) or file_problem(path) or weights_only_problem(path)
     if not_one:
         raise ConfigError(f"{what} {not_one}")
     differs = resume_mismatch(path, c)
@@ -162,3 +162,20 @@ def file_problem(path: Path) -> str | None:
         pass
     return ("is not a checkpoint file (torch.save's zip archive, as Lightning's .ckpt; a truncated copy is not "
             "one either): give a .ckpt or a sharded checkpoint's folder that a run saved, or null")
+
+
+def weights_only_problem(path: Path) -> str | None:
+    """Why file `path` is a model's weights alone and no training checkpoint (None when it is one,
+    or cannot be told): a plain state_dict (checkpoint.export_consolidated's model_consolidated.pt)
+    has neither Lightning's version nor its state_dict entry, and every rank failed on it with
+    KeyError: 'pytorch-lightning_version'."""
+    from scalelab.checkpoint_config import saved_entries
+
+    if not Path(path).is_file():
+        return None
+    entries = saved_entries(path)
+    if entries is None or "pytorch-lightning_version" in entries or "state_dict" in entries:
+        return None
+    return ("is a model's weights alone (a plain state_dict, as checkpoint.export_consolidated's "
+            "model_consolidated.pt), not a training checkpoint (weights, optimizer, step, data position): give "
+            "a .ckpt that checkpoint.every_n_steps or checkpoint.save wrote (JOB_DIR/checkpoints/), or null")

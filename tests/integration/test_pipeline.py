@@ -148,6 +148,11 @@ def test_consolidated_export_is_the_plain_gpt(pipe):
     model = GPT(GPTConfig(n_layers=2, n_heads=4, d_model=64, seq_len=64, vocab_size=256))
     model.load_state_dict(state, strict=True)  # both stages' parameters, the plain model's names
     assert {"tok_emb.weight", "layers.0.attn.q_proj.weight", "layers.1.mlp.down.weight", "lm_head.weight"} <= set(state)
+    # weights alone: as checkpoint.resume_from, one line before any rank (every rank's KeyError before)
+    from scalelab.resume_checks import check_resume_from
+
+    with pytest.raises(ConfigError, match=r"model_consolidated.pt' is a model's weights alone \(a plain state_dict"):
+        check_resume_from({"checkpoint": {"resume_from": str(pipe / "first" / "model_consolidated.pt")}})
     # trained, not initial: every tensor of both stages differs from the job's own seeded initial
     # weights (and equals them where no gradient ever flowed)
     assert_trained_from_seeded_init(state, _run(pipe, "first"))

@@ -114,3 +114,14 @@ def test_a_config_that_is_no_plain_tree_is_none(tmp_path):
     assert saved_config(_data_pkl(tmp_path / "loop.ckpt", pickle.dumps({KEY: loop}, protocol=2))) is None
     odd = {"seed": 1, "x": torch.nn.Linear(1, 1)}   # a placeholder inside it
     assert saved_config(_data_pkl(tmp_path / "odd.ckpt", pickle.dumps({KEY: odd}, protocol=2))) is None
+
+
+def test_weights_alone_are_no_training_checkpoint(tmp_path):
+    from scalelab.resume_checks import weights_only_problem
+
+    torch.save(torch.nn.Linear(2, 2).state_dict(), tmp_path / "weights.pt")
+    assert "is a model's weights alone" in weights_only_problem(tmp_path / "weights.pt")
+    _lightning_like(tmp_path / "train.ckpt")   # Lightning's state_dict entry beside the loops' state
+    torch.save({"pytorch-lightning_version": "2.6", "global_step": 3}, tmp_path / "lit.ckpt")
+    assert weights_only_problem(tmp_path / "train.ckpt") is None and weights_only_problem(tmp_path / "lit.ckpt") is None
+    assert weights_only_problem(tmp_path) is None   # a folder: its own checks

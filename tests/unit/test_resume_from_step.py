@@ -16,7 +16,7 @@ def _torch_file() -> bytes:
     import torch
 
     buf = io.BytesIO()
-    torch.save({}, buf)
+    torch.save({"state_dict": {}}, buf)   # Lightning's entry (weights alone are refused)
     return buf.getvalue()
 
 

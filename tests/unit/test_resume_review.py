@@ -26,7 +26,7 @@ ZERO = "scalelab.strategies.deepspeed.ZeRO"
 def _torch_file(path, value: float = 0.0):
     import torch
 
-    torch.save({"w": torch.full((64,), value)}, path)
+    torch.save({"state_dict": {"w": torch.full((64,), value)}}, path)   # Lightning's entry (not weights alone)
     return path
 
 
