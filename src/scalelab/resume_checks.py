@@ -174,7 +174,13 @@ def weights_only_problem(path: Path) -> str | None:
     if not Path(path).is_file():
         return None
     entries = saved_entries(path)
-    if entries is None or "pytorch-lightning_version" in entries or "state_dict" in entries:
+    if entries is None:
+        return None
+    if "pytorch-lightning_version" in entries and "state_dict" in entries and "optimizer_states" not in entries:
+        return ("is a weights-only Lightning checkpoint (saved with weights_only=True: no optimizer state, which "
+                "resuming restores): give a .ckpt that checkpoint.every_n_steps or checkpoint.save wrote "
+                "(JOB_DIR/checkpoints/), or null")
+    if "pytorch-lightning_version" in entries or "state_dict" in entries:
         return None
     return ("is a model's weights alone (a plain state_dict, as checkpoint.export_consolidated's "
             "model_consolidated.pt), not a training checkpoint (weights, optimizer, step, data position): give "
