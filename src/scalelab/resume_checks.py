@@ -182,6 +182,6 @@ def weights_only_problem(path: Path) -> str | None:
                 "(JOB_DIR/checkpoints/), or null")
     if "pytorch-lightning_version" in entries or "state_dict" in entries:
         return None
-    return ("is a model's weights alone (a plain state_dict, as checkpoint.export_consolidated's "
-            "model_consolidated.pt), not a training checkpoint (weights, optimizer, step, data position): give "
-            "a .ckpt that checkpoint.every_n_steps or checkpoint.save wrote (JOB_DIR/checkpoints/), or null")
+    return ("is no Lightning training checkpoint (weights, optimizer, step, data position) but a model's weights "
+            "alone, as checkpoint.export_consolidated's model_consolidated.pt, or another program's file: give a "
+            ".ckpt that checkpoint.every_n_steps or checkpoint.save wrote (JOB_DIR/checkpoints/), or null")

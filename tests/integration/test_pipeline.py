@@ -151,7 +151,7 @@ def test_consolidated_export_is_the_plain_gpt(pipe):
     # weights alone: as checkpoint.resume_from, one line before any rank (every rank's KeyError before)
     from scalelab.resume_checks import check_resume_from
 
-    with pytest.raises(ConfigError, match=r"model_consolidated.pt' is a model's weights alone \(a plain state_dict"):
+    with pytest.raises(ConfigError, match=r"model_consolidated.pt' is no Lightning training checkpoint .* but a model's weights alone"):
         check_resume_from({"checkpoint": {"resume_from": str(pipe / "first" / "model_consolidated.pt")}})
     # trained, not initial: every tensor of both stages differs from the job's own seeded initial
     # weights (and equals them where no gradient ever flowed)

@@ -120,7 +120,7 @@ def test_weights_alone_are_no_training_checkpoint(tmp_path):
     from scalelab.resume_checks import weights_only_problem
 
     torch.save(torch.nn.Linear(2, 2).state_dict(), tmp_path / "weights.pt")
-    assert "is a model's weights alone" in weights_only_problem(tmp_path / "weights.pt")
+    assert "is no Lightning training checkpoint" in weights_only_problem(tmp_path / "weights.pt")
     _lightning_like(tmp_path / "train.ckpt")   # Lightning's state_dict entry beside the loops' state
     torch.save({"pytorch-lightning_version": "2.6", "global_step": 3, "optimizer_states": []}, tmp_path / "lit.ckpt")
     assert weights_only_problem(tmp_path / "train.ckpt") is None and weights_only_problem(tmp_path / "lit.ckpt") is None

@@ -416,21 +416,33 @@ def test_a_compressed_binary_in_a_text_folder_is_not_inflated_to_be_skipped(tmp_
     assert peak < 8 << 20, peak   # bytes: the compressed file once (~64 KB) and its first block, not 64 MiB
 
 
-def test_a_file_beside_its_compressed_copy_is_one_line(tmp_path):
-    """Both would be read: every row trained on twice (a reviewer's case, new with compressed files)."""
+def test_a_file_beside_its_compressed_copy_is_read_once(tmp_path):
+    """Both would be read, every row twice (a reviewer's case, new with compressed files): a folder
+    reads its plain data files alone where it has any (as before: a stray stats.csv.gz neither mixes
+    formats nor adds rows), a text folder skips a file's compressed copy (counted as a duplicate),
+    and a glob pattern, whose files are all read, is one line."""
     import gzip
 
     folder = tmp_path / "shards"
     jsonl(folder / "train.jsonl", [{"text": "ab"}])
     (folder / "train.jsonl.gz").write_bytes(gzip.compress((folder / "train.jsonl").read_bytes()))
-    with pytest.raises(ConfigError, match=r"^data.hub_name='.*shards': .*train.jsonl and .*train.jsonl.gz are both in "
-                                          r"it \(a file and its compressed copy: every row read twice\): keep one"):
-        tables.data_files(str(folder), "train")
-    with pytest.raises(ConfigError, match=r"train.jsonl and .*train.jsonl.gz are both in it"):
+    (folder / "stats.csv.gz").write_bytes(gzip.compress(b"n,m\n1,2\n"))
+    assert tables.data_files(str(folder), "train") == ("json", [folder / "train.jsonl"])
+    with pytest.raises(ConfigError, match=r"^data.hub_name='.*shards/train.\*': .*train.jsonl and .*train.jsonl.gz are "
+                                          r"both in it \(a file and its compressed copy: every row read twice\): keep one"):
         tables.data_files(str(folder / "train.*"), "train")
+    only = tmp_path / "packed"
+    only.mkdir()
+    (only / "train.jsonl.gz").write_bytes((folder / "train.jsonl.gz").read_bytes())
+    assert tables.data_files(str(only), "train") == ("json", [only / "train.jsonl.gz"])
     texts = tmp_path / "texts"
     texts.mkdir()
     (texts / "notes.txt").write_text("hello\n")
     (texts / "notes.txt.bz2").write_bytes(__import__("bz2").compress(b"hello\n"))
-    with pytest.raises(ConfigError, match=r"^data.files: '.*texts': .*notes.txt and .*notes.txt.bz2 are both in it"):
-        corpus.file_documents([str(texts)])
+    (texts / "other.txt.gz").write_bytes(gzip.compress(b"other text\n"))
+    (texts / "x.tar").write_bytes(b"\x00binary")            # a binary file and its copy: skipped as ever
+    (texts / "x.tar.gz").write_bytes(gzip.compress(b"\x00binary"))
+    info: dict = {}
+    docs = corpus.file_documents([str(texts)], info)
+    assert [(os.path.basename(n), d) for n, d in docs] == [("notes.txt", b"hello\n"), ("other.txt.gz", b"other text\n")]
+    assert info["skipped_files"] == {"empty": 0, "binary": 1, "duplicate": 2}

@@ -155,13 +155,14 @@ def iter_file_documents(paths: list[str], info: dict | None = None) -> Iterator[
             yield str(p), data
             continue
         found, hidden = _folder_files(p)
-        tables.refuse_twins(f"data.files: {raw!r}", found)
+        plain = set(found)   # a compressed copy beside its file (notes.txt.gz by notes.txt): the file alone
+        copies = {f for f in found if f.suffix.lower() in _DECOMPRESS and f.with_suffix("") in plain}
         new_hidden = {f.resolve() for f in hidden} - hidden_seen
         if new_hidden:
             hidden_seen |= new_hidden
             skipped["hidden"] = skipped.get("hidden", 0) + len(new_hidden)
         for f in found:
-            if not first_time(f):
+            if f in copies or not first_time(f):
                 duplicates += 1
                 continue
             data = _read_file(f)

@@ -5,8 +5,8 @@ data_files=[...])`, as a `datasets` user would, and the text column is then take
 hub dataset (corpus.hub_documents).
 
 A folder is read recursively, in name order, hidden entries skipped, its .jsonl, .csv and .parquet
-files (.jsonl and .csv also .gz, .bz2, .xz, which datasets decompresses as it reads them; .json only
-when the file itself is named: a folder's .json files are as often metadata,
+files (.jsonl and .csv also .gz, .bz2, .xz, which datasets decompresses as it reads them, in a folder
+only where it holds no plain data files; .json only when the file itself is named: a folder's .json files are as often metadata,
 e.g. save_to_disk's own state.json, as data). All files of one source have one format. A folder's
 files are split by their names as `datasets` splits them (train.jsonl / test.jsonl: data.hub_split
 picks one); a single file is the split 'train', as are the files a glob pattern matches
@@ -114,6 +114,9 @@ def data_files(name: str, split: str) -> tuple[str, list[Path]]:
         splits = {"train": [path]}
     else:
         files = [f for f in _folder_files(path)[0] if data_ext(f) in FOLDER_EXTS]
+        # compressed ones only in a folder of them: beside plain data files (which alone were read before:
+        # a stray stats.csv.gz, a file's .gz copy) they are passed over, as they always were
+        files = [f for f in files if f.suffix.lower() not in COMPRESSED] or files
         by_format: dict[str, list[str]] = {}
         for f in files:
             by_format.setdefault(FORMATS[data_ext(f)], []).append(f.name)
@@ -125,7 +128,8 @@ def data_files(name: str, split: str) -> tuple[str, list[Path]]:
             return "", []
         fmt = next(iter(by_format))
         splits = _split_by_name(path, files)
-    refuse_twins(f"data.hub_name={str(name)!r}", [f for fs in splits.values() for f in fs])
+    if is_pattern(name):   # the files it matches are all read: not a file and its compressed copy
+        refuse_twins(f"data.hub_name={str(name)!r}", [f for fs in splits.values() for f in fs])
     if split not in splits:
         raise ConfigError(f"data.hub_split={split!r} is not in {name}: its data files make the split(s) "
                           f"{', '.join(splits)}")
