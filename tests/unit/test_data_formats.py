@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from scalelab import schema
-from scalelab.data import corpus, tables
+from scalelab.data import corpus, tables, text_files
 from scalelab.data.prepare import prepare, prepared_dir, read_meta
 from scalelab.errors import ConfigError
 from scalelab.preflight import preflight
@@ -133,7 +133,7 @@ def test_a_single_file_is_the_train_split_and_formats_do_not_mix(tmp_path):
 def test_a_parquet_file_given_as_text_says_where_it_goes(tmp_path):
     pq.write_table(pa.table({"text": ["ab"]}), tmp_path / "c.parquet")
     with pytest.raises(ConfigError, match=r"is not text .*; a data file: data=hub data.hub_name=.*c.parquet\)$"):
-        corpus.file_documents([str(tmp_path / "c.parquet")])
+        text_files.file_documents([str(tmp_path / "c.parquet")])
 
 
 def test_a_save_to_disk_folder_and_a_folder_without_data_keep_their_behaviour(tmp_path):
@@ -385,12 +385,12 @@ def test_a_folder_of_compressed_csv_and_text_files(tmp_path):
     (texts / "c.txt.gz").write_bytes(b"not gzip at all")        # does not decompress: skipped, counted
     (texts / "d.txt").write_text("plain delta\n")
     info: dict = {}
-    docs = corpus.file_documents([str(texts)], info)
+    docs = text_files.file_documents([str(texts)], info)
     assert [(os.path.basename(n), d) for n, d in docs] == [("a.txt.gz", b"alpha text\n"), ("b.txt.bz2", b"beta text\n"),
                                                            ("d.txt", b"plain delta\n")]
     assert info["skipped_files"]["binary"] == 1
     with pytest.raises(ConfigError, match=r"data.files: '.*c.txt.gz' does not decompress as its name says \(.gz\)"):
-        corpus.file_documents([str(texts / "c.txt.gz")])
+        text_files.file_documents([str(texts / "c.txt.gz")])
     with pytest.raises(ConfigError, match=r"is a file but not one of .jsonl, .json, .csv, .parquet \(or "
                                           r".gz/.bz2/.xz of the first three"):
         tables.data_files(str(_compress(tmp_path / "t.parquet", b"x", ".gz")), "train")
@@ -408,7 +408,7 @@ def test_a_compressed_binary_in_a_text_folder_is_not_inflated_to_be_skipped(tmp_
     info: dict = {}
     tracemalloc.start()
     try:
-        docs = corpus.file_documents([str(tmp_path / "docs")], info)
+        docs = text_files.file_documents([str(tmp_path / "docs")], info)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -443,6 +443,6 @@ def test_a_file_beside_its_compressed_copy_is_read_once(tmp_path):
     (texts / "x.tar").write_bytes(b"\x00binary")            # a binary file and its copy: skipped as ever
     (texts / "x.tar.gz").write_bytes(gzip.compress(b"\x00binary"))
     info: dict = {}
-    docs = corpus.file_documents([str(texts)], info)
+    docs = text_files.file_documents([str(texts)], info)
     assert [(os.path.basename(n), d) for n, d in docs] == [("notes.txt", b"hello\n"), ("other.txt.gz", b"other text\n")]
     assert info["skipped_files"] == {"empty": 0, "binary": 1, "duplicate": 2}

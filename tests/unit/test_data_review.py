@@ -12,7 +12,7 @@ import numpy as np
 
 import pytest
 
-from scalelab.data import corpus
+from scalelab.data import corpus, text_files
 from scalelab.data.prepare import prepare, read_meta
 from scalelab.errors import ConfigError
 
@@ -33,7 +33,7 @@ def two_files(folder):
 
 def read(paths) -> tuple[list[str], dict]:
     info: dict = {}
-    docs = corpus.file_documents([str(p) for p in paths], info)
+    docs = text_files.file_documents([str(p) for p in paths], info)
     return [os.path.basename(name) for name, _ in docs], info
 
 
@@ -247,6 +247,6 @@ def test_max_documents_keeps_the_files_read_in_the_info(tmp_path):
     for name in ("b.txt", "c.txt", "d.txt"):
         (folder / name).write_text(name * 10)
     info = {}
-    docs = list(itertools.islice(corpus.iter_file_documents([str(folder)], info), 2))
+    docs = list(itertools.islice(text_files.iter_file_documents([str(folder)], info), 2))
     assert [Path(n).name for n, _ in docs] == ["b.txt", "c.txt"]
     assert info == {"files": 2, "skipped_files": {"empty": 1, "binary": 0}}

@@ -93,7 +93,7 @@ def data_files(name: str, split: str) -> tuple[str, list[Path]]:
     name as `datasets` splits them (train.jsonl, data/test-00000.parquet, ...; all 'train' where no
     name says otherwise); a file, or a pattern's files, are the split 'train'. A file of another
     kind, a folder or pattern mixing formats or a split that no file makes is a ConfigError."""
-    from scalelab.data.corpus import _folder_files
+    from scalelab.data.text_files import _folder_files
 
     path = Path(str(name)).expanduser()
     if is_pattern(name):
