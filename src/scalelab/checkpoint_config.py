@@ -14,6 +14,7 @@ the command line runs no code of its own and no torch import is needed.
 from __future__ import annotations
 
 import collections
+import functools
 import io
 import json
 import pickle
@@ -79,12 +80,14 @@ def _index(archive: Path) -> dict | None:
 
 def saved_entries(ckpt: Path) -> dict | None:
     """A checkpoint's entries other than its tensors (step, config, loops' state), or None: a .ckpt
-    file's, a pipeline's or Lightning's sharded folder's meta.pt, DeepSpeed's model-states file (rank 0's)."""
+    file's, a pipeline's or Lightning's sharded folder's meta.pt, DeepSpeed's model-states file (rank 0's).
+    Read the checkpoint's index once while the file stays as it is (resume_checks asks up to four
+    times; for a zip of many members each read parses its whole directory). Read-only: shared."""
     ckpt = Path(ckpt)
     if ckpt.is_file():
-        return _index(ckpt)
+        return _index_once(ckpt)
     if (ckpt / "meta.pt").is_file():
-        return _index(ckpt / "meta.pt")
+        return _index_once(ckpt / "meta.pt")
     try:
         tag = (ckpt / "latest").read_text().strip()
     except OSError:
@@ -94,8 +97,21 @@ def saved_entries(ckpt: Path) -> dict | None:
     # ZeRO-1/2 write the model states once; ZeRO-3 one file per rank (rank 0's has the same entries)
     for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
         if (ckpt / tag / name).is_file():
-            return _index(ckpt / tag / name)
+            return _index_once(ckpt / tag / name)
     return None
+
+
+def _index_once(archive: Path) -> dict | None:
+    try:
+        st = archive.stat()
+    except OSError:
+        return None
+    return _index_cached(str(archive.resolve()), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _index_cached(archive: str, mtime_ns: int, size: int) -> dict | None:
+    return _index(Path(archive))
 
 
 def saved_config(ckpt: Path) -> dict | None:

@@ -73,8 +73,8 @@ def hub_kind(name: str) -> str:
     if _HUB_NAME.match(name) and not local_file:
         return "hub"
     raise ConfigError(f"data.hub_name={name!r} is neither an existing folder or file (written by datasets' "
-                      "save_to_disk, or .jsonl/.json/.csv/.parquet data, the first three also .gz/.bz2/.xz; relative paths from "
-                      f"{Path.cwd()}) nor a hub dataset name (owner/name)")
+                      "save_to_disk, or .jsonl/.json/.csv/.parquet data, the first three also .gz/.bz2/.xz; "
+                      f"relative paths from {Path.cwd()}) nor a hub dataset name (owner/name)")
 
 
 PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")

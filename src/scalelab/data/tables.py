@@ -6,8 +6,8 @@ hub dataset (corpus.hub_documents).
 
 A folder is read recursively, in name order, hidden entries skipped, its .jsonl, .csv and .parquet
 files (.jsonl and .csv also .gz, .bz2, .xz, which datasets decompresses as it reads them, in a folder
-only where it holds no plain data files; .json only when the file itself is named: a folder's .json files are as often metadata,
-e.g. save_to_disk's own state.json, as data). All files of one source have one format. A folder's
+only where it holds no plain data files; .json only when the file itself is named: a folder's .json
+files are as often metadata, e.g. save_to_disk's own state.json, as data). All files of one source have one format. A folder's
 files are split by their names as `datasets` splits them (train.jsonl / test.jsonl: data.hub_split
 picks one); a single file is the split 'train', as are the files a glob pattern matches
 (data.hub_name='shards/train-*.parquet'). text_rows reads a string column's values as UTF-8 bytes
@@ -42,21 +42,18 @@ def data_ext(path: Path) -> str:
     return suffixes[-1] if suffixes else ""
 
 
-def compressed_twin(files: list[Path]) -> tuple[Path, Path] | None:
-    """A file and its compressed copy both among `files` (notes.jsonl and notes.jsonl.gz): read
-    twice, every row of it trained on twice. The first such pair, else None."""
-    names = {str(f) for f in files}
-    for f in files:
-        if f.suffix.lower() in COMPRESSED and str(f.with_suffix("")) in names:
-            return f.with_suffix(""), f
-    return None
+def compressed_copies(files: list[Path]) -> list[Path]:
+    """The files among `files` that are another one's compressed copy (notes.jsonl.gz beside
+    notes.jsonl): both read, every row of it trained on twice. In the order of `files`."""
+    names = set(files)
+    return [f for f in files if f.suffix.lower() in COMPRESSED and f.with_suffix("") in names]
 
 
 def refuse_twins(key: str, files: list[Path]) -> None:
-    twin = compressed_twin(files)
-    if twin:
-        raise ConfigError(f"{key}: {twin[0]} and {twin[1]} are both in it (a file and its compressed copy: every "
-                          "row read twice): keep one of them")
+    copies = compressed_copies(files)
+    if copies:
+        raise ConfigError(f"{key}: {copies[0].with_suffix('')} and {copies[0]} are both in it (a file and its "
+                          "compressed copy: every row read twice): keep one of them")
 
 
 _SAVED_MARKERS = ("dataset_dict.json", "state.json")   # what save_to_disk writes (DatasetDict, Dataset)

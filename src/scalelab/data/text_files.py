@@ -7,10 +7,12 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from scalelab.data.tables import COMPRESSED, compressed_copies
 from scalelab.errors import ConfigError
 
 _BINARY_PROBE = 8192
-_DECOMPRESS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}   # notes.txt.gz: read as the text it holds
+# notes.txt.gz: read as the text it holds (tables.COMPRESSED's suffixes, by the stdlib module of each)
+_DECOMPRESS = dict(zip(COMPRESSED, ("gzip", "bz2", "lzma")))
 
 
 def _read_file(p: Path) -> bytes | None:
@@ -107,8 +109,7 @@ def iter_file_documents(paths: list[str], info: dict | None = None) -> Iterator[
             yield str(p), data
             continue
         found, hidden = _folder_files(p)
-        plain = set(found)   # a compressed copy beside its file (notes.txt.gz by notes.txt): the file alone
-        copies = {f for f in found if f.suffix.lower() in _DECOMPRESS and f.with_suffix("") in plain}
+        copies = set(compressed_copies(found))   # notes.txt.gz beside notes.txt: the file alone
         new_hidden = {f.resolve() for f in hidden} - hidden_seen
         if new_hidden:
             hidden_seen |= new_hidden
