@@ -68,13 +68,26 @@ def one_line(record: dict) -> str:
             f"loss {loss if loss is None else round(loss, 4)}")
 
 
-def collect(job_dir: Path, rc: int, resolved: dict, spec, threads: int) -> dict:
-    """The rank-0 record when the job succeeded; otherwise a failed record with the error."""
+def collect(job_dir: Path, rc: int, resolved: dict, spec, threads: int, since: float | None = None) -> dict:
+    """The rank-0 record when the job succeeded; otherwise a failed record with the error. Where
+    rank 0 had written its completed record after SINCE (this attempt's ranks started) and the job
+    failed after it (a peer in its teardown, trainer.timeout_s in an exit that hung), the record
+    keeps the measured figures: status failed, the error, `failed_after_record` true (a bare failed
+    record replaced them)."""
+    import json
+
     path = job_dir / RUN_FILE
     if rc == 0 and path.exists():
-        import json
-
         return json.loads(path.read_text())
+    measured = None
+    try:
+        if since is not None and path.stat().st_mtime >= since:
+            measured = json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    if isinstance(measured, dict) and measured.get("status") == "completed":
+        measured.update(status="failed", returncode=rc, error=error_message(job_dir, rc), failed_after_record=True)
+        return measured
     record = base_record(resolved, spec.batch, spec.lr, spec.run.world_size,
                          spec.plan.parallel_degrees(spec.run.world_size), spec.run.model_arch, None,
                          spec.run.accelerator, threads)

@@ -224,7 +224,7 @@ def run_job(cfg: DictConfig) -> dict:
 
         OTHER_NODE.append(layout["node_rank"])
     else:
-        record = collect(job_dir, rc, resolved, spec, threads)
+        record = collect(job_dir, rc, resolved, spec, threads, since=spawned)
         if rc == 124 and math.isfinite(job_timeout(cfg)):   # the launcher ended it at trainer.timeout_s
             record["error"] = timed_out(cfg)
         if layout is not None and rc != 0:   # one node of a multi-node job (launcher=torchrun) failed

@@ -98,6 +98,7 @@ def test_torchrun_restart_after_a_rank_killed_in_a_save(tmp_path):
                                                                                    "step-00000010.ckpt"]
 
 
+@pytest.mark.slow   # 2 runs, ~26 s; the size check in the default suite: tests/unit/test_resume_review.py
 def test_truncated_newest_checkpoint_is_passed_over(tmp_path):
     job = tmp_path / "job"
     args = [*FAST, "strategy=single", "trainer.devices=1", "logger=none", "checkpoint.every_n_steps=5",

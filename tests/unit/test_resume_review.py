@@ -142,6 +142,20 @@ def test_a_damaged_newest_checkpoint_of_its_full_size_is_set_aside(tmp_path):
     assert len(set_aside_damaged(tmp_path, 100)) == 1 and find_resume(tmp_path)[:2] == (None, 0)
 
 
+def test_a_truncated_newest_checkpoint_is_passed_over_by_its_sizes(tmp_path):
+    """A torn write (half the file): the manifest's size tells it apart without reading it, and the
+    one before it is the resume point (the end-to-end run of this is tests/integration/test_elastic.py,
+    slow; the CRC-damaged one end to end is tests/integration/test_resume_review.py)."""
+    (tmp_path / "checkpoints").mkdir()
+    older, newest = _periodic(tmp_path, 15, 1.0), _periodic(tmp_path, 20, 2.0)
+    size = newest.stat().st_size
+    newest.write_bytes(newest.read_bytes()[:size // 2])
+    line = f"{newest} is truncated or partial (step-00000020.ckpt: {size // 2} of {size} bytes)"
+    assert valid_checkpoints(tmp_path / "checkpoints") == ([(15, older)], [line])
+    assert resume_point(tmp_path, 100)[:3] == (older, 15, [line])
+    assert set_aside_damaged(tmp_path, 100) == [] and newest.exists()   # not renamed: its size says it all
+
+
 def test_only_the_checkpoint_a_resume_loads_is_read(tmp_path):
     """The ranks' own choice (resume_point: the one before a checkpoint at max_steps; on a SLURM
     requeue, that job's own), read and set aside until a sound one: no other file is read."""

@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from scalelab.results.record import num_nodes
+from scalelab.results.sweep import NOT_MEASURED
 from scalelab.results.table import _show, flatten, lookup
 
 MIB = 2**20
@@ -70,9 +71,8 @@ def _suffix(rec: dict, group_by: str | None, sweep_shown: bool = False) -> str:
 
 # Config keys in which the runs one series pools may differ: what the series' own key and x axis
 # hold, and what does not change the figure (a repeat's seed, where its files and logs go).
-_POOLED = ("job.", "hydra.", "seed", "logger.", "cache_dir", "verbose", "launcher.", "checkpoint.", "trainer.devices",
-           "trainer.num_nodes", "trainer.timeout_s", "trainer.collective_timeout_s", "trainer.max_restarts",
-           "trainer.enable_progress_bar", "data.global_batch_size", "lr_scaling.base_batch_size")
+_POOLED = (*NOT_MEASURED, "seed", "trainer.devices", "trainer.num_nodes", "data.global_batch_size",
+           "lr_scaling.base_batch_size")
 
 
 def _apart(runs: list[dict], key, pooled: tuple = ()) -> dict[int, str]:

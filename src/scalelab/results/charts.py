@@ -64,7 +64,12 @@ def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: 
                 rules.append(f"lr_rule={base.get('lr_rule')}")
                 bases.append(f"(base {g['baseline_job']})")
                 base_runs.append(base)
-                traces.append({"x": [m["world_size"] for m in line], "y": [m["scaling_efficiency"] for m in line],
+                # repeats at one world size (runs that differ only in where their files go or how
+                # they were launched): their median, as the throughput chart's; one point per world
+                at: dict[int, list[float]] = defaultdict(list)
+                for m in line:
+                    at[m["world_size"]].append(m["scaling_efficiency"])
+                traces.append({"x": sorted(at), "y": [_median(at[w]) for w in sorted(at)],
                                "strategy": str(g["strategy"])})
     # where two groups share a name: what their runs differ in first (model=gpt_mini), then the
     # LR rule, then the baseline job
@@ -74,6 +79,15 @@ def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: 
     for t, n in zip(traces, _unique(labels, [what, rules, bases])):
         t["name"] = n
     notes = []
+    # a short run above its group's baseline: its point is no steady figure (a resumed or requeued
+    # job counts this attempt's steps only), and nothing on the line said so
+    short = [rec for s in summaries for g in s.get("groups", []) if g["kind"] == kind for m in g["runs"]
+             if m.get("short_run") and m["world_size"] != g["baseline_world_size"]
+             and (rec := rec_of(s, m["job"], m.get("dir")))]
+    if short:
+        labels_of = job_labels(records)
+        notes.append("short runs (fewer than 5 measured steps), their points not steady-state: "
+                     + ", ".join(dict.fromkeys(job_name(r, labels_of) for r in short)))
     if traces:
         worlds = sorted({x for t in traces for x in t["x"]})
         traces.append({"name": "ideal", "x": worlds, "y": [1.0] * len(worlds), "dash": True})

@@ -24,8 +24,14 @@ SWEEP_FILE = "sweep.json"
 # data.micro_batch_size: the user's setting (null: global / data-parallel ranks) is the same at
 # every world size of a scaling series; runs that set it differently are different series (a sweep
 # over micro-batch sizes put micro 16 and micro 4 in one group, against one arbitrary baseline).
-_WORLD_KEYS = {("trainer", "devices"), ("trainer", "num_nodes"), ("data", "global_batch_size"),
-               ("lr_scaling", "base_batch_size")}
+_WORLD_KEYS = {"trainer.devices", "trainer.num_nodes", "data.global_batch_size"}
+# Config keys (dotted prefixes) that change nothing a run measures: where its files, logs and
+# checkpoints go (saves are in no step's time: scaling.metrics restart_clock), how it is launched
+# and given up on. Not part of a scaling group's identity: launcher=torchrun's rdzv_id is set per
+# job, so every job of such a sweep was a group of its own and the sweep had no efficiency at all.
+# The dashboard's series pool these too (chart_base._POOLED).
+NOT_MEASURED = ("job.", "hydra.", "logger.", "cache_dir", "verbose", "launcher.", "checkpoint.", "trainer.timeout_s",
+                "trainer.collective_timeout_s", "trainer.max_restarts", "trainer.enable_progress_bar")
 
 
 # What a record says of its run at its top level that no world size changes (not parallel.*, lr,
@@ -46,14 +52,19 @@ def _settings(rec: dict) -> dict:
 
 
 def _identity(rec: dict) -> str:
-    cfg = {k: v for k, v in (rec.get("config") or {}).items() if k not in ("job", "hydra")}
-    flat = {("record", k): v for k, v in _settings(rec).items()}
+    cfg = rec.get("config") or {}
+    # lr_scaling.base_batch_size follows the global batch under rule none (conf/lr_scaling/none.yaml)
+    # and scales nothing there; under a scaling rule it sets the LR used, so runs that differ in it
+    # are different series (they were pooled: two runs at one world size in one group)
+    world = _WORLD_KEYS | ({"lr_scaling.base_batch_size"}
+                           if (cfg.get("lr_scaling") or {}).get("rule", "none") == "none" else set())
+    flat = {f"record.{k}": v for k, v in _settings(rec).items()}
     for group, sub in cfg.items():
-        if isinstance(sub, dict):
-            flat.update({(group, k): v for k, v in sub.items() if (group, k) not in _WORLD_KEYS})
-        else:
-            flat[(group,)] = sub
-    return json.dumps(sorted((".".join(k), v) for k, v in flat.items()), default=str)
+        for key, v in (sub.items() if isinstance(sub, dict) else [(None, sub)]):
+            name = f"{group}.{key}" if key is not None else group
+            if name not in world and not name.startswith(NOT_MEASURED):
+                flat[name] = v
+    return json.dumps(sorted(flat.items()), default=str)
 
 
 def _per_rank_batch(rec: dict) -> int:
@@ -108,6 +119,8 @@ def aggregate(sweep_dir: Path | str, write: bool = True, problems: list[str] | N
                 "runs": [{"job": m["job"].get("name"), "dir": _rel(m, sweep_dir), "world_size": m["world_size"],
                           "num_nodes": num_nodes(m), "global_batch_size": m["global_batch_size"],
                           "samples_per_s": m["throughput"]["samples_per_s"],
+                          # fewer than 5 measured steps: its efficiency is no steady figure either
+                          "short_run": bool(m.get("short_run")),
                           "scaling_efficiency": efficiency(m["throughput"]["samples_per_s"], m["world_size"],
                                                            b_thr, b_world)}
                          for m in sorted(members, key=lambda m: (m["world_size"], num_nodes(m),
@@ -116,7 +129,8 @@ def aggregate(sweep_dir: Path | str, write: bool = True, problems: list[str] | N
     failed = [{"job": r["job"].get("name"), "strategy": r.get("strategy"), "world_size": r.get("world_size"),
                "error": r.get("error")} for r in records if r.get("status") != "completed"]
     unmeasured = [r["job"].get("name") for r in completed if r not in ok]
-    summary = {"sweep_dir": str(sweep_dir), "num_runs": len(records), "num_completed": len(completed),
+    # resolved, as run.json's job.sweep_dir: the runs' `dir`s are relative to it, whoever reads it
+    summary = {"sweep_dir": str(sweep_dir.resolve()), "num_runs": len(records), "num_completed": len(completed),
                "num_failed": len(failed), "failed": failed, "num_unmeasured": len(unmeasured),
                "unmeasured": unmeasured, "num_skipped": len(skipped), "skipped": skipped, "groups": groups}
     if write:

@@ -187,6 +187,9 @@ def _cells(rec: dict, columns, label: str | None = None) -> list[str]:
             cell += OVERSUB_MARK
         if head == "step ms (med)" and rec.get("short_run") and cell != "-":
             cell += SHORT_MARK
+        if (head == "efficiency" and cell != "-" and rec.get("short_run") and not (
+                rec.get("scaling_baseline_short") and rec.get("world_size") == rec.get("scaling_baseline_world"))):
+            cell += SHORT_MARK   # its own throughput is a few steps' (a short baseline's says "vs short run")
         if head == "efficiency" and cell != "-" and rec.get("scaling_kind") == "weak":
             cell += " weak"    # same per-rank batch (a run in both kinds of group shows its strong one)
         if head == "efficiency" and cell != "-":

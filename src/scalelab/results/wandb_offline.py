@@ -53,12 +53,12 @@ def read_run(path: Path | str) -> dict:
         elif kind == "summary":
             out["summary"].update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update})
         elif kind == "config":
-            out["config"].update({i.key: json.loads(i.value_json) for i in rec.config.update})
+            out["config"].update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.config.update})
         elif kind == "run":
             r = rec.run
             out["run"] = {"run_id": r.run_id, "group": r.run_group, "job_type": r.job_type,
                           "project": r.project, "name": r.display_name}
-            out["config"].update({i.key: json.loads(i.value_json) for i in r.config.update})
+            out["config"].update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.config.update})
     return out
 
 

@@ -12,7 +12,7 @@ from scalelab.results.table import sort_key
 RUN_COLUMNS = ["job", "strategy", "world_size", "num_nodes", "global_batch_size", "per_device_batch_size",
                "accumulate_grad_batches", "lr", "samples_per_s", "tokens_per_s", "step_time_median_s",
                "step_time_p90_s", "peak_rss_bytes_max", "peak_device_bytes_max", "mfu", "loss_final",
-               "scaling_efficiency", "status", "error"]
+               "scaling_efficiency", "scaling_kind", "scaling_baseline_world", "status", "error"]
 
 
 def _row(r: dict) -> list:
@@ -25,7 +25,9 @@ def _row(r: dict) -> list:
             r.get("step_time_s", {}).get("median"), r.get("step_time_s", {}).get("p90"),
             max_of(mem.get("peak_rss_bytes_per_rank")), max_of(mem.get("peak_device_bytes_per_rank")),
             (r.get("mfu") or {}).get("value"), r.get("loss", {}).get("final"),
-            r.get("scaling_efficiency"), r.get("status"), r.get("error")]
+            # strong or weak, and against which world size: one column held both kinds, unlabelled
+            r.get("scaling_efficiency"), r.get("scaling_kind"), r.get("scaling_baseline_world"), r.get("status"),
+            r.get("error")]
 
 
 def charts(records: list[dict], summary: dict, cache_dir: Path | None = None) -> dict:
@@ -91,9 +93,10 @@ def log_sweep(sweep_dir: Path, summary: dict, records: list[dict], project: str,
     try:
         runs = wandb.Table(columns=RUN_COLUMNS, data=[_row(r) for r in sorted(records, key=sort_key)])
         eff = wandb.Table(columns=["kind", "strategy", "job", "world_size", "num_nodes", "global_batch_size",
-                                   "samples_per_s", "scaling_efficiency", "baseline_job"],
+                                   "samples_per_s", "scaling_efficiency", "baseline_job", "short_run"],
                           data=[[g["kind"], g["strategy"], m["job"], m["world_size"], m.get("num_nodes") or 1,
-                                 m["global_batch_size"], m["samples_per_s"], m["scaling_efficiency"], g["baseline_job"]]
+                                 m["global_batch_size"], m["samples_per_s"], m["scaling_efficiency"], g["baseline_job"],
+                                 bool(m.get("short_run"))]
                                 for g in summary["groups"] for m in g["runs"]])
         run.log({"sweep/runs": runs, "sweep/scaling_efficiency": eff, **charts(records, summary, cache_dir)})
         run.summary.update({"sweep/num_runs": summary["num_runs"], "sweep/num_completed": summary["num_completed"],
@@ -109,11 +112,15 @@ def efficiency_keys(groups: list[dict]) -> dict:
     one node (one group holds 1 node x 2 devices and 2 nodes x 1 device, both x2: one key kept the
     last run's value); where two groups share a key (a sweep over models, seeds or micro-batch
     sizes at one strategy and batch), each names its baseline job too (/base=JOB): the last
-    group's value overwrote the others'."""
+    group's value overwrote the others'. Repeats at one world size in one group (runs that differ
+    only in where their files go or how they were launched) each name their own job (/job=JOB)."""
     keyed = [(f"efficiency/{g['kind']}/{g['strategy']}/x{m['world_size']}{_nodes_tag(m)}/b{m['global_batch_size']}",
               g, m) for g in groups for m in g["runs"]]
     groups_of: dict[str, set] = {}
     for key, g, _ in keyed:
         groups_of.setdefault(key, set()).add(id(g))
-    return {(f"{key}/base={g['baseline_job']}" if len(groups_of[key]) > 1 else key): m["scaling_efficiency"]
-            for key, g, m in keyed}
+    keyed = [((f"{key}/base={g['baseline_job']}" if len(groups_of[key]) > 1 else key), m) for key, g, m in keyed]
+    count: dict[str, int] = {}
+    for key, _ in keyed:
+        count[key] = count.get(key, 0) + 1
+    return {(f"{key}/job={m['job']}" if count[key] > 1 else key): m["scaling_efficiency"] for key, m in keyed}

@@ -1,0 +1,120 @@
+"""Review findings on sweep aggregation: keys that change nothing a run measures (launcher=torchrun's
+per-job rdzv_id, where its logs go) split no scaling group; lr_scaling.base_batch_size splits one
+only where a scaling rule uses it; a short run above its baseline is marked in sweep.json, the
+table and the chart; repeats at one world size keep their own W&B keys and one chart point; the
+summary's sweep_dir is absolute; a job that failed after rank 0 recorded it keeps the figures.
+Expected efficiencies by hand: thr(N) / (N/N0 x thr(N0))."""
+import json
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from scalelab.results.charts import efficiency as efficiency_chart
+from scalelab.results.sweep import aggregate, attach_efficiency
+from scalelab.results.table import render
+from scalelab.results.wandb_summary import efficiency_keys
+
+from .test_results import _rec
+from .test_scaling_groups import _write
+
+
+def _torchrun(job, world, thr, rdzv_id):
+    r = _rec(job, "ddp", world, 16, thr)
+    r["config"]["launcher"] = {"name": "torchrun", "rdzv_endpoint": "127.0.0.1:29531", "rdzv_id": rdzv_id}
+    r["config"]["logger"] = {"name": "wandb", "mode": "offline", "project": job.replace("/", "-")}
+    return r
+
+
+def test_a_torchrun_sweep_is_one_group_whatever_its_per_job_keys(tmp_path):
+    _write(tmp_path, [_torchrun("t/0", 1, 378.36, "scalelab-2ad58eb99cfd"),
+                      _torchrun("t/1", 2, 286.88, "scalelab-6723cd8abee8")])
+    (group,) = [g for g in aggregate(tmp_path)["groups"] if g["kind"] == "strong"]
+    eff = {m["job"]: m["scaling_efficiency"] for m in group["runs"]}
+    assert eff == pytest.approx({"t/0": 1.0, "t/1": 286.88 / (2 * 378.36)})    # 0.379; no group before
+
+
+def test_base_batch_size_splits_a_group_only_under_a_scaling_rule(tmp_path):
+    runs = [_rec("l/0", "ddp", 1, 16, 40.0, lr_rule="linear"), _rec("l/1", "ddp", 2, 16, 38.0, lr_rule="linear"),
+            _rec("l/2", "ddp", 2, 16, 50.0, lr_rule="linear")]
+    runs[0]["config"]["lr_scaling"]["base_batch_size"] = runs[1]["config"]["lr_scaling"]["base_batch_size"] = 16
+    runs[2]["config"]["lr_scaling"]["base_batch_size"] = 32            # another LR: another series
+    _write(tmp_path, runs)
+    (group,) = [g for g in aggregate(tmp_path)["groups"] if g["kind"] == "strong"]
+    assert {m["job"]: m["scaling_efficiency"] for m in group["runs"]} == pytest.approx({"l/0": 1.0, "l/1": 38 / 80})
+    # rule none: base_batch_size follows the global batch (conf/lr_scaling/none.yaml), a weak series
+    weak = [_rec("w/0", "ddp", 1, 16, 40.0), _rec("w/1", "ddp", 2, 32, 72.0)]
+    (tmp_path / "weak").mkdir()
+    _write(tmp_path / "weak", weak)
+    (group,) = [g for g in aggregate(tmp_path / "weak")["groups"] if g["kind"] == "weak"]
+    assert {m["job"]: m["scaling_efficiency"] for m in group["runs"]} == pytest.approx({"w/0": 1.0, "w/1": 0.9})
+
+
+def test_a_short_run_above_the_baseline_is_marked(tmp_path):
+    runs = [_rec("s/0", "ddp", 1, 16, 20.0), _rec("s/1", "ddp", 2, 16, 44.0)]
+    runs[1]["short_run"] = True
+    _write(tmp_path, runs)
+    summary = aggregate(tmp_path)
+    (group,) = [g for g in summary["groups"] if g["kind"] == "strong"]
+    assert [(m["scaling_efficiency"], m["short_run"]) for m in group["runs"]] == [(1.0, False), (pytest.approx(1.1),
+                                                                                                 True)]
+    assert not group["baseline_short_run"]
+    records = [json.loads((tmp_path / d / "run.json").read_text()) | {"job": {"name": n, "record_path": str(
+        tmp_path / d / "run.json")}} for d, n in (("0", "s/0"), ("1", "s/1"))]
+    attach_efficiency(records, summary)
+    rows = {line.split()[0]: line for line in render(records).splitlines()[2:]}
+    assert "1.10*" in rows["s/1"] and "1.00*" not in rows["s/0"]
+    chart = efficiency_chart([summary], records, "strong")
+    assert any(n.startswith("short runs (fewer than 5 measured steps)") and n.endswith("s/1") for n in chart["notes"])
+
+
+def test_repeats_at_one_world_keep_their_keys_and_one_chart_point(tmp_path):
+    """Two runs per world size that differ only in where their logs go (logger.project): one group,
+    one point per world size on the chart (their median), a W&B key each."""
+    runs = [_torchrun(f"r/{i}", w, thr, f"id{i}") for i, (w, thr) in enumerate(((1, 40.0), (1, 40.0), (2, 60.0),
+                                                                                (2, 70.0)))]
+    _write(tmp_path, runs)
+    summary = aggregate(tmp_path)
+    (group,) = [g for g in summary["groups"] if g["kind"] == "strong"]
+    assert [m["scaling_efficiency"] for m in group["runs"]] == pytest.approx([1.0, 1.0, 0.75, 0.875])
+    keys = efficiency_keys(summary["groups"])
+    assert keys == pytest.approx({"efficiency/strong/ddp/x1/b16/job=r/0": 1.0, "efficiency/strong/ddp/x1/b16/job=r/1": 1.0,
+                                  "efficiency/strong/ddp/x2/b16/job=r/2": 0.75,
+                                  "efficiency/strong/ddp/x2/b16/job=r/3": 0.875})
+    records = [json.loads((tmp_path / str(i) / "run.json").read_text()) for i in range(4)]
+    for i, r in enumerate(records):
+        r["job"]["record_path"] = str(tmp_path / str(i) / "run.json")
+    line = next(t for t in efficiency_chart([summary], records, "strong")["traces"] if t["name"] != "ideal")
+    assert (line["x"], line["y"]) == ([1, 2], pytest.approx([1.0, (0.75 + 0.875) / 2]))
+
+
+def test_the_summary_s_sweep_dir_is_absolute(tmp_path, monkeypatch):
+    _write(tmp_path, [_rec("a/0", "ddp", 1, 16, 10.0), _rec("a/1", "ddp", 2, 16, 15.0)])
+    monkeypatch.chdir(tmp_path.parent)
+    summary = aggregate(Path(tmp_path.name))
+    assert summary["sweep_dir"] == str(tmp_path.resolve())
+    assert json.loads((tmp_path / "sweep.json").read_text())["sweep_dir"] == str(tmp_path.resolve())
+
+
+def _spec():
+    run = SimpleNamespace(world_size=2, model_arch=None, accelerator="cpu")
+    return SimpleNamespace(batch=SimpleNamespace(global_batch_size=16, micro_batch_size=8, accumulate=1), lr=0.1,
+                           run=run, plan=SimpleNamespace(parallel_degrees=lambda w: {"dp": w}))
+
+
+def test_a_job_that_failed_after_its_record_keeps_the_figures(tmp_path, monkeypatch):
+    from scalelab import job_outcome
+
+    monkeypatch.setattr(job_outcome, "base_record", lambda *a, **k: {"status": None, "figures": "none"})
+    (tmp_path / "ranks.log").write_text("[scalelab] rank 1 failed first (exit code 1)\n")
+    since = time.time() - 5
+    (tmp_path / "run.json").write_text(json.dumps({"status": "completed", "throughput": {"samples_per_s": 12.5}}))
+    rec = job_outcome.collect(tmp_path, 1, {}, _spec(), 1, since=since)
+    assert (rec["status"], rec["throughput"], rec["failed_after_record"]) == ("failed", {"samples_per_s": 12.5}, True)
+    assert rec["error"].startswith("rank 1 failed first (exit code 1)") and rec["returncode"] == 1
+    # a record from before this attempt's ranks started is not this attempt's: a bare failed record
+    os.utime(tmp_path / "run.json", (since - 60, since - 60))
+    rec = job_outcome.collect(tmp_path, 1, {}, _spec(), 1, since=since)
+    assert rec["status"] == "failed" and "throughput" not in rec and "failed_after_record" not in rec
