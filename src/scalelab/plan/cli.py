@@ -229,6 +229,9 @@ def _strategies(value: str | None) -> list[str | None]:
     if not value:
         return [None]
     names = list(STRATEGIES) if value.strip() == "all" else [v.strip() for v in value.split(",") if v.strip()]
+    if not names:     # "," or " ": a traceback (IndexError) before
+        raise PlanError(f"--strategy {value!r} names no strategy; valid: {', '.join(strategy_names())} "
+                        "(or a comma list, or all)")
     for n in names:
         get_strategy(n)                                 # unknown -> one-line PlanError
     return names
@@ -242,7 +245,8 @@ def _plan(a, job_terms=None) -> int:
     from .hardware import devices_per_node_warning, load_hardware
     from .comm import collectives
     from .step_time import build_terms, plan_terms
-    from .strategies import as_applied
+    from .spec import normalize_precision
+    from .strategies import as_applied, trainer_refuses
     names = _strategies(a.strategy)
     plans = []                                          # (terms, hardware, train command)
     built = None                                        # flag form: the count of the GPT the trainer builds
@@ -287,6 +291,11 @@ def _plan(a, job_terms=None) -> int:
                       activation_checkpointing=_job_flag(a, "activation_checkpointing"),
                       sequence_parallel=not a.no_sequence_parallel, device=hw.kind)
             try:
+                # a precision the trainer refuses for this strategy is no same job (it was planned
+                # and printed as one: fsdp at fp16-mixed; the override form said why it cannot run)
+                refusal = trainer_refuses(get_strategy(name), normalize_precision(precision), hw.kind)
+                if refusal:
+                    raise PlanError(refusal)
                 terms = build_terms(model, name, micro_batch=_micro_batch(a, model, name, kw), **kw)
             except PlanError as exc:
                 if a.global_batch is None and "--global-batch" in str(exc):   # a value the user did not give

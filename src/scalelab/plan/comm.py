@@ -205,7 +205,9 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
     n, m = layout.dp, layout.micro_batches
     dp_x = layout.group_spans_nodes("dp")
     out: list[Collective] = []
-    units = model.n_layers + 1      # one FSDP / ZeRO-3 unit per block + the root (embedding, head)
+    # one FSDP / ZeRO-3 unit per block + the root (embedding, head); under FSDP2 an MLP (no Blocks:
+    # strategies/fsdp.py) is the root unit alone
+    units = 1 if model.kind == "mlp" and strategy.family == "fsdp" else model.n_layers + 1
 
     if n > 1 and strategy.name != "single":
         if strategy.family == "torch" and strategy.local_sgd_period:
@@ -384,8 +386,12 @@ def powersgd_elements(model: ModelSpec, rank: int) -> float:
     2x smaller (min_compression_rate=2); vectors (biases, LayerNorms) go uncompressed."""
     h, f = model.hidden, model.ffn
     if model.kind == "gpt":
-        mats = [(3 * h, h), (h, h), (f, h), (h, f)] * model.n_layers
-        mats += [(model.vocab, h), (model.seq_len, h)]
+        # scalelab-train's q, k, v, out are four Linears (Megatron fuses qkv), and its untied head
+        # is one more (V, h) matrix: sent whole as "the rest" before, 126x the traffic at vocab 50257
+        attention = [(h, h)] * 4 if model.trainer_built else [(3 * h, h), (h, h)]
+        mats = (attention + [(f, h), (h, f)]) * model.n_layers + [(model.vocab, h), (model.seq_len, h)]
+        if model.n_params - sum(a * b for a, b in mats) >= model.vocab * h:
+            mats.append((model.vocab, h))   # an untied output head
     else:
         mats = [(h, h)] * model.n_layers
     full = sum(a * b for a, b in mats)

@@ -120,11 +120,22 @@ class ModelSpec:
         return self.ffn_hidden or 4 * self.hidden
 
     @property
+    def trainer_built(self) -> bool:
+        """Whether this is the GPT scalelab-train builds (no biases, an untied head), told by its
+        exact count (trainer_gpt_params); else a Megatron-style one (biases, a tied head)."""
+        return self.kind == "gpt" and self.n_params == self.trainer_gpt_params(
+            self.n_layers, self.hidden, self.vocab, self.seq_len, self.ffn_hidden)
+
+    @property
     def layer_params(self) -> int:
-        """One transformer block: QKV + out proj (4h^2 + 4h), MLP (2hf + f + h), 2 LayerNorms (4h)."""
+        """One transformer block: QKV + out proj (4h^2 + 4h), MLP (2hf + f + h), 2 LayerNorms (4h);
+        scalelab-train's has no biases (4h^2 + 2hf + 4h): with them its root (embeddings, final
+        LayerNorm, head: n_params less the blocks) came out L (5h + f) short."""
         if self.kind == "mlp":
             return self.hidden * self.hidden + self.hidden
         h, f = self.hidden, self.ffn
+        if self.trainer_built:
+            return 4 * h * h + 2 * h * f + 4 * h
         return 4 * h * h + 2 * h * f + 9 * h + f
 
     @property

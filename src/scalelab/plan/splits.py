@@ -4,6 +4,7 @@ divide, the sequence-parallel shard check, and the pipeline schedules' constrain
 one line naming the bad value and the valid ones (PlanError)."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -44,10 +45,12 @@ def check_tp_splits(model: ModelSpec, tp: int, world: int, strategy: str) -> Non
         return
     what, v = bad[0]
     valid = [d for d in _divisors(world) if not tp_indivisible(model, d)]
-    pv = padded_vocab(model.vocab, tp)
-    padded = [d for d in _divisors(world) if not tp_indivisible(replace(model, vocab=pv), d)]
+    # each degree with the vocabulary padded for it (padded for the asked tp alone, a tp that does
+    # not divide the world, 3 of 8 devices, hid 2 and 4), then one padding that serves them all
+    extra = [d for d in _divisors(world) if d not in valid
+             and not tp_indivisible(replace(model, vocab=padded_vocab(model.vocab, d)), d)]
+    pv = padded_vocab(model.vocab, math.lcm(*extra)) if extra else model.vocab
     listed = ", ".join(map(str, valid)) + (" (no tensor parallelism)" if valid == [1] else "")
-    extra = [d for d in padded if d not in valid]
     hint = (f", or {', '.join(map(str, extra))} with a vocabulary {'they divide' if len(extra) > 1 else 'it divides'} "
             f"(padded: --vocab / model.arch.vocab_size {pv})" if extra else "")
     if what == "model n_heads":     # the message the flag form always gave for the heads

@@ -56,6 +56,22 @@ class Strategy:
     note: str = ""
 
 
+def trainer_refuses(s: Strategy, precision: str, device: str) -> str | None:
+    """Why scalelab-train refuses strategy S at PRECISION (normalized: 32, bf16-mixed, fp16-mixed)
+    on a DEVICE kind ("cpu" | "gpu"), else None: its strategies' validate, restated (plan/ imports
+    no trainer code); tests/unit/test_plan_review_2.py checks every pair against the trainer's own."""
+    if precision != "fp16-mixed":
+        return None
+    if s.pipeline:   # pipeline, nd: the schedule's own backward
+        return (f"trainer.precision=16-mixed is not supported by strategy={s.name}: it needs a loss scaler, which the "
+                "pipeline schedule's own backward bypasses; use bf16-mixed or 32")
+    if s.family == "fsdp" or s.tensor_parallel:   # FSDP2 / DTensor (Lightning's ModelParallelStrategy)
+        return f"trainer.precision=16-mixed is not supported by strategy={s.name}: use bf16-mixed or 32"
+    if s.family == "deepspeed" and device == "cpu":
+        return f"strategy={s.name}: trainer.precision=16-mixed (DeepSpeed fp16) needs a GPU: use bf16-mixed or 32 on CPU"
+    return None
+
+
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     Strategy("single", "torch", note="one replica per device, no gradient sync"),
     Strategy("ddp", "torch", grad_buckets=True,

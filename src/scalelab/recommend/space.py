@@ -163,6 +163,8 @@ def strategy_list(names: str | None) -> tuple[str, ...]:
     if not names:
         return EXACT
     wanted = list(STRATEGIES) if names.strip() == "all" else [n.strip() for n in names.split(",") if n.strip()]
+    if not wanted:   # "," searched nothing and said no layout fits device memory
+        raise PlanError(f"--strategies {names!r} names no strategy; valid: {', '.join(STRATEGIES)} (or all)")
     for n in wanted:
         if n not in STRATEGIES:
             raise PlanError(f"unknown strategy {n!r} in --strategies; valid: {', '.join(STRATEGIES)} (or all)")
