@@ -118,3 +118,14 @@ def test_a_job_that_failed_after_its_record_keeps_the_figures(tmp_path, monkeypa
     os.utime(tmp_path / "run.json", (since - 60, since - 60))
     rec = job_outcome.collect(tmp_path, 1, {}, _spec(), 1, since=since)
     assert rec["status"] == "failed" and "throughput" not in rec and "failed_after_record" not in rec
+
+
+def test_a_weak_scaling_sweep_is_one_throughput_line():
+    """16 a rank at 1, 2, 4 devices (global batch 16, 32, 64): one line per per-rank batch (each
+    global batch was a line of one point); a strong series beside it keeps its global batch."""
+    from scalelab.results.charts import throughput
+
+    weak = [_rec(f"w/{i}", "ddp", w, 16 * w, thr) for i, (w, thr) in enumerate(((1, 40.0), (2, 72.0), (4, 128.0)))]
+    strong = [_rec(f"s/{i}", "fsdp", w, 32, thr) for i, (w, thr) in enumerate(((1, 30.0), (2, 50.0)))]
+    traces = {t["name"]: (t["x"], t["y"]) for t in throughput([*weak, *strong])["traces"]}
+    assert traces == {"ddp 16/rank": ([1, 2, 4], [40.0, 72.0, 128.0]), "fsdp b32": ([1, 2], [30.0, 50.0])}

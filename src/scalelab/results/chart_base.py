@@ -145,3 +145,28 @@ def finite_median(xs: list) -> float | None:
     statistics.median of [nan, 1, 2] depends on where the NaN sits); None where none is finite."""
     ok = [float(x) for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
     return _median(ok) if ok else None
+
+
+def _throughput_series(runs: list[dict], sweeps: dict):
+    """A run's throughput series: (sweep label, strategy, (0, global batch)); where that series is
+    one world size alone and the runs of its per-rank batch span several (a weak-scaling sweep:
+    16 a rank at 1, 2, 4 devices is batch 16, 32, 64: one point a line), (1, per-rank batch)."""
+    def strong(r):
+        return sweeps.get(_norm(sweep_of(r)), ""), str(r.get("strategy")), (0, r.get("global_batch_size") or 0)
+
+    def weak(r):
+        dp = (r.get("parallel") or {}).get("dp") or r.get("world_size") or 1
+        return strong(r)[:2] + ((1, (r.get("global_batch_size") or 0) // dp),)
+
+    worlds: dict = defaultdict(set)
+    for r in runs:
+        worlds[strong(r)].add(r.get("world_size"))
+    lone = [r for r in runs if len(worlds[strong(r)]) == 1]
+    for r in lone:
+        worlds[weak(r)].add(r.get("world_size"))
+    moved = {id(r) for r in lone if len(worlds[weak(r)]) > 1}
+    return lambda r: weak(r) if id(r) in moved else strong(r)
+
+
+def _batch_label(b: tuple) -> str:
+    return f"b{b[1]}" if b[0] == 0 else f"{b[1]}/rank"

@@ -12,8 +12,9 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from scalelab.results.chart_base import (MIB, _apart, _median, _norm, _suffix, _unique, by_reason, chart,  # noqa: F401
-                                         completed, finite_median, job_name, node_split, sweep_labels, sweep_of)
+from scalelab.results.chart_base import (MIB, _apart, _batch_label, _median, _norm, _suffix,  # noqa: F401
+                                         _throughput_series, _unique, by_reason, chart, completed, finite_median,
+                                         job_name, node_split, sweep_labels, sweep_of)
 from scalelab.results.record import max_of, num_nodes
 from scalelab.results.sweep import job_key, run_key
 from scalelab.results.table import job_labels, vs_baseline
@@ -112,14 +113,14 @@ def throughput(records: list[dict], group_by: str | None = None, names: dict | N
         metric, unit = "samples_per_s", "samples/s"
         runs = [r for r in done if _finite((r.get("throughput") or {}).get(metric))]
     sweeps = sweep_labels([sweep_of(r) for r in runs], names)
-    base = lambda r: (sweeps.get(_norm(sweep_of(r)), ""), str(r.get("strategy")), r.get("global_batch_size") or 0)  # noqa: E731
+    base = _throughput_series(runs, sweeps)
     # the LR rule and run length change no speed: their runs are repeats here
     apart = _apart(runs, base, pooled=("lr_scaling.", "trainer.max_steps"))
     layout = node_split(runs, lambda r: (*base(r), apart[id(r)]))
     for r in runs:
         key = (*base(r), layout[id(r)] + _suffix(r, group_by, bool(sweeps)) + apart[id(r)])
         series[key][r["world_size"]].append(float(r["throughput"][metric]))
-    traces = [{"name": f"{sw}: {st} b{b}{sx}" if sw else f"{st} b{b}{sx}", "x": sorted(v),
+    traces = [{"name": f"{sw}: {st} {_batch_label(b)}{sx}" if sw else f"{st} {_batch_label(b)}{sx}", "x": sorted(v),
                "y": [_median(v[w]) for w in sorted(v)], "strategy": st}
               for (sw, st, b, sx), v in sorted(series.items())]
     notes = [] if traces else ["no completed run with a throughput"]
