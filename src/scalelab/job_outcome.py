@@ -132,9 +132,29 @@ def error_message(job_dir: Path, rc: int) -> str:
         return f"rank {rank} failed first ({how})" + (f": {line}" if line else "; its peers were ended")
     if cause is not None:
         return f"error-rank{cause}: {cause_line}"
+    torchrun = _torchrun_root_cause(text)   # a rank that wrote no error file: killed (OOM), or exit() itself
+    if torchrun:
+        return torchrun
     tail = [ln for ln in text.splitlines() if ln.strip()][-1:]
     signal_note = f" (killed by signal {-rc if rc < 0 else rc - 128})" if rc < 0 or rc > 128 else ""
     return f"ranks exited with code {rc}{signal_note}" + (f": {tail[0][:300]}" if tail else "")
+
+
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):(.*?)(?:\n={8,}|\Z)", re.S)
+
+
+def _torchrun_root_cause(text: str) -> str | None:
+    """torchrun's own account of the first rank that failed (its "Root Cause" block), as spawn's
+    watch says it: "rank 1 failed first (killed by signal 9)". A rank killed by a signal (the OOM
+    killer's SIGKILL) writes no error file; the log's last line was the block's rule of '='."""
+    blocks = _ROOT_CAUSE.findall(text)
+    rank = re.search(r"^\s*rank\s*:\s*(\d+)", blocks[-1], re.M) if blocks else None
+    code = re.search(r"^\s*exitcode\s*:\s*(-?\d+)", blocks[-1], re.M) if blocks else None
+    if not (rank and code):
+        return None
+    rc = int(code.group(1))
+    how = f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}"
+    return f"rank {rank.group(1)} failed first ({how}); torchrun's summary is in ranks.log"
 
 
 def failed_on_node(record: dict, job_dir: Path, layout: dict) -> None:
@@ -143,8 +163,8 @@ def failed_on_node(record: dict, job_dir: Path, layout: dict) -> None:
     import socket
 
     record.update(node_rank=layout["node_rank"], hostname=socket.gethostname(), rdzv_endpoint=layout["endpoint"])
-    # global rank 0 notes the steps: on node 0 with the static rendezvous; with c10d, on any node
-    if ((layout["node_rank"] != 0 or layout.get("backend") != "static") and record.get("resumed_at_step") is None
+    # global rank 0 notes the steps: on node 0 (the static rendezvous)
+    if (layout["node_rank"] != 0 and record.get("resumed_at_step") is None
             and not (job_dir / PROGRESS).exists()):
         record["steps"] = None   # unknown here, not 0
     if not any(job_dir.glob("error-rank*.txt")):

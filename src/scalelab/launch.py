@@ -117,16 +117,13 @@ def rank_command(launcher: str, nodes: int, devices: int, job_dir: Path, extra: 
                 "--kill-on-bad-exit=1", "--unbuffered", "--export=ALL", *extra, *worker]
     if launcher == "torchrun":  # one node of a multi-node job (layout: torchrun_layout's, resolved)
         lay = layout or {}
-        static = lay.get("backend", "static") == "static"
         timeout = int(math.ceil(float(lay.get("timeout_s", 900))))
-        # static: node K holds global ranks K*devices.. and node 0 hosts the store; c10d orders the
-        # nodes itself (is_host: node 0 hosts the rendezvous store, as with static)
-        conf = f"timeout={timeout}" if static else \
-            f"join_timeout={timeout},is_host={'true' if lay.get('node_rank') == 0 else 'false'}"
+        # static: node K holds global ranks K*devices.. and node 0 hosts the store (rendezvous.py:
+        # the only backend, so that global rank 0, the run record's writer, is on node 0)
         return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
                 f"--node-rank={lay.get('node_rank', 0)}", f"--nproc-per-node={devices}",
-                f"--rdzv-backend={lay.get('backend', 'static')}", f"--rdzv-endpoint={lay['endpoint']}",
-                f"--rdzv-id={lay.get('rdzv_id') or 'scalelab'}", f"--rdzv-conf={conf}",
+                "--rdzv-backend=static", f"--rdzv-endpoint={lay['endpoint']}",
+                f"--rdzv-id={lay.get('rdzv_id') or 'scalelab'}", f"--rdzv-conf=timeout={timeout}",
                 f"--max-restarts={max_restarts}", *extra, "-m", "scalelab.worker", str(job_dir)]
     # launcher=torchrun_local: torchrun on this machine (launcher=local forks a pre-imported
     # server instead: scalelab.spawn)
@@ -183,6 +180,9 @@ class TracebackFilter:
 
     _PREFIX = re.compile(rb"^\[(?:default)?rank\d+\]:\s?")
     _START = (b"Traceback (most recent call last)", b"Exception raised from ")
+    # a C++ stack dump's lines (c10's "Exception raised from"): its frames, and the line between
+    # them where the Python frames are left out (it ended the skip: frames #39.. reached the console)
+    _FRAMES = (b"frame #", b"<omitting python frames>")
     # torchrun's summary of failed children: the exception line, then a box between two rules of '='
     _BOX = b"torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
 
@@ -218,7 +218,7 @@ class TracebackFilter:
             return b""
         if body.startswith(self._START):
             self.skipping = True
-        elif self.skipping and (not body or body[:1] in b" \t" or body.startswith(b"frame #")):
+        elif self.skipping and (not body or body[:1] in b" \t" or body.startswith(self._FRAMES)):
             pass
         else:
             self.skipping = False

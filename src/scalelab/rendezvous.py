@@ -36,7 +36,7 @@ def master_env(environ=None) -> dict[str, str]:
     return {"MASTER_ADDR": expand_nodelist(nodes)[0], "MASTER_PORT": str(port or 15000 + job % 17000), STEP_ENV: "1"}
 
 
-RDZV_BACKENDS = ("static", "c10d")
+RDZV_BACKENDS = ("static",)
 # Where a node finds the rendezvous when launcher.rdzv_endpoint / node_rank are null, in order:
 # a Kubernetes PyTorchJob sets MASTER_ADDR, MASTER_PORT, RANK (the pod's = node's rank) and
 # WORLD_SIZE (pods); PET_* are the operator's torchrun variables; NODE_RANK / GROUP_RANK the usual.
@@ -68,6 +68,11 @@ def torchrun_layout(launcher, nodes: int, environ=None, require: bool = True) ->
     env = os.environ if environ is None else environ
     get = (lambda k, d=None: launcher.get(k, d)) if hasattr(launcher, "get") else (lambda k, d=None: d)
     backend = get("rdzv_backend", "static")
+    if backend == "c10d":   # measured: node_rank=1 held rank 0, node 0 wrote an empty record, node 1 the sweep's
+        raise ConfigError("launcher.rdzv_backend=c10d is not supported: c10d orders the nodes itself, so global "
+                          "rank 0 (which writes the run record) may land on any node, while the records, "
+                          "checkpoints and sweep summary are placed by launcher.node_rank; use static (node K "
+                          "holds global ranks K x devices ..)")
     if backend not in RDZV_BACKENDS:
         raise ConfigError(f"launcher.rdzv_backend={backend!r} is not valid: choose one of {', '.join(RDZV_BACKENDS)}")
     timeout = get("rdzv_timeout_s", 900)

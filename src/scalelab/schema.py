@@ -124,7 +124,8 @@ GROUPS: dict[str, dict[str, Field]] = {
         "extra_args": Field("list", "extra srun / torchrun arguments", item=Str()),
         "rdzv_endpoint": Str("launcher=torchrun: HOST:PORT of node 0; null: MASTER_ADDR:MASTER_PORT", null=True),
         "node_rank": Int("launcher=torchrun: this node's rank; null: NODE_RANK, GROUP_RANK or RANK", lo=0, null=True),
-        "rdzv_backend": Choice(("static", "c10d")),
+        "rdzv_backend": Choice(("static",), "c10d is not supported: it orders the nodes itself, so global rank 0, the "
+                               "run record's writer, could be on any node"),
         "rdzv_id": Str("launcher=torchrun: the rendezvous id, the same on every node; null: derived", null=True),
         "rdzv_timeout_s": Float("launcher=torchrun: seconds a node waits for the others to join", lo=0,
                                 lo_open=True),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -79,7 +80,10 @@ def run_job(cfg: DictConfig) -> dict:
     if profile_name(cfg.get("hardware_profile", "auto"), spec.run.accelerator) == HOST_CPU:
         host_cpu_profile(cache)  # MFU's peak: probe this host once (cached), while no rank runs
     sweep_dir, num = _sweep_and_num(hc, multirun)
-    group = sweep_dir.name if sweep_dir else job_dir.name
+    # a node's own folder of a multi-node job (scalelab k8s --pvc: NAME/node0): the job is NAME (every
+    # k8s job's W&B run was named and grouped "node0")
+    named = job_dir.parent if cfg.launcher.name == "torchrun" and re.fullmatch(r"node\d+", job_dir.name) else job_dir
+    group = sweep_dir.name if sweep_dir else named.name
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["job"] = {
         "name": f"{group}/{num}" if sweep_dir else group, "group": group, "dir": str(job_dir),
@@ -99,6 +103,10 @@ def run_job(cfg: DictConfig) -> dict:
         resolved["launcher"].update(rdzv_endpoint=layout["endpoint"], node_rank=layout["node_rank"],
                                     rdzv_id=layout["rdzv_id"])
         job_dir = node_folder(job_dir, layout["node_rank"])   # nodes that share the job's folder
+        if layout["node_rank"]:   # node 0 summarizes the sweep: its jobs failed, kept or ran here alike
+            from scalelab.results.callbacks import OTHER_NODE
+
+            OTHER_NODE.append(layout["node_rank"])
         resolved["job"]["dir"] = str(job_dir)
         _MARKS["job_dir"] = job_dir
     refused = job_dir_check.refusal(job_dir, resolved)  # preflight checks the folders it can name
@@ -220,9 +228,6 @@ def run_job(cfg: DictConfig) -> dict:
     exited = timing.now()
     if layout is not None and rc == 0 and not (job_dir / RUN_FILE).exists():
         record = node_record(resolved, spec, threads, layout)  # global rank 0 ran on another node
-        from scalelab.results.callbacks import OTHER_NODE
-
-        OTHER_NODE.append(layout["node_rank"])
     else:
         record = collect(job_dir, rc, resolved, spec, threads, since=spawned)
         if rc == 124 and math.isfinite(job_timeout(cfg)):   # the launcher ended it at trainer.timeout_s

@@ -82,7 +82,8 @@ def test_nodes_sharing_one_run_dir_keep_their_own_files(tmp_path):
     from scalelab.results.record import read_records
 
     assert [r["job"]["record_path"] for r in read_records([job])] == [str(job / "run.json")]
-    assert [r["node_rank"] for r in read_records([own])] == [1]       # given itself, it is read
+    assert read_records([own], []) == []                               # its own folder: no run either
+    assert [r["node_rank"] for r in read_records([own / "run.json"])] == [1]   # the file named itself: read
 
     # the same commands again: the completed run is kept on both nodes (not refused as a sweep's folder)
     (rc0, out0), (rc1, out1) = _nodes(job, tmp_path, free_port(), timeout=120)

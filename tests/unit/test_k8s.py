@@ -27,7 +27,7 @@ TR = ["launcher=torchrun", "trainer.num_nodes=2", "trainer.devices=2"]
     (["launcher.rdzv_endpoint=n0:29500", "launcher.node_rank=2"], r"launcher.node_rank=2 must be an integer in \[0, 2\)"),
     (["launcher.rdzv_endpoint=n0:29500", "launcher.node_rank=-1"], r"launcher.node_rank=-1 must be an integer >= 0"),
     (["launcher.rdzv_endpoint=n0:29500", "launcher.node_rank=0", "launcher.rdzv_backend=etcd"],
-     r"launcher.rdzv_backend='etcd' is not valid: choose one of static, c10d"),
+     r"launcher.rdzv_backend='etcd' is not valid: choose one of static \(c10d is not supported"),
     (["launcher.rdzv_endpoint=n0:29500", "launcher.node_rank=0", "launcher.rdzv_timeout_s=0"],
      r"launcher.rdzv_timeout_s=0 must be a number > 0"),
     (["launcher.rdzv_endpoint=n0:29500", "launcher.node_rank=0", "trainer.num_nodes=0"],
@@ -78,8 +78,16 @@ def test_rank_command_is_torchrun_with_the_rendezvous(tmp_path):
                 "--rdzv-endpoint=n0:29500", "--rdzv-id=abc", "--rdzv-conf=timeout=20"):
         assert arg in cmd
     assert cmd[-3:] == ["-m", "scalelab.worker", str(tmp_path)]
-    c10d = rank_command("torchrun", 2, 8, tmp_path, [], 0, {**lay, "backend": "c10d", "node_rank": 0})
-    assert "--rdzv-conf=join_timeout=20,is_host=true" in c10d
+
+def test_c10d_is_refused_in_one_line():
+    """c10d orders the nodes itself: global rank 0 (the record's writer) landed on node_rank 1, node 0
+    wrote an empty record and node 1 the sweep's summary (measured by a reviewer)."""
+    from scalelab.errors import ConfigError
+    from scalelab.rendezvous import torchrun_layout
+
+    with pytest.raises(ConfigError, match=r"^launcher.rdzv_backend=c10d is not supported: c10d orders the nodes "
+                                          r"itself, so global rank 0 \(which writes the run record\) may land on any node"):
+        torchrun_layout({"rdzv_backend": "c10d", "rdzv_endpoint": "n0:29500", "node_rank": 0}, 2)
 
 
 NASTY = "logger.project='my \"proj\" $(rm -rf /) `id` a: b # c'"

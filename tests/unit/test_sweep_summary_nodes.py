@@ -17,5 +17,5 @@ def test_a_node_without_rank_0_leaves_the_sweep_to_node_0(tmp_path, capsys, monk
     cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}, "logger": {"name": "none"}})
     callbacks.SweepSummary().on_multirun_end(cfg)
     out = capsys.readouterr().out
-    assert "node 1's ranks of 2 job(s) completed; the records, sweep.json and report.html are written on node 0" in out
+    assert "node 1's part of 2 job(s) is done; the records, sweep.json and report.html are written on node 0" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0"]   # nothing written besides the job

@@ -15,6 +15,8 @@ TEXT = (b"step 1/6 | 100 tokens/s\rstep 2/6 | 120 tokens/s\n"
         b"Exception raised from recvBytes at Utils.hpp:678 (most recent call first):\n"
         b"frame #0: c10::Error::Error(...)\n"
         b"frame #1: foo\n"
+        b"<omitting python frames>\n"
+        b"frame #39: bar\n"
         b"\n"
         b"normal line\n"
         b"torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
@@ -35,8 +37,9 @@ def test_tracebacks_and_frames_are_left_out_their_exceptions_kept():
                    b"torch.distributed.DistStoreError: wait timeout\n"
                    b"normal line\n"
                    b"last line without a newline")
-    # 3 + 3 lines of the two tracebacks, 1 + 2 + 1 (blank) of the C++ dump, 7 of torchrun's box
-    assert f.dropped == 17
+    # 3 + 3 lines of the two tracebacks, 1 + 4 + 1 (blank) of the C++ dump (its "<omitting python
+    # frames>" line ended the skip: frame #39 reached the console), 7 of torchrun's box
+    assert f.dropped == 19
 
 
 def test_a_progress_bar_update_shows_before_its_newline():

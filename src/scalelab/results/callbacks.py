@@ -57,7 +57,7 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         if OTHER_NODE:   # node 0 aggregates the sweep (sweep.json, table, report.html) from the records
-            print(f"\n== sweep {sweep_dir}: node {OTHER_NODE[0]}'s ranks of {len(OTHER_NODE)} job(s) completed; "
+            print(f"\n== sweep {sweep_dir}: node {OTHER_NODE[0]}'s part of {len(OTHER_NODE)} job(s) is done; "
                   "the records, sweep.json and report.html are written on node 0 ==")
             return
         from scalelab.job_dir import REFUSED

@@ -292,6 +292,17 @@ def read_records(paths: list[Path | str], problems: list[str] | None = None) -> 
                 else:
                     problems.append(f"{f}: {e}")
                 continue
+            if p.is_dir() and rec.get("record_on_node") is not None and rec.get("status") == "completed":
+                # node K's placeholder of a launcher=torchrun job (no figures; the record is node 0's)
+                # in a folder of its own (scalelab k8s --pvc's NAME/nodeK, a hydra.run.dir per node):
+                # it was a second "completed" row of dashes
+                why = f"{f}: node {rec.get('node_rank')}'s part of a multi-node job, no run of its own (its " \
+                      f"record is node {rec['record_on_node']}'s)"
+                if problems is None:
+                    print(f"skipped {why}", file=sys.stderr)
+                else:
+                    problems.append(why)
+                continue
             rec.setdefault("job", {})["record_path"] = str(f)
             out.append(rec)
     if others:   # one line for them all
