@@ -183,6 +183,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {clash[0]}: the layout comes from --nodes / --devices and the pods' environment (MASTER_ADDR, "
               "RANK); drop it", file=sys.stderr)
         return 2
+    # a key a flag sets too: both went into the command and Hydra kept the last (the flag's, silently)
+    for flag, given, keys, what in (("--pvc", args.pvc, ("hydra.run.dir=", "hydra.sweep.dir="),
+                                     "each pod's job folder on the claim"),
+                                    ("--rdzv-timeout", args.rdzv_timeout, ("launcher.rdzv_timeout_s=",),
+                                     "the rendezvous timeout")):
+        twice = [o for o in args.overrides if given is not None and o.lstrip("+~").startswith(keys)]
+        if twice:
+            print(f"error: {twice[0]}: {flag} sets it ({what}); give one of them", file=sys.stderr)
+            return 2
     from scalelab.slurm import refuse_decided, refuse_secrets
 
     try:   # --cpu sets no GPU limit: `--cpu trainer.accelerator=gpu` ran on none

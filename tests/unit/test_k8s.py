@@ -183,11 +183,14 @@ def test_cli_render_validates_and_prints(tmp_path):
     (["trainer.accelerator=cpu"], "trainer.accelerator=cpu on a job that sets a GPU limit: give --cpu instead"),
     (["+launcher=local"], "+launcher=local: the layout comes from --nodes / --devices"),
     (["hydra/launcher=slurm"], "hydra/launcher=slurm: the layout comes from"),
+    # a key a flag sets too (both were in the command; Hydra kept the flag's silently)
+    (["--pvc", "claim", "hydra.run.dir=/x"], "hydra.run.dir=/x: --pvc sets it (each pod's job folder on the claim)"),
+    (["--rdzv-timeout", "30", "launcher.rdzv_timeout_s=60"], "launcher.rdzv_timeout_s=60: --rdzv-timeout sets it"),
 ])
 def test_render_refuses_overrides_of_what_it_decides(args, needle, capsys):
     from scalelab.cli import build_parser
 
-    flags = [x for x in args if x.startswith("--")]
+    flags = [x for i, x in enumerate(args) if x.startswith("--") or i and args[i - 1] in ("--pvc", "--rdzv-timeout")]
     a = build_parser().parse_args(["k8s", "render", *[x for x in args if x not in flags], "--nodes", "2",
                                    "--devices", "2", "--image", "img", *flags])
     assert k8s.run(a) == 2
