@@ -130,9 +130,14 @@ def error_message(job_dir: Path, rc: int) -> str:
             # srun saw this rank exit first, but it only lost its connection to the one that raised
             return f"rank {cause} failed: {cause_line} (rank {rank} exited first: {how})"
         return f"rank {rank} failed first ({how})" + (f": {line}" if line else "; its peers were ended")
+    # torchrun's own first failure: a rank that wrote no error file (killed: the OOM killer's SIGKILL)
+    torchrun = _torchrun_root_cause(text)
+    if cause is not None and torchrun and (launch.PEER_GONE.search(cause_line or "")
+                                           or launch.ENDED.search(cause_line or "")):
+        # the only error files are its peers' (a lost connection, the SIGTERM that ended them)
+        return f"{torchrun} (error-rank{cause}: {cause_line})"
     if cause is not None:
         return f"error-rank{cause}: {cause_line}"
-    torchrun = _torchrun_root_cause(text)   # a rank that wrote no error file: killed (OOM), or exit() itself
     if torchrun:
         return torchrun
     tail = [ln for ln in text.splitlines() if ln.strip()][-1:]

@@ -68,12 +68,7 @@ def torchrun_layout(launcher, nodes: int, environ=None, require: bool = True) ->
     env = os.environ if environ is None else environ
     get = (lambda k, d=None: launcher.get(k, d)) if hasattr(launcher, "get") else (lambda k, d=None: d)
     backend = get("rdzv_backend", "static")
-    if backend == "c10d":   # measured: node_rank=1 held rank 0, node 0 wrote an empty record, node 1 the sweep's
-        raise ConfigError("launcher.rdzv_backend=c10d is not supported: c10d orders the nodes itself, so global "
-                          "rank 0 (which writes the run record) may land on any node, while the records, "
-                          "checkpoints and sweep summary are placed by launcher.node_rank; use static (node K "
-                          "holds global ranks K x devices ..)")
-    if backend not in RDZV_BACKENDS:
+    if backend not in RDZV_BACKENDS:   # c10d too (schema.py says why: rank 0 could be on any node)
         raise ConfigError(f"launcher.rdzv_backend={backend!r} is not valid: choose one of {', '.join(RDZV_BACKENDS)}")
     timeout = get("rdzv_timeout_s", 900)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:

@@ -124,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
         refuse_decided([*args.overrides, *sum(sets, [])], args.cpu)
         if args.out and args.action == "submit":
             raise ValueError(f"--out {args.out} is for render: submit keeps its script under --log-dir {args.log_dir}")
+        run_dir = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("hydra.run.dir=")), None)
+        if run_dir is not None and "${" in run_dir and args.wait:
+            raise ValueError(f"hydra.run.dir={run_dir} is resolved in the job (an interpolation), so --wait cannot "
+                             "find its run: give a plain path, or leave the run dir to --log-dir")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -176,7 +180,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("stopped (Ctrl-C) before the job was submitted", file=sys.stderr)
         return 130
-    root = Path(args.log_dir).resolve() / f"{job}-{stamp}"
+    # the user's hydra.run.dir (relative to this folder, the job's working directory) where given:
+    # --wait read and wrote LOG_DIR/<job>-<time> instead, and called the completed run failed
+    root = (Path.cwd() / run_dir).resolve() if run_dir else Path(args.log_dir).resolve() / f"{job}-{stamp}"
     dirs = {f"{job}_{i}": root / str(i) for i in range(len(sets))} if sets else {job: root}
     print(f"Submitted batch job {job}: {len(dirs)} run(s) under {root}", flush=True)
     if not args.wait:
@@ -186,8 +192,11 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"stopped waiting; job {job} keeps running (scancel {job} to end it)", file=sys.stderr)
         return 130
-    for jid, d in dirs.items():
-        finalize(d, states.get(jid, {"state": "UNKNOWN"}), jid)
+    recs = []
+    for i, (jid, d) in enumerate(dirs.items()):
+        meta = _submitted(args.overrides + (sets[i] if sets else []), nodes, devices,
+                          f"{root.name}/{i}" if sets else root.name, str(root) if sets else None)
+        recs.append(finalize(d, states.get(jid, {"state": "UNKNOWN"}), jid, meta))
     from scalelab.results.record import read_records
 
     if sets:
@@ -203,7 +212,31 @@ def run(args: argparse.Namespace) -> int:
     for jid, st in states.items():
         print(f"SLURM job {jid}: {st['state']}" + (f" ({st['reason']}, exit {st['exit_code']})"
                                                     if st["state"] != "COMPLETED" else ""))
-    return 0 if all(st["state"] == "COMPLETED" for st in states.values()) and len(states) == len(dirs) else 1
+    # the records too: a job SLURM calls COMPLETED whose run failed (or wrote none) is no success
+    ok = all(r.get("status") == "completed" for r in recs)
+    return 0 if ok and all(st["state"] == "COMPLETED" for st in states.values()) and len(states) == len(dirs) else 1
+
+
+def _submitted(overrides: list[str], nodes: int, devices: int, name: str, sweep_dir: str | None) -> dict:
+    """What a failed record of a submitted job says of it where the job wrote none (cancelled or
+    failed before its run started): strategy and batch as its overrides compose (a placeholder said
+    strategy "?" and batch 1), its world size, its name in its array's sweep."""
+    meta = {"world_size": nodes * devices, "name": name, "sweep_dir": sweep_dir}
+    try:
+        from hydra import initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+
+        from scalelab.paths import conf_dir
+        from scalelab.preflight_parse import compose_job
+
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            cfg = compose_job([o for o in overrides if not o.startswith(("hydra.", "trainer.devices=",
+                                                                         "trainer.num_nodes="))])
+        meta.update(strategy=str(cfg.strategy.name), global_batch_size=int(cfg.data.global_batch_size))
+    except Exception:  # noqa: BLE001 - preflight composed it before submitting; the record says what it has
+        pass
+    return meta
 
 
 _IN_SLURM = ("the SLURM job script", "pass secrets in the environment instead (sbatch exports it to the job), "

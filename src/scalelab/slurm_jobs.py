@@ -17,10 +17,16 @@ DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FA
 
 
 def sacct(job_ids: list[str]) -> dict[str, dict]:
-    """{job id (array tasks as ID_TASK): {"state", "exit_code", "reason", "node_list"}} from accounting."""
-    out = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode,Reason,NodeList",
-                          "-j", ",".join(sorted({j.split("_")[0] for j in job_ids}))],
-                         capture_output=True, text=True, timeout=60).stdout
+    """{job id (array tasks as ID_TASK): {"state", "exit_code", "reason", "node_list"}} from accounting;
+    {} where accounting does not answer (a slow slurmdbd was a TimeoutExpired traceback that left the
+    jobs running unfollowed): the caller asks again."""
+    try:
+        out = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode,Reason,NodeList",
+                              "-j", ",".join(sorted({j.split("_")[0] for j in job_ids}))],
+                             capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        _note_once(f"sacct gave no answer ({type(e).__name__}): asking again")
+        return {}
     rows = {}
     for line in out.splitlines():
         jid, state, code, reason, nodes = (line.split("|") + [""] * 5)[:5]
@@ -53,20 +59,47 @@ def wait(job_ids: list[str], poll_s: float = 1.0, grace_s: float = 60.0) -> dict
     gone_since, pending = None, {}
     while True:
         rows = sacct(job_ids)
-        queued = subprocess.run(["squeue", "-h", "-o", "%i|%T|%r", "-j",
-                                 ",".join(sorted({j.split("_")[0] for j in job_ids}))],
-                                capture_output=True, text=True).stdout.splitlines()
-        live = [q.split("|")[0].strip() for q in queued if q.strip()]
-        _say_pending(queued, pending)
+        queued = _squeue(job_ids)
+        live = [q.split("|")[0].strip() for q in queued or () if q.strip()]
+        _say_pending(queued or [], pending)
         states = {j: rows.get(j) for j in job_ids}
-        if not live and all(s and s["state"] in DONE for s in states.values()):
+        if queued is not None and not live and all(s and s["state"] in DONE for s in states.values()):
             return {j: s for j, s in states.items() if s}
-        gone_since = (gone_since or time.monotonic()) if not live else None
+        # gone from the queue: only when squeue answered (a failing squeue's empty output made running
+        # jobs UNKNOWN "not in accounting" after grace_s, and their folders got failed records)
+        gone_since = (gone_since or time.monotonic()) if queued is not None and not live else None
         if gone_since and time.monotonic() - gone_since > grace_s:
             unknown = {"state": "UNKNOWN", "exit_code": None, "reason": "not in accounting (is slurmdbd up?)",
                        "node_list": None}
             return {j: s if s and s["state"] in DONE else unknown for j, s in states.items()}
         time.sleep(poll_s)
+
+
+def _squeue(job_ids: list[str]) -> list[str] | None:
+    """squeue's lines for the jobs (ID|STATE|REASON); None when squeue failed or gave no answer:
+    not "none queued". A job squeue no longer knows is an empty answer with exit 0 (with -j, some
+    versions exit 1 saying "Invalid job id specified": that is an empty answer too)."""
+    try:
+        proc = subprocess.run(["squeue", "-h", "-o", "%i|%T|%r", "-j", ",".join(sorted({j.split("_")[0]
+                                                                                        for j in job_ids}))],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        _note_once(f"squeue gave no answer ({type(e).__name__}): asking again")
+        return None
+    if proc.returncode != 0 and "invalid job id" not in proc.stderr.lower():
+        _note_once(f"squeue failed ({(proc.stderr.strip().splitlines() or ['exit ' + str(proc.returncode)])[-1]}): "
+                   "asking again")
+        return None
+    return proc.stdout.splitlines()
+
+
+_NOTED: set[str] = set()
+
+
+def _note_once(line: str) -> None:
+    if line not in _NOTED:
+        _NOTED.add(line)
+        print(f"[scalelab] warning: {line}", file=sys.stderr, flush=True)
 
 
 def _say_pending(queued: list[str], pending: dict, quiet_s: float = 10.0) -> None:
@@ -95,6 +128,17 @@ def finalize(job_dir: Path, st: dict, job_id: str, meta: dict | None = None) -> 
     try:
         rec = json.loads(path.read_text())
     except (OSError, ValueError):
+        rec = None
+    earlier = str(((rec if isinstance(rec, dict) else {}).get("slurm") or {}).get("job_id") or "")
+    if earlier and earlier != str(job_id):
+        # an earlier SLURM job's record (this job's own run removes it before its ranks start)
+        if rec.get("status") == "completed":
+            # its completed run, kept (a sweep run again: train.py keeps it and runs nothing): this
+            # job's end is not that run's (cancelled while it waited, it turned the record failed,
+            # with job 318's id beside job 342's CANCELLED state)
+            return rec
+        rec = None   # an earlier failure: this job ended before its own record; say that instead
+    if not isinstance(rec, dict):
         meta = meta or _meta_from(job_dir)
         rec = {"status": "failed", "strategy": meta.get("strategy", "?"), "world_size": meta.get("world_size", 1),
                "global_batch_size": meta.get("global_batch_size", 1),
@@ -103,6 +147,8 @@ def finalize(job_dir: Path, st: dict, job_id: str, meta: dict | None = None) -> 
                        "sweep_dir": meta.get("sweep_dir")},   # its sweep's efficiency (results.sweep) finds it
                "error": f"SLURM job {job_id} ended {st.get('state_detail') or st['state']} (reason {st.get('reason')}, "
                         f"exit {st.get('exit_code')}) without a run record; see the job's sbatch log"}
+        task = str(job_id).partition("_")[2]
+        rec["slurm"] = {"job_id": str(job_id), **({"array_task_id": int(task)} if task.isdigit() else {})}
     if st["state"] != "COMPLETED" and rec.get("status") == "completed":
         rec["status"] = "failed"
         rec["error"] = f"SLURM job {job_id} ended {st['state']} ({st.get('reason')}) after its run record"

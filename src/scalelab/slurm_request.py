@@ -65,6 +65,35 @@ def check_times(time: str, signal_delay_s: int, names: tuple[str, str] = ("--tim
                          f"{least} s or a smaller {names[1]}")
 
 
+def _over_time_limit(script: str) -> str | None:
+    """Why the script's #SBATCH --time is above its partition's time limit (sinfo %l; the default
+    partition's where it names none), or None: under SLURM's default EnforcePartLimits=NO such a
+    job is accepted and left PENDING (PartitionTimeLimit) for good, and `--wait` waited with it."""
+    asked = re.search(r"^#SBATCH --time=(\S+)", script, re.M)
+    part = re.search(r"^#SBATCH --partition=(\S+)", script, re.M)
+    if not asked or (part and "," in part.group(1)):
+        return None
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%P|%l"], capture_output=True, text=True, timeout=30).stdout
+        want = time_seconds(asked.group(1))
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+    for line in out.splitlines():
+        name, _, limit = line.partition("|")
+        default = name.endswith("*")
+        if (part and name.rstrip("*") != part.group(1)) or (not part and not default):
+            continue
+        try:
+            most = time_seconds(limit.strip()) if limit.strip().lower() not in ("infinite", "n/a") else None
+        except ValueError:
+            return None
+        if want is not None and most is not None and want > most:
+            return (f"--time {asked.group(1)} is above partition {name.rstrip('*')}'s time limit {limit.strip()}: "
+                    "give a --time within it or another --partition")
+        return None
+    return None
+
+
 def _partitions() -> str:
     """`name: N node(s) x C CPUs [GRES]` per partition, from sinfo; '' if sinfo says nothing."""
     try:
@@ -113,6 +142,11 @@ def test_only(script: Path, asked: str) -> None:
               file=sys.stderr, flush=True)
         return
     if proc.returncode == 0:
+        over = _over_time_limit(script.read_text())
+        if over:   # test-only passes it where EnforcePartLimits=NO; the job would pend (PartitionTimeLimit) for good
+            have = _partitions()
+            raise ValueError(f"SLURM would never start this job ({over}): asked for {asked}"
+                             + (f"; partitions here: {have}" if have else "") + "; nothing was submitted")
         return
     words = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
     why = words[-1] if words else f"sbatch --test-only exited {proc.returncode}"

@@ -325,6 +325,8 @@ def main() -> None:
 
         if "launcher=srun" in sys.argv:
             requeue.install_batch_early()
+            if os.environ.pop("SCALELAB_EARLY_USR1", "") == "1":   # the job script noted one (its --setup)
+                requeue.EARLY.append(signal.SIGUSR1)
         else:
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     register_override_secrets(sys.argv[1:])  # `+logger.api_key=XYZ`: redacted in every file and log line

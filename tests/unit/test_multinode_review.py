@@ -36,6 +36,11 @@ def test_a_rank_killed_by_a_signal_is_named(tmp_path):
     assert error_message(tmp_path, 1) == "rank 1 failed first (killed by signal 9); torchrun's summary is in ranks.log"
     (tmp_path / "ranks.log").write_text(KILLED.replace("-9 (pid: 28331)  (SIGKILL)", "3 (pid: 28331)"))
     assert error_message(tmp_path, 1).startswith("rank 1 failed first (exit code 3)")
+    # its peer on the node wrote an error file, the lost connection: the killed rank still comes first
+    (tmp_path / "ranks.log").write_text(KILLED)
+    (tmp_path / "error-rank0.txt").write_text("Traceback ...\nRuntimeError: [gloo] Connection closed by peer\n")
+    assert error_message(tmp_path, 1) == ("rank 1 failed first (killed by signal 9); torchrun's summary is in "
+                                          "ranks.log (error-rank0: RuntimeError: [gloo] Connection closed by peer)")
 
 
 def test_a_node_placeholder_in_its_own_folder_is_no_run(tmp_path, capsys):

@@ -92,3 +92,7 @@ def test_the_tp_hint_names_every_degree_a_padded_vocabulary_serves():
         check_tp_splits(GPT, 3, 8, "fsdp_tp")        # 3 of 8 devices: padded for 3 it said "valid tp: 1"
     assert str(e.value).endswith("valid tp: 1 (no tensor parallelism), or 2, 4 with a vocabulary they divide "
                                  "(padded: --vocab / model.arch.vocab_size 50304)")   # 8 does not divide 12 heads
+    with pytest.raises(PlanError) as e:              # 12 devices: 50304 = 131 x 384 = lcm(128, 2, 3, 4, 6, 12) x 131
+        check_tp_splits(GPT, 5, 12, "fsdp_tp")
+    assert str(e.value).endswith("or 2, 3, 4, 6, 12 with a vocabulary they divide (padded: --vocab / "
+                                 "model.arch.vocab_size 50304)")

@@ -36,6 +36,18 @@ def test_a_torchrun_sweep_is_one_group_whatever_its_per_job_keys(tmp_path):
     assert eff == pytest.approx({"t/0": 1.0, "t/1": 286.88 / (2 * 378.36)})    # 0.379; no group before
 
 
+def test_how_ranks_are_bound_still_splits_a_group(tmp_path):
+    """launcher.extra_args (srun's --cpu-bind) changes the speed: its runs are another series (100 /
+    (2 x 55) = 0.909, not 1.25 against the unbound baseline)."""
+    runs = [_torchrun(f"b/{i}", w, thr, f"id{i}") for i, (w, thr) in enumerate(((1, 40.0), (1, 55.0), (2, 60.0),
+                                                                                (2, 100.0)))]
+    for r in (runs[1], runs[3]):
+        r["config"]["launcher"]["extra_args"] = ["--cpu-bind=cores"]
+    _write(tmp_path, runs)
+    eff = {m["job"]: m["scaling_efficiency"] for g in aggregate(tmp_path)["groups"] for m in g["runs"]}
+    assert eff == pytest.approx({"b/0": 1.0, "b/2": 60 / 80, "b/1": 1.0, "b/3": 100 / 110})
+
+
 def test_base_batch_size_splits_a_group_only_under_a_scaling_rule(tmp_path):
     runs = [_rec("l/0", "ddp", 1, 16, 40.0, lr_rule="linear"), _rec("l/1", "ddp", 2, 16, 38.0, lr_rule="linear"),
             _rec("l/2", "ddp", 2, 16, 50.0, lr_rule="linear")]

@@ -122,7 +122,8 @@ class ModelSpec:
     @property
     def trainer_built(self) -> bool:
         """Whether this is the GPT scalelab-train builds (no biases, an untied head), told by its
-        exact count (trainer_gpt_params); else a Megatron-style one (biases, a tied head)."""
+        exact count (trainer_gpt_params); else a Megatron-style one (biases, a tied head). The two
+        counts coincide only where L (5h + f) = V h (toy vocabularies: 4 x 64 with vocab 36)."""
         return self.kind == "gpt" and self.n_params == self.trainer_gpt_params(
             self.n_layers, self.hidden, self.vocab, self.seq_len, self.ffn_hidden)
 

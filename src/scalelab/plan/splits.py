@@ -49,7 +49,8 @@ def check_tp_splits(model: ModelSpec, tp: int, world: int, strategy: str) -> Non
     # not divide the world, 3 of 8 devices, hid 2 and 4), then one padding that serves them all
     extra = [d for d in _divisors(world) if d not in valid
              and not tp_indivisible(replace(model, vocab=padded_vocab(model.vocab, d)), d)]
-    pv = padded_vocab(model.vocab, math.lcm(*extra)) if extra else model.vocab
+    step = math.lcm(128, *extra) if extra else 1    # 128 as nanoGPT and Megatron pad (50257 -> 50304)
+    pv = -(-model.vocab // step) * step
     listed = ", ".join(map(str, valid)) + (" (no tensor parallelism)" if valid == [1] else "")
     hint = (f", or {', '.join(map(str, extra))} with a vocabulary {'they divide' if len(extra) > 1 else 'it divides'} "
             f"(padded: --vocab / model.arch.vocab_size {pv})" if extra else "")

@@ -319,7 +319,7 @@ def other_node_part(f: Path) -> bool:
     """Whether run.json `f` is the part of a launcher=torchrun node other than node 0 kept inside
     the job's own folder (JOB_DIR/nodeK/run.json beside node 0's JOB_DIR/run.json: scalelab.train
     puts it there when the nodes share the job's folder). It is no run of its own: found under a
-    folder given to compare or to a sweep's aggregation, it is left out (given itself, it is read)."""
+    folder given to compare or to a sweep's aggregation, it is left out (the file named itself is read)."""
     import re
 
     if not re.fullmatch(r"node[1-9]\d*", f.parent.name) or not (f.parent.parent / RUN_FILE).is_file():

@@ -29,9 +29,11 @@ _WORLD_KEYS = {"trainer.devices", "trainer.num_nodes", "data.global_batch_size"}
 # checkpoints go (saves are in no step's time: scaling.metrics restart_clock), how it is launched
 # and given up on. Not part of a scaling group's identity: launcher=torchrun's rdzv_id is set per
 # job, so every job of such a sweep was a group of its own and the sweep had no efficiency at all.
-# The dashboard's series pool these too (chart_base._POOLED).
-NOT_MEASURED = ("job.", "hydra.", "logger.", "cache_dir", "verbose", "launcher.", "checkpoint.", "trainer.timeout_s",
-                "trainer.collective_timeout_s", "trainer.max_restarts", "trainer.enable_progress_bar")
+# Not launcher.name or launcher.extra_args: srun's --cpu-bind or --hint change the speed. The
+# dashboard's series pool these too (chart_base._POOLED).
+NOT_MEASURED = ("job.", "hydra.", "logger.", "cache_dir", "verbose", "launcher.rdzv_", "launcher.node_rank",
+                "checkpoint.", "trainer.timeout_s", "trainer.collective_timeout_s", "trainer.max_restarts",
+                "trainer.enable_progress_bar")
 
 
 # What a record says of its run at its top level that no world size changes (not parallel.*, lr,

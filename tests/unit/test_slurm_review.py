@@ -1,0 +1,119 @@
+"""Review findings on the SLURM path, without a cluster (tests/slurm has the real one): a USR1
+during the job script's --setup is noted and handed to scalelab.train (it ended the job); a failing
+squeue or a sacct that gives no answer is "ask again", not "gone" (running jobs got failed records,
+or a TimeoutExpired traceback); a kept earlier job's completed record is not failed by a rerun's
+cancelled job; a --time above the partition's limit is refused (the job pended for good)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from scalelab import slurm, slurm_jobs, slurm_request
+
+
+def test_a_usr1_during_setup_is_noted_and_ignored_until_the_job_s_handler(tmp_path):
+    script = slurm.render(1, 1, ["model=gpt_nano"], False, "00:10:00", None, 1, "scalelab", str(tmp_path),
+                          setup=["kill -USR1 $$", "sleep 0.2"])
+    head, _, _ = script.partition("\nexec ")
+    probe = (f"{sys.executable} -c 'import os, signal; print(os.environ.get(\"SCALELAB_EARLY_USR1\"), "
+             "signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN)'")
+    env = {**os.environ, "SLURM_JOB_ID": "7"}
+    proc = subprocess.run(["bash", "-c", head + "\nexec " + probe], capture_output=True, text=True, timeout=60, env=env)
+    # before: bash's default action for USR1 ended the script there (exit 138, nothing ran)
+    assert proc.returncode == 0 and proc.stdout.split() == ["1", "True"], (proc.returncode, proc.stdout, proc.stderr)
+    quiet = subprocess.run(["bash", "-c", head.replace("kill -USR1 $$", "true") + "\nexec " + probe],
+                           capture_output=True, text=True, timeout=60, env=env)
+    assert quiet.stdout.split() == ["True"], quiet.stderr          # no USR1: the variable is empty
+
+
+def _fake(tmp_path, name: str, body: str) -> None:
+    (tmp_path / name).write_text(f"#!/bin/bash\n{body}\n")
+    (tmp_path / name).chmod(0o755)
+
+
+def test_a_failing_squeue_or_a_silent_sacct_is_asked_again(tmp_path, monkeypatch, capsys):
+    """squeue fails twice, then says the job is gone; sacct times out once, then says RUNNING
+    once, then COMPLETED. wait() keeps polling through both and returns the final state."""
+    count = tmp_path / "n"
+    count.write_text("0")
+    _fake(tmp_path, "squeue", f'n=$(cat {count}); echo $((n+1)) > {count}; '
+                              'if [ "$n" -lt 2 ]; then echo "slurm_load_jobs error: Socket timed out" >&2; exit 1; fi')
+    calls = {"sacct": 0}
+
+    def fake_run(cmd, **kw):
+        if cmd[0] == "sacct":
+            calls["sacct"] += 1
+            if calls["sacct"] == 1:
+                raise subprocess.TimeoutExpired(cmd, 60)
+            state = "RUNNING" if calls["sacct"] == 2 else "COMPLETED"
+            return subprocess.CompletedProcess(cmd, 0, f"77|{state}|0:0|None|n1\n", "")
+        return real(cmd, **kw)
+
+    real = subprocess.run
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(slurm_jobs.subprocess, "run", fake_run)
+    slurm_jobs._NOTED.clear()
+    states = slurm_jobs.wait(["77"], poll_s=0.01, grace_s=0.0)
+    assert states["77"]["state"] == "COMPLETED" and calls["sacct"] >= 3
+    err = capsys.readouterr().err
+    assert "sacct gave no answer (TimeoutExpired): asking again" in err
+    assert "squeue failed (slurm_load_jobs error: Socket timed out): asking again" in err
+
+
+def test_a_job_squeue_no_longer_knows_is_gone(tmp_path, monkeypatch):
+    _fake(tmp_path, "squeue", 'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1')
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert slurm_jobs._squeue(["5"]) == []
+
+
+def _completed(job_dir, job_id):
+    job_dir.mkdir(parents=True, exist_ok=True)
+    rec = {"status": "completed", "strategy": "ddp", "world_size": 1, "global_batch_size": 16,
+           "loss": {"final": 4.6322}, "slurm": {"job_id": job_id, "state": "COMPLETED"}}
+    (job_dir / "run.json").write_text(json.dumps(rec))
+    return rec
+
+
+def test_a_rerun_s_cancelled_job_leaves_the_kept_record_alone(tmp_path):
+    rec = _completed(tmp_path / "0", "318")
+    out = slurm_jobs.finalize(tmp_path / "0", {"state": "CANCELLED", "reason": "CANCELLED by 0"}, "342")
+    assert out == rec and json.loads((tmp_path / "0" / "run.json").read_text()) == rec
+    # its own job's end still lands on its own record (a requeued attempt keeps its id)
+    _completed(tmp_path / "1", "400")
+    own = slurm_jobs.finalize(tmp_path / "1", {"state": "COMPLETED", "reason": None, "node_list": "n1"}, "400")
+    assert own["slurm"] == {"job_id": "400", "state": "COMPLETED", "exit_code": None, "reason": None,
+                            "node_list": "n1"}
+    # an earlier failure is not this job's: this job's own line, with its own id and array task
+    (tmp_path / "2").mkdir()
+    (tmp_path / "2" / "run.json").write_text(json.dumps({"status": "failed", "error": "old", "slurm": {"job_id": "9"}}))
+    new = slurm_jobs.finalize(tmp_path / "2", {"state": "CANCELLED", "reason": "x"}, "500_1",
+                              {"strategy": "fsdp", "world_size": 2, "global_batch_size": 32, "name": "a/1"})
+    assert (new["slurm"]["job_id"], new["slurm"]["array_task_id"], new["strategy"]) == ("500_1", 1, "fsdp")
+    assert new["error"].startswith("SLURM job 500_1 ended CANCELLED") and "old" not in new["error"]
+
+
+def test_submitted_meta_names_the_strategy_and_batch():
+    meta = slurm._submitted(["strategy=fsdp", "data.global_batch_size=48", "trainer.devices=2"], 1, 2, "s/0", "/x/s")
+    assert meta == {"world_size": 2, "name": "s/0", "sweep_dir": "/x/s", "strategy": "fsdp", "global_batch_size": 48}
+
+
+@pytest.mark.parametrize("limit,partition,asked,refused", [
+    ("10:00", None, "20", True),               # 20 min over the default partition's 10
+    ("10:00", None, "00:09:00", False),
+    ("UNLIMITED", None, "7-00:00:00", False),
+    ("1-00:00:00", "gpu", "1-00:00:01", True),  # a partition named
+    ("10:00", "other", "20", False),            # another partition than the one with the limit
+])
+def test_a_time_above_the_partition_s_limit_is_refused(tmp_path, monkeypatch, limit, partition, asked, refused):
+    _fake(tmp_path, "sinfo", f'echo "debug*|{limit}"; echo "gpu|{limit}"')
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    script = f"#SBATCH --time={asked}\n" + (f"#SBATCH --partition={partition}\n" if partition else "")
+    why = slurm_request._over_time_limit(script)
+    assert bool(why) == refused, why
+    if refused:
+        name = partition or "debug"
+        assert why == (f"--time {asked} is above partition {name}'s time limit {limit}: give a --time within it or "
+                       "another --partition")
+
