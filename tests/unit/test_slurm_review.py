@@ -117,3 +117,30 @@ def test_a_time_above_the_partition_s_limit_is_refused(tmp_path, monkeypatch, li
         assert why == (f"--time {asked} is above partition {name}'s time limit {limit}: give a --time within it or "
                        "another --partition")
 
+
+
+def test_a_key_given_to_wandb_login_in_setup_is_refused_and_not_shown(capsys, tmp_path):
+    from scalelab.cli import build_parser
+
+    key = "0123456789abcdef0123456789abcdef01234567"
+    for line in (f"wandb login {key}", f"wandb login --relogin {key}"):
+        a = build_parser().parse_args(["slurm", "render", "model=gpt_nano", "--cpu", "--log-dir", str(tmp_path),
+                                       "--setup", line])
+        assert slurm.run(a) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --setup 'wandb login ") and "would write a secret" in err and key not in err
+    a = build_parser().parse_args(["slurm", "render", "model=gpt_nano", "--cpu", "--log-dir", str(tmp_path),
+                                   "--setup", "wandb login $WANDB_API_KEY"])
+    assert slurm.run(a) == 0 and "wandb login $WANDB_API_KEY" in capsys.readouterr().out
+
+
+def test_a_sweep_through_slurm_refuses_another_launcher(tmp_path):
+    """It was dropped silently (the job ran launcher=srun), where `slurm submit` refused it."""
+    from ..conftest import TRAIN, env
+
+    proc = subprocess.run([*TRAIN, "-m", "hydra/launcher=slurm", "launcher=local", "model=gpt_nano",
+                           f"hydra.sweep.dir={tmp_path / 'sw'}"], cwd=tmp_path, env=env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == ("error: launcher=local: a hydra/launcher=slurm sweep runs every job "
+                                                    "with launcher=srun (its ranks are the SLURM job's tasks): drop it\n")
+    assert not (tmp_path / "sw").exists()

@@ -39,6 +39,11 @@ def secret_values() -> set[str]:
     return _KNOWN | env
 
 
+# `wandb login KEY` (W&B's API keys are 40 hex digits, 86 characters on some servers): a key given
+# as the command's argument, which no KEY=VALUE pattern sees
+_LOGIN_KEY = re.compile(r"\bwandb\s+login\b[^\n;&|]*?\s([0-9a-f]{40}|[\w-]{86})\b", re.I)
+
+
 def redact_text(text: str) -> str:
     """`text` with every known secret value and every secret-named KEY=VALUE's value replaced."""
     if not isinstance(text, str) or not text:
@@ -46,13 +51,15 @@ def redact_text(text: str) -> str:
     for v in sorted(secret_values(), key=len, reverse=True):
         if v in text:
             text = text.replace(v, REDACTED)
+    text = _LOGIN_KEY.sub(lambda m: m.group(0).replace(m.group(1), REDACTED), text)
     return _SECRET_ASSIGN.sub(lambda m: m.group(1) + REDACTED, text)
 
 
 def literal_secret(text: str) -> bool:
-    """Whether `text` (a shell line) holds a secret as written: a known secret value, or a
-    secret-named KEY=VALUE whose value is not a reference the shell expands ($VAR, ${VAR}, $(...))."""
-    if any(v in text for v in secret_values()):
+    """Whether `text` (a shell line) holds a secret as written: a known secret value, a
+    secret-named KEY=VALUE whose value is not a reference the shell expands ($VAR, ${VAR}, $(...)),
+    or a key given to `wandb login`."""
+    if any(v in text for v in secret_values()) or _LOGIN_KEY.search(text):
         return True
     return any(not m.group(2).strip("\"'").startswith("$") for m in _SECRET_ASSIGN.finditer(text))
 
