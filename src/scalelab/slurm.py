@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         refuse_decided([*args.overrides, *sum(sets, [])], args.cpu)
         if args.out and args.action == "submit":
             raise ValueError(f"--out {args.out} is for render: submit keeps its script under --log-dir {args.log_dir}")
-        run_dir = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("hydra.run.dir=")), None)
+        run_dir = next((_unquoted(o.split("=", 1)[1]) for o in args.overrides if o.startswith("hydra.run.dir=")), None)
         if run_dir is not None and "${" in run_dir and args.wait:
             raise ValueError(f"hydra.run.dir={run_dir} is resolved in the job (an interpolation), so --wait cannot "
                              "find its run: give a plain path, or leave the run dir to --log-dir")
@@ -215,6 +215,13 @@ def run(args: argparse.Namespace) -> int:
     # the records too: a job SLURM calls COMPLETED whose run failed (or wrote none) is no success
     ok = all(r.get("status") == "completed" for r in recs)
     return 0 if ok and all(st["state"] == "COMPLETED" for st in states.values()) and len(states) == len(dirs) else 1
+
+
+def _unquoted(value: str) -> str:
+    """An override's value as Hydra reads it where it is quoted whole ('runB' -> runB): --wait
+    followed a folder named with the quotes."""
+    v = value.strip()
+    return v[1:-1] if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"" else v
 
 
 def _submitted(overrides: list[str], nodes: int, devices: int, name: str, sweep_dir: str | None) -> dict:

@@ -16,17 +16,17 @@ DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FA
         "PREEMPTED", "REVOKED")
 
 
-def sacct(job_ids: list[str]) -> dict[str, dict]:
+def sacct(job_ids: list[str]) -> dict[str, dict] | None:
     """{job id (array tasks as ID_TASK): {"state", "exit_code", "reason", "node_list"}} from accounting;
-    {} where accounting does not answer (a slow slurmdbd was a TimeoutExpired traceback that left the
-    jobs running unfollowed): the caller asks again."""
+    None where accounting does not answer (a slow slurmdbd was a TimeoutExpired traceback that left
+    the jobs running unfollowed): the caller asks again."""
     try:
         out = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode,Reason,NodeList",
                               "-j", ",".join(sorted({j.split("_")[0] for j in job_ids}))],
                              capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired) as e:
         _note_once(f"sacct gave no answer ({type(e).__name__}): asking again")
-        return {}
+        return None
     rows = {}
     for line in out.splitlines():
         jid, state, code, reason, nodes = (line.split("|") + [""] * 5)[:5]
@@ -53,24 +53,32 @@ def _reason(state: str, code: str, detail: str, pending_reason: str) -> str | No
     return pending_reason if pending_reason and pending_reason != "None" else state
 
 
-def wait(job_ids: list[str], poll_s: float = 1.0, grace_s: float = 60.0) -> dict[str, dict]:
+def wait(job_ids: list[str], poll_s: float = 1.0, grace_s: float = 60.0, silent_s: float = 900.0) -> dict[str, dict]:
     """Block until every job is done for good (a requeued job is pending again, not done). A job
-    gone from the queue that accounting still does not show as done after grace_s is UNKNOWN."""
-    gone_since, pending = None, {}
+    gone from the queue that accounting still does not show as done after grace_s (of answers
+    from both) is UNKNOWN. squeue or sacct failing is asked again, not taken as an answer (running
+    jobs got failed records); once accounting says every job is done, a squeue failing for
+    grace_s more is not waited for; neither answering for silent_s ends the wait (UNKNOWN)."""
+    gone_since, pending, done_since, silent_since = None, {}, None, None
     while True:
         rows = sacct(job_ids)
         queued = _squeue(job_ids)
+        now = time.monotonic()
         live = [q.split("|")[0].strip() for q in queued or () if q.strip()]
         _say_pending(queued or [], pending)
-        states = {j: rows.get(j) for j in job_ids}
-        if queued is not None and not live and all(s and s["state"] in DONE for s in states.values()):
+        states = {j: (rows or {}).get(j) for j in job_ids}
+        done = all(s and s["state"] in DONE for s in states.values())
+        done_since = (done_since or now) if done and queued is None else None   # squeue failing: since when
+        if done and ((queued is not None and not live) or (done_since and now - done_since > grace_s)):
             return {j: s for j, s in states.items() if s}
-        # gone from the queue: only when squeue answered (a failing squeue's empty output made running
-        # jobs UNKNOWN "not in accounting" after grace_s, and their folders got failed records)
-        gone_since = (gone_since or time.monotonic()) if queued is not None and not live else None
-        if gone_since and time.monotonic() - gone_since > grace_s:
-            unknown = {"state": "UNKNOWN", "exit_code": None, "reason": "not in accounting (is slurmdbd up?)",
-                       "node_list": None}
+        silent_since = (silent_since or now) if rows is None or queued is None else None
+        # gone from the queue, and accounting answered: the grace runs (a failing squeue's empty
+        # output, or a sacct timing out, made jobs UNKNOWN "not in accounting" after grace_s)
+        gone_since = (gone_since or now) if queued is not None and not live and rows is not None else None
+        if (gone_since and now - gone_since > grace_s) or (silent_since and now - silent_since > silent_s):
+            why = ("not in accounting (is slurmdbd up?)" if gone_since and now - gone_since > grace_s
+                   else f"squeue / sacct gave no answer for {silent_s:g} s")
+            unknown = {"state": "UNKNOWN", "exit_code": None, "reason": why, "node_list": None}
             return {j: s if s and s["state"] in DONE else unknown for j, s in states.items()}
         time.sleep(poll_s)
 
@@ -130,8 +138,9 @@ def finalize(job_dir: Path, st: dict, job_id: str, meta: dict | None = None) -> 
     except (OSError, ValueError):
         rec = None
     earlier = str(((rec if isinstance(rec, dict) else {}).get("slurm") or {}).get("job_id") or "")
-    if earlier and earlier != str(job_id):
-        # an earlier SLURM job's record (this job's own run removes it before its ranks start)
+    if isinstance(rec, dict) and earlier != str(job_id):
+        # an earlier job's record, a SLURM job's or a local run's (no slurm section): this job's own
+        # run removes it before its ranks start, and every record written in a SLURM job has its id
         if rec.get("status") == "completed":
             # its completed run, kept (a sweep run again: train.py keeps it and runs nothing): this
             # job's end is not that run's (cancelled while it waited, it turned the record failed,

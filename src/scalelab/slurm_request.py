@@ -70,8 +70,10 @@ def _over_time_limit(script: str) -> str | None:
     partition's where it names none), or None: under SLURM's default EnforcePartLimits=NO such a
     job is accepted and left PENDING (PartitionTimeLimit) for good, and `--wait` waited with it."""
     asked = re.search(r"^#SBATCH --time=(\S+)", script, re.M)
-    part = re.search(r"^#SBATCH --partition=(\S+)", script, re.M)
-    if not asked or (part and "," in part.group(1)):
+    named = re.search(r"^#SBATCH --partition=(\S+)", script, re.M)
+    # sbatch takes SBATCH_PARTITION from the environment where the script names none
+    part = named.group(1) if named else os.environ.get("SBATCH_PARTITION", "").strip() or None
+    if not asked or (part and "," in part):
         return None
     try:
         out = subprocess.run(["sinfo", "-h", "-o", "%P|%l"], capture_output=True, text=True, timeout=30).stdout
@@ -81,13 +83,14 @@ def _over_time_limit(script: str) -> str | None:
     for line in out.splitlines():
         name, _, limit = line.partition("|")
         default = name.endswith("*")
-        if (part and name.rstrip("*") != part.group(1)) or (not part and not default):
+        if (part and name.rstrip("*") != part) or (not part and not default):
             continue
         try:
             most = time_seconds(limit.strip()) if limit.strip().lower() not in ("infinite", "n/a") else None
         except ValueError:
             return None
-        if want is not None and most is not None and want > most:
+        # no limit asked (UNLIMITED, 0) on a partition that has one pends (PartitionTimeLimit) too
+        if most is not None and (want is None or want > most):
             return (f"--time {asked.group(1)} is above partition {name.rstrip('*')}'s time limit {limit.strip()}: "
                     "give a --time within it or another --partition")
         return None

@@ -144,3 +144,59 @@ def test_a_sweep_through_slurm_refuses_another_launcher(tmp_path):
     assert proc.returncode == 2 and proc.stderr == ("error: launcher=local: a hydra/launcher=slurm sweep runs every job "
                                                     "with launcher=srun (its ranks are the SLURM job's tasks): drop it\n")
     assert not (tmp_path / "sw").exists()
+
+
+def _clock(monkeypatch, step: float = 10.0):
+    """wait()'s clock advances STEP s per poll (no real sleeping)."""
+    t = [0.0]
+    monkeypatch.setattr(slurm_jobs.time, "monotonic", lambda: t[0])
+    monkeypatch.setattr(slurm_jobs.time, "sleep", lambda s: t.__setitem__(0, t[0] + step))
+    return t
+
+
+def test_a_squeue_that_keeps_failing_ends_when_accounting_says_done(monkeypatch):
+    monkeypatch.setattr(slurm_jobs, "_squeue", lambda ids: None)
+    monkeypatch.setattr(slurm_jobs, "sacct", lambda ids: {"9": {"state": "COMPLETED", "reason": None}})
+    t = _clock(monkeypatch)
+    assert slurm_jobs.wait(["9"], grace_s=60)["9"]["state"] == "COMPLETED" and 60 < t[0] <= 80   # looped forever
+
+
+def test_a_silent_sacct_uses_no_grace_and_silence_has_an_end(monkeypatch):
+    answers = iter([None] * 20 + [{"9": {"state": "COMPLETED", "reason": None}}])
+    monkeypatch.setattr(slurm_jobs, "_squeue", lambda ids: [])
+    monkeypatch.setattr(slurm_jobs, "sacct", lambda ids: next(answers))
+    _clock(monkeypatch)
+    # 200 s of timeouts after the job left the queue: still COMPLETED (UNKNOWN after 60 s before)
+    assert slurm_jobs.wait(["9"], grace_s=60)["9"]["state"] == "COMPLETED"
+    monkeypatch.setattr(slurm_jobs, "sacct", lambda ids: None)
+    t = _clock(monkeypatch)
+    st = slurm_jobs.wait(["9"], grace_s=60, silent_s=300)["9"]
+    assert (st["state"], st["reason"]) == ("UNKNOWN", "squeue / sacct gave no answer for 300 s") and t[0] <= 320
+
+
+def test_a_local_run_s_record_is_not_a_slurm_job_s(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps({"status": "completed", "slurm": None, "loss": {"final": 3.0}}))
+    out = slurm_jobs.finalize(tmp_path, {"state": "FAILED", "reason": "NonZeroExitCode (exit 1)"}, "412")
+    assert out == {"status": "completed", "slurm": None, "loss": {"final": 3.0}}   # was failed, with job 412 on it
+
+
+def test_the_time_check_sees_no_limit_asked_and_sbatch_partition(tmp_path, monkeypatch):
+    _fake(tmp_path, "sinfo", 'echo "short*|30:00"; echo "long|2-00:00:00"')
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    for asked in ("UNLIMITED", "0"):     # no limit asked on a partition with one: PartitionTimeLimit
+        assert slurm_request._over_time_limit(f"#SBATCH --time={asked}\n").startswith(f"--time {asked} is above")
+    monkeypatch.setenv("SBATCH_PARTITION", "long")      # sbatch's own default partition: not short's 30 min
+    assert slurm_request._over_time_limit("#SBATCH --time=01:00:00\n") is None
+    assert slurm_request._over_time_limit("#SBATCH --time=3-00:00:00\n").startswith("--time 3-00:00:00 is above "
+                                                                                     "partition long's")
+
+
+def test_login_keys_quoted_or_prefixed_and_quoted_run_dirs():
+    from scalelab.results.record import literal_secret, redact_text
+
+    key = "0123456789abcdef0123456789abcdef01234567"
+    for line in (f'wandb login "{key}"', f"wandb login --host https://w.corp local-{key}"):
+        assert literal_secret(line) and key not in redact_text(line)
+    for line in ("wandb login --host https://w.corp", f"wandb login $KEY && git checkout {key}"):
+        assert not literal_secret(line)
+    assert [slurm._unquoted(v) for v in ("'runB'", '"a b"', "runC", "'x")] == ["runB", "a b", "runC", "'x"]

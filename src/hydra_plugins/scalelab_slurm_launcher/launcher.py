@@ -53,7 +53,8 @@ class ScalelabSlurmLauncher(Launcher):
             check_settings(p)
             for overrides in job_overrides:  # before anything is submitted (scalelab.train checks argv too)
                 slurm.refuse_secrets(list(overrides))
-                other = [o for o in overrides if o.lstrip("+~").startswith("launcher=") and o != "launcher=srun"]
+                other = [o for o in overrides if o.lstrip("+~").startswith("launcher")
+                         and o.lstrip("+") != "launcher=srun" and not o.lstrip("+~").startswith("launcher.")]
                 if other:   # it was dropped silently and the job ran launcher=srun (submit refused it)
                     raise ValueError(f"{other[0]}: a hydra/launcher=slurm sweep runs every job with launcher=srun "
                                      "(its ranks are the SLURM job's tasks): drop it")

@@ -41,7 +41,8 @@ def secret_values() -> set[str]:
 
 # `wandb login KEY` (W&B's API keys are 40 hex digits, 86 characters on some servers): a key given
 # as the command's argument, which no KEY=VALUE pattern sees
-_LOGIN_KEY = re.compile(r"\bwandb\s+login\b[^\n;&|]*?\s([0-9a-f]{40}|[\w-]{86})\b", re.I)
+# (quoted or not; an on-prem server's keys carry a prefix: local-<40+>)
+_LOGIN_KEY = re.compile(r"\bwandb\s+login\b[^\n;&|]*?\s[\"']?((?:\w+-)?\w{40,})(?=[\"']?(?:\s|$|[;&|]))", re.I)
 
 
 def redact_text(text: str) -> str:
