@@ -21,6 +21,10 @@ def _compare(args: argparse.Namespace) -> int:
     if args.format == "html" and not args.out and sys.stdout.isatty():   # megabytes of HTML on the terminal
         print("error: --format html writes a file: add --out report.html", file=sys.stderr)
         return 2
+    empty = next((f"--{n.replace('_', '-')}" for n in ("sort", "group_by") if getattr(args, n) == ""), None)
+    if empty:   # `--sort=` was ignored silently
+        print(f"error: {empty} needs a key (a dotted path into run.json, e.g. throughput.tokens_per_s)", file=sys.stderr)
+        return 2
     problem = args.out and out_problem(args.out, "--out", args.paths)
     if problem:
         print(f"error: {problem}", file=sys.stderr)

@@ -141,3 +141,73 @@ def test_a_weak_scaling_sweep_is_one_throughput_line():
     strong = [_rec(f"s/{i}", "fsdp", w, 32, thr) for i, (w, thr) in enumerate(((1, 30.0), (2, 50.0)))]
     traces = {t["name"]: (t["x"], t["y"]) for t in throughput([*weak, *strong])["traces"]}
     assert traces == {"ddp 16/rank": ([1, 2, 4], [40.0, 72.0, 128.0]), "fsdp b32": ([1, 2], [30.0, 50.0])}
+
+
+def test_a_sweep_copied_aside_and_run_again_is_two_throughput_lines(tmp_path):
+    """`compare a_old a` after a rerun into `a`: the copies' records still say sweep_dir a, and the
+    throughput chart drew one line of both sweeps' medians (41590 tokens/s: no run's figure)."""
+    import shutil
+
+    from scalelab.results.charts import throughput
+    from scalelab.results.record import read_records
+
+    def sweep(root, thr):
+        root.mkdir()
+        (root / "multirun.yaml").write_text("{}\n")
+        runs = [_rec(f"a/{i}", "ddp", w, 16, t) for i, (w, t) in enumerate(zip((1, 2), thr))]
+        for i, r in enumerate(runs):
+            r["job"].update(sweep_dir=str(tmp_path / "a"), dir=str(tmp_path / "a" / str(i)))
+        _write(root, runs)
+
+    sweep(tmp_path / "a", (40.0, 60.0))
+    shutil.move(tmp_path / "a", tmp_path / "a_old")
+    sweep(tmp_path / "a", (30.0, 50.0))
+    traces = {t["name"]: t["y"] for t in throughput(read_records([tmp_path / "a_old", tmp_path / "a"]))["traces"]}
+    assert traces == {"a_old: ddp b16": [40.0, 60.0], "a: ddp b16": [30.0, 50.0]}
+
+
+def test_group_by_a_key_some_runs_lack_is_null_in_json():
+    from scalelab.results.table import render
+
+    runs = [_rec("g/0", "ddp", 1, 16, 1.0), _rec("g/1", "ddp", 2, 16, 1.0)]
+    runs[0]["breakdown"] = {"comm_fraction": 0.25}
+    doc = json.loads(render(runs, "json", group_by="breakdown.comm_fraction"))
+    assert [g["value"] for g in doc["groups"]] == [0.25, None]      # was "<object object at 0x...>"
+
+
+def test_the_planner_chart_leaves_a_short_run_out_as_plan_validate_does():
+    from scalelab.results.charts import predictions
+
+    run = _rec("p/0", "ddp", 1, 16, 1.0) | {"short_run": True, "mfu": {"hardware_profile": "h100_sxm"}}
+    rows, skipped = predictions([run])
+    assert rows == [] and skipped == [("p/0", "short run (fewer than 5 measured steps): not a steady-state step time")]
+
+
+def test_empty_compare_options_are_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    _write(tmp_path, [_rec("e/0", "ddp", 1, 16, 1.0)])
+    for opt, want in (("--sort=", "error: --sort needs a key"), ("--group-by=", "error: --group-by needs a key"),
+                      ("--where==3", "error: --where '=3': expected KEY=VALUE")):   # the first two were ignored
+        proc = subprocess.run([sys.executable, "-m", "scalelab.cli", "compare", str(tmp_path), opt],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.startswith(want) and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_a_markdown_cell_escapes_html():
+    from scalelab.results.table import render
+
+    bad = _rec("m/0", "ddp", 1, 16, 0.0, status="failed")
+    bad["error"] = "File \"x.py\", in <module>: a | b"
+    row = render([bad], "markdown").splitlines()[2]
+    assert "in &lt;module&gt;: a \\| b" in row and "<module>" not in row
+
+
+def test_seven_series_of_one_strategy_are_drawn_apart():
+    from scalelab.results import report
+    from scalelab.results.chart_base import chart
+
+    ch = chart("t", "T", "x", "y", [{"name": f"ddp {i}", "x": [1, 2], "y": [1, 2], "strategy": "ddp"} for i in range(12)])
+    styles = [(d["line"]["dash"], d["marker"]["symbol"]) for d in report.figure(ch)["data"]]
+    assert len(set(styles)) == 12        # the 7th was drawn as the 1st (same colour, dash and marker)

@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from scalelab.results.record import num_nodes
-from scalelab.results.sweep import NOT_MEASURED
+from scalelab.results.sweep import NOT_MEASURED, sweep_of_record
 from scalelab.results.table import _show, flatten, lookup
 
 MIB = 2**20
@@ -33,7 +33,14 @@ def completed(records: list[dict]) -> list[dict]:
 
 
 def sweep_of(rec: dict) -> str | None:
-    """The run's sweep dir as train.py wrote it (job.sweep_dir; None for a single run)."""
+    """The folder of the run's sweep as it was read: where its record was found (sweep_of_record: a
+    sweep moved or copied aside is its own, so `compare a_old a` after a rerun into `a` draws two
+    throughput lines, not their median), else job.sweep_dir as train.py wrote it (None: a single run)."""
+    where = sweep_of_record(rec)
+    return str(where) if where is not None else _recorded_sweep(rec)
+
+
+def _recorded_sweep(rec: dict) -> str | None:
     return (rec.get("job") or {}).get("sweep_dir") or None
 
 
@@ -64,7 +71,7 @@ def _suffix(rec: dict, group_by: str | None, sweep_shown: bool = False) -> str:
     if not group_by:
         return ""
     value = lookup(rec, group_by)
-    if isinstance(value, str) and value == sweep_of(rec):
+    if isinstance(value, str) and value == _recorded_sweep(rec):
         return "" if sweep_shown else f" [{group_by}={Path(value).name}]"
     return f" [{group_by}={_show(value)}]"
 

@@ -311,6 +311,10 @@ def predictions(records: list[dict], cache: str | Path | None = None) -> tuple[l
         if not name or not step:
             skipped.append((job_name(r, labels), "no hardware profile (mfu) or no step time in run.json"))
             continue
+        if r.get("short_run"):   # as plan --validate refuses it (it was drawn as measured, unmarked)
+            skipped.append((job_name(r, labels), "short run (fewer than 5 measured steps): not a steady-state "
+                                                 "step time"))
+            continue
         run_cache = cache or (r.get("config") or {}).get("cache_dir")
         if name == HOST_CPU and not host_cpu_profile_path(run_cache).is_file():
             skipped.append((job_name(r, labels), "this host's CPU profile is not probed yet (a run here probes it)"))

@@ -72,7 +72,9 @@ def figure(ch: dict, colors: dict[str, str] | None = None) -> dict:
         else:
             d.update(type="scatter", mode="lines" if t.get("dash") or len(t["x"]) > 30 else "lines+markers",
                      line={"color": color, "dash": "dash" if t.get("dash") else DASHES[k % len(DASHES)]},
-                     marker={"color": color, "symbol": SYMBOLS[k % len(SYMBOLS)]})
+                     # past 6 series of one colour, the marker moves on by one more: 36 distinct
+                     # (dash, marker) pairs, where the 7th series was drawn as the 1st
+                     marker={"color": color, "symbol": SYMBOLS[(k + k // len(DASHES)) % len(SYMBOLS)]})
         if t.get("text"):   # hover only (bar `text` would print inside the bars)
             d.update(hovertext=t["text"], hovertemplate="%{x}: %{y:.4g}<br>%{hovertext}<extra>%{fullData.name}</extra>")
         data.append(d)

@@ -233,8 +233,9 @@ def render(records: list[dict], fmt: str = "table", group_by: str | None = None,
         records = [r for _, members in group_records(records, group_by) for r in members]
     if fmt == "json":
         if group_by:
-            return dumps({"group_by": group_by, "groups": [{"value": v, "runs": m} for v, m in
-                                                                 group_records(records, group_by)]}, indent=2)
+            # runs without the key: null (a Python object's repr, different each run, was the value)
+            return dumps({"group_by": group_by, "groups": [{"value": None if v is MISSING else v, "runs": m}
+                                                           for v, m in group_records(records, group_by)]}, indent=2)
         return dumps(records, indent=2)   # strict JSON: a diverged run's NaN loss is null
     if fmt == "csv":
         return _csv(records)
@@ -255,7 +256,7 @@ def render(records: list[dict], fmt: str = "table", group_by: str | None = None,
         if fmt == "markdown":
             title = [f"### {group_by} = {one_line(_show(value))}", ""] if group_by else []
             out.append("\n".join(title + ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-                                 + ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]))
+                                 + ["| " + " | ".join(_md(c) for c in r) + " |" for r in rows]))
             continue
         widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(heads)]
         left = [h in IDENTITY for h in heads]
@@ -268,6 +269,12 @@ def render(records: list[dict], fmt: str = "table", group_by: str | None = None,
 
 
 FORMATS = ("table", "markdown", "json", "csv", "html")
+
+
+def _md(cell: str) -> str:
+    """A markdown table cell: its pipes escaped, and <, > and & as entities (a traceback's
+    `<module>` in an error rendered as HTML in markdown viewers)."""
+    return cell.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
 # The terminal table (fitted to its width) lives in results/table_fit.py, which builds on the columns
 # and cells above; its names stay importable from here, loaded on first use (an import at the top of
 # either module would make importing the other first fail half-initialized).
@@ -344,7 +351,7 @@ def filter_records(records: list[dict], wheres: list[str]) -> list[dict]:
     """Runs matching every KEY=VALUE (VALUE may list alternatives: strategy=ddp,fsdp)."""
     for expr in wheres or []:
         key, eq, want = expr.partition("=")
-        if not eq:
+        if not eq or not key.strip():
             raise SelectError(f"--where {expr!r}: expected KEY=VALUE (e.g. --where strategy=ddp)")
         check_key(records, key, "--where")
         fmt = shown_as(key)
