@@ -211,3 +211,16 @@ def test_seven_series_of_one_strategy_are_drawn_apart():
     ch = chart("t", "T", "x", "y", [{"name": f"ddp {i}", "x": [1, 2], "y": [1, 2], "strategy": "ddp"} for i in range(12)])
     styles = [(d["line"]["dash"], d["marker"]["symbol"]) for d in report.figure(ch)["data"]]
     assert len(set(styles)) == 12        # the 7th was drawn as the 1st (same colour, dash and marker)
+
+
+def test_csv_columns_keep_their_place_whatever_the_sort():
+    from scalelab.results.table import render
+
+    a, b = _rec("c/0", "ddp", 1, 16, 10.0), _rec("c/1", "fsdp", 2, 16, 20.0)
+    b["short_run"] = True                                   # a key only the second run has: its column
+    heads = {s: render([a, b], "csv", sort=s).splitlines()[0] for s in (None, "-throughput.samples_per_s")}
+    assert heads[None] == heads["-throughput.samples_per_s"]
+    import csv
+
+    head, *rows = csv.reader(render([a, b], "csv").splitlines())
+    assert [r[head.index("short_run")] for r in rows] == ["", "true"]             # was Python's True
