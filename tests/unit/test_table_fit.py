@@ -130,6 +130,8 @@ def test_runs_of_several_sweeps_keep_their_names_and_group_titles():
     assert f"{SWEEP}/4" in text and "other/9" in text and "sweep " not in text
     text = draw(readme_sweep(), 120, group_by="strategy")
     assert f"sweep {SWEEP}, strategy = ddp" in text and f"sweep {SWEEP}, strategy = single" in text
+    # the whole comparison's caption once, under the last group (it followed every group's table)
+    assert text.count("every run:") == 1 and text.index("every run:") > text.index("strategy = single")
 
 
 def test_one_run_too_wide_for_the_terminal_is_one_block():

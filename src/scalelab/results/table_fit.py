@@ -103,8 +103,12 @@ def rich_table(records: list[dict], group_by: str | None = None, sort: str | Non
         [f"hidden to fit the terminal: {', '.join(h for h in hidden if h not in same)} "
          "(--format markdown has every column)"] if len(const) < len(hidden) else [])
     out = []
-    for title, members in _sections(records, group_by, view["sweep"]):
-        t = Table(title=title, caption="\n".join(caption) or None, caption_justify="left")
+    sections = list(_sections(records, group_by, view["sweep"]))
+    for i, (title, members) in enumerate(sections):
+        # the caption is of the whole comparison: under the last section only (every group's table
+        # repeated "all 12 runs completed" under its 6, 4 and 2 runs)
+        last = i == len(sections) - 1
+        t = Table(title=title, caption=("\n".join(caption) or None) if last else None, caption_justify="left")
         for h, w in zip(shown, fit):   # as wide as its longest cell: a cell never wraps (a header may)
             t.add_column(h, justify="left" if h in IDENTITY or h == "status" else "right", width=w, overflow="fold")
         for r in members:
