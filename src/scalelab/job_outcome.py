@@ -53,6 +53,10 @@ def rendezvous_error(job_dir: Path, layout: dict) -> str | None:
     else:
         hint = (f"every node must run the same command with its own launcher.node_rank within "
                 f"launcher.rdzv_timeout_s={layout['timeout_s']:g}")
+        joined = re.search(r"(\d+)/(\d+) clients joined", causes[-1])
+        if joined:   # node 0 counts the nodes that came: one given a smaller trainer.num_nodes never says so
+            hint = (f"{joined.group(1)} of the {joined.group(2)} nodes this one expects (trainer.num_nodes="
+                    f"{joined.group(2)} here) joined: {hint}, and the same trainer.num_nodes")
     return f"rendezvous at {layout['endpoint']} failed on node {layout['node_rank']}: {causes[-1][:300]} ({hint})"
 
 

@@ -57,3 +57,16 @@ def test_a_node_placeholder_in_its_own_folder_is_no_run(tmp_path, capsys):
     assert problems == [f"{placeholder}: node 1's part of a multi-node job, no run of its own (its record is node "
                         "0's)"]
     assert len(read_records([placeholder], [])) == 1
+
+
+def test_a_node_left_waiting_says_how_many_came(tmp_path):
+    """Node 0 given trainer.num_nodes=3, node 1 given 2: node 0 waits its rdzv_timeout_s and its line
+    named no key; now it says how many nodes it expected and that num_nodes must agree."""
+    from scalelab.job_outcome import rendezvous_error
+
+    (tmp_path / "ranks.log").write_text("torch.distributed.DistStoreError: Timed out after 21 seconds waiting for "
+                                        "clients. 2/3 clients joined.\n")
+    line = rendezvous_error(tmp_path, {"endpoint": "n0:29653", "node_rank": 0, "timeout_s": 20})
+    assert line.endswith("(2 of the 3 nodes this one expects (trainer.num_nodes=3 here) joined: every node must run "
+                         "the same command with its own launcher.node_rank within launcher.rdzv_timeout_s=20, and "
+                         "the same trainer.num_nodes)")
