@@ -224,3 +224,15 @@ def test_csv_columns_keep_their_place_whatever_the_sort():
 
     head, *rows = csv.reader(render([a, b], "csv").splitlines())
     assert [r[head.index("short_run")] for r in rows] == ["", "true"]             # was Python's True
+
+
+def test_an_efficiency_line_is_named_by_a_group_by_value_its_runs_share(tmp_path):
+    runs = [_rec(f"q/{i}", "ddp", w, 16, thr) for i, (w, thr) in enumerate(((1, 40.0), (2, 60.0)))]
+    _write(tmp_path, runs)
+    summary = aggregate(tmp_path)
+    records = [json.loads((tmp_path / str(i) / "run.json").read_text()) for i in range(2)]
+    for i, r in enumerate(records):
+        r["job"]["record_path"] = str(tmp_path / str(i) / "run.json")
+    names = lambda key: [t["name"] for t in efficiency_chart([summary], records, "strong", group_by=key)["traces"]]  # noqa: E731
+    assert names("world_size") == ["ddp b16", "ideal"]                  # was "ddp b16 [world_size=1]"
+    assert names("global_batch_size") == ["ddp b16 [global_batch_size=16]", "ideal"]

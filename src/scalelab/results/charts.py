@@ -61,7 +61,11 @@ def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: 
             layout = node_split(runs, key=lambda m: 0)   # one world on two node counts: a line each
             for part in dict.fromkeys(layout[id(m)] for m in runs):
                 line = [m for m in runs if layout[id(m)] == part]
-                labels.append(name + part + vs + _suffix(base, group_by, bool(sweeps)))
+                # --group-by's value where the line's runs share it (world_size differs along the
+                # line: every line read [world_size=1], its baseline's)
+                said = {_suffix(rec, group_by, bool(sweeps)) for m in line
+                        if (rec := rec_of(s, m["job"], m.get("dir")))}
+                labels.append(name + part + vs + (said.pop() if len(said) == 1 else ""))
                 rules.append(f"lr_rule={base.get('lr_rule')}")
                 bases.append(f"(base {g['baseline_job']})")
                 base_runs.append(base)
