@@ -10,6 +10,7 @@ resume: scalelab.requeue."""
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import shlex
 import subprocess
@@ -194,8 +195,9 @@ def run(args: argparse.Namespace) -> int:
         return 130
     recs = []
     for i, (jid, d) in enumerate(dirs.items()):
-        meta = _submitted(args.overrides + (sets[i] if sets else []), nodes, devices,
-                          f"{root.name}/{i}" if sets else root.name, str(root) if sets else None)
+        # composed only for a job that left no record of its own (a Hydra compose per array task)
+        meta = functools.partial(_submitted, args.overrides + (sets[i] if sets else []), nodes, devices,
+                                 f"{root.name}/{i}" if sets else root.name, str(root) if sets else None)
         recs.append(finalize(d, states.get(jid, {"state": "UNKNOWN"}), jid, meta))
     from scalelab.results.record import read_records
 
@@ -284,13 +286,23 @@ def refuse_decided(overrides: list[str], cpu: bool, gpus: str = "requests GPUs")
     trainer.accelerator=cpu held the GPUs it asked for idle). trainer.devices / num_nodes: _layout."""
     for o in overrides:
         key, _, value = o.lstrip("+~").partition("=")
-        if key in ("launcher", "hydra/launcher") and not (key == "launcher" and value.strip() == "srun"):
+        if other_launcher([o], ("launcher", "hydra/launcher")):
             # (launcher=srun is what it runs: the commands plan and recommend print carry it)
             raise ValueError(f"{o}: the script runs launcher=srun, one job (--nodes / --devices, --array for "
                              "several; a sweep through SLURM is `scalelab-train -m ... hydra/launcher=slurm`): drop it")
         if key == "trainer.accelerator" and (value.strip() != "cpu") == cpu:
             raise ValueError(f"{o} with --cpu: --cpu asks no GPUs and runs on CPU; drop --cpu to run on GPUs" if cpu
                              else f"{o} on a job that {gpus}: give --cpu instead (no GPUs, CPU ranks)")
+
+
+def other_launcher(overrides: list[str], keys: tuple[str, ...] = ("launcher",)) -> str | None:
+    """The first override that sets (or deletes: ~launcher) one of KEYS to anything but
+    launcher=srun, the launcher a SLURM job script runs; None if none does."""
+    for o in overrides:
+        key, _, value = o.lstrip("+~").partition("=")
+        if key in keys and not (key == "launcher" and value.strip() == "srun"):
+            return o
+    return None
 
 
 def asked(nodes: int, devices: int, cpus_per_task: int, gpus_per_node: int, partition: str | None,

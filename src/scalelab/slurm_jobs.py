@@ -127,9 +127,10 @@ def _say_pending(queued: list[str], pending: dict, quiet_s: float = 10.0) -> Non
         pending[jid] = (reason, since, said)
 
 
-def finalize(job_dir: Path, st: dict, job_id: str, meta: dict | None = None) -> dict:
+def finalize(job_dir: Path, st: dict, job_id: str, meta=None) -> dict:
     """Put the job's final SLURM state on its run.json; a job that ended before writing one (a
-    crashed batch step, cancelled, timed out) gets a failed record naming the state and reason."""
+    crashed batch step, cancelled, timed out) gets a failed record naming the state and reason,
+    with what META (a dict, or a callable giving one: only called then) says of the job."""
     from scalelab.results.record import RUN_FILE, write_json
 
     path = job_dir / RUN_FILE
@@ -148,7 +149,7 @@ def finalize(job_dir: Path, st: dict, job_id: str, meta: dict | None = None) -> 
             return rec
         rec = None   # an earlier failure: this job ended before its own record; say that instead
     if not isinstance(rec, dict):
-        meta = meta or _meta_from(job_dir)
+        meta = (meta() if callable(meta) else meta) or _meta_from(job_dir)
         rec = {"status": "failed", "strategy": meta.get("strategy", "?"), "world_size": meta.get("world_size", 1),
                "global_batch_size": meta.get("global_batch_size", 1),
                "throughput": {"samples_per_s": None, "tokens_per_s": None},

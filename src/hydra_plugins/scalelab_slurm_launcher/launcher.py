@@ -53,10 +53,9 @@ class ScalelabSlurmLauncher(Launcher):
             check_settings(p)
             for overrides in job_overrides:  # before anything is submitted (scalelab.train checks argv too)
                 slurm.refuse_secrets(list(overrides))
-                other = [o for o in overrides if o.lstrip("+~").startswith("launcher")
-                         and o.lstrip("+") != "launcher=srun" and not o.lstrip("+~").startswith("launcher.")]
+                other = slurm.other_launcher(list(overrides))
                 if other:   # it was dropped silently and the job ran launcher=srun (submit refused it)
-                    raise ValueError(f"{other[0]}: a hydra/launcher=slurm sweep runs every job with launcher=srun "
+                    raise ValueError(f"{other}: a hydra/launcher=slurm sweep runs every job with launcher=srun "
                                      "(its ranks are the SLURM job's tasks): drop it")
             for i, overrides in enumerate(job_overrides):
                 num = initial_job_idx + i

@@ -390,8 +390,7 @@ def powersgd_elements(model: ModelSpec, rank: int) -> float:
         # is one more (V, h) matrix: sent whole as "the rest" before, 126x the traffic at vocab 50257
         attention = [(h, h)] * 4 if model.trainer_built else [(3 * h, h), (h, h)]
         mats = (attention + [(f, h), (h, f)]) * model.n_layers + [(model.vocab, h), (model.seq_len, h)]
-        if model.n_params - sum(a * b for a, b in mats) >= model.vocab * h:
-            mats.append((model.vocab, h))   # an untied output head
+        mats += [(model.vocab, h)] if model.untied_head else []
     else:
         mats = [(h, h)] * model.n_layers
     full = sum(a * b for a, b in mats)

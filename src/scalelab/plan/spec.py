@@ -136,8 +136,21 @@ class ModelSpec:
             return self.hidden * self.hidden + self.hidden
         h, f = self.hidden, self.ffn
         if self.trainer_built:
-            return 4 * h * h + 2 * h * f + 4 * h
+            return self._trainer_block_params(h, f)
         return 4 * h * h + 2 * h * f + 9 * h + f
+
+    @staticmethod
+    def _trainer_block_params(h: int, f: int) -> int:
+        """scalelab-train's block: bias-free q, k, v, out and MLP Linears, two LayerNorms."""
+        return 4 * h * h + 2 * h * f + 4 * h
+
+    @property
+    def untied_head(self) -> bool:
+        """Whether n_params has room for an output head of its own beside the token embedding
+        (scalelab-train's GPT; a Megatron-style count ties them)."""
+        h, f, L = self.hidden, self.ffn, self.n_layers
+        return self.kind == "gpt" and (self.n_params - (4 * h * h + 2 * h * f) * L
+                                       - (self.vocab + self.seq_len) * h >= self.vocab * h)
 
     @property
     def embedding_params(self) -> int:
@@ -155,9 +168,7 @@ class ModelSpec:
             return [(self.hidden * self.hidden, self.n_layers)]
         h, f, V, L = self.hidden, self.ffn, self.vocab, self.n_layers
         mats = [(h * h, 4 * L), (h * f, 2 * L), (V * h, 1), (self.seq_len * h, 1)]
-        if self.n_params - sum(e * c for e, c in mats) >= V * h:
-            mats.append((V * h, 1))
-        return mats
+        return mats + [(V * h, 1)] if self.untied_head else mats
 
     def small_params(self, threshold: int) -> int:
         """Parameters in tensors of at most `threshold` elements: vectors (LayerNorms, biases:
@@ -187,7 +198,7 @@ class ModelSpec:
         token and learned position embeddings (Vh + sh), the final LayerNorm (2h) and an untied
         lm_head (Vh). tests/unit/test_plan_trainer_model.py counts the real module against it."""
         h, f = int(hidden), int(ffn_hidden or 4 * hidden)
-        return int(n_layers) * (4 * h * h + 2 * h * f + 4 * h) + 2 * int(vocab) * h + int(seq_len) * h + 2 * h
+        return int(n_layers) * ModelSpec._trainer_block_params(h, f) + 2 * int(vocab) * h + int(seq_len) * h + 2 * h
 
     @classmethod
     def trainer_gpt(cls, n_layers, hidden, heads, vocab, seq_len, ffn_hidden=0, attention="flash", dropout=0.0):

@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from scalelab.results.record import num_nodes
-from scalelab.results.sweep import NOT_MEASURED, sweep_of_record
+from scalelab.results.sweep import NOT_MEASURED, per_rank_batch, sweep_of_record
 from scalelab.results.table import _show, flatten, lookup
 
 MIB = 2**20
@@ -162,8 +162,7 @@ def _throughput_series(runs: list[dict], sweeps: dict):
         return sweeps.get(_norm(sweep_of(r)), ""), str(r.get("strategy")), (0, r.get("global_batch_size") or 0)
 
     def weak(r):
-        dp = (r.get("parallel") or {}).get("dp") or r.get("world_size") or 1
-        return strong(r)[:2] + ((1, (r.get("global_batch_size") or 0) // dp),)
+        return strong(r)[:2] + ((1, per_rank_batch(r)),)
 
     worlds: dict = defaultdict(set)
     for r in runs:

@@ -16,7 +16,7 @@ from scalelab.results.chart_base import (MIB, _apart, _batch_label, _median, _no
                                          _throughput_series, _unique, by_reason, chart, completed, finite_median,
                                          job_name, node_split, sweep_labels, sweep_of)
 from scalelab.results.record import max_of, num_nodes
-from scalelab.results.sweep import job_key, run_key
+from scalelab.results.sweep import job_key, per_rank_batch, run_key
 from scalelab.results.table import job_labels, vs_baseline
 
 
@@ -51,8 +51,7 @@ def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: 
             if kind == "strong":
                 name = f"{g['strategy']} b{runs[0]['global_batch_size']}"
             else:
-                dp = (base.get("parallel") or {}).get("dp") or base.get("world_size") or 1
-                name = f"{g['strategy']} {base['global_batch_size'] // dp}/rank"
+                name = f"{g['strategy']} {per_rank_batch(base)}/rank"
             if sweeps:
                 name = f"{sweeps[_norm(s.get('sweep_dir'))]}: {name}"
             # a line that starts above 1 device starts on the ideal line by definition: its name says

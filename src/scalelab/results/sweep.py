@@ -69,8 +69,10 @@ def _identity(rec: dict) -> str:
     return json.dumps(sorted(flat.items()), default=str)
 
 
-def _per_rank_batch(rec: dict) -> int:
-    return rec["global_batch_size"] // max(1, rec.get("parallel", {}).get("dp", rec["world_size"]))
+def per_rank_batch(rec: dict) -> int:
+    """The global batch over the data-parallel ranks (a weak-scaling series' constant)."""
+    return (rec.get("global_batch_size") or 0) // max(1, (rec.get("parallel") or {}).get("dp")
+                                                      or rec.get("world_size") or 1)
 
 
 def efficiency(thr: float, world: int, base_thr: float, base_world: int) -> float:
@@ -100,7 +102,7 @@ def aggregate(sweep_dir: Path | str, write: bool = True, problems: list[str] | N
     # completed and listed as unmeasured, never silently dropped.
     ok = [r for r in completed if (r.get("throughput") or {}).get("samples_per_s")]
     groups = []
-    for kind, extra in (("strong", lambda r: r["global_batch_size"]), ("weak", _per_rank_batch)):
+    for kind, extra in (("strong", lambda r: r["global_batch_size"]), ("weak", per_rank_batch)):
         buckets: dict[tuple, list[dict]] = defaultdict(list)
         for r in ok:
             buckets[(_identity(r), extra(r))].append(r)

@@ -291,12 +291,12 @@ def __getattr__(name: str):
 
 def _csv(records: list[dict]) -> str:
     """Every run.json field, flattened (dotted keys; lists as JSON), one row per run."""
-    flat = [flatten(r) for r in records]
+    flat = {id(r): flatten(r) for r in records}
     # the columns in the default order's first-seen order, whatever --sort did to the rows (a reader
     # going by position broke); booleans as JSON writes them (true, as in the cells holding JSON)
-    keys = list(dict.fromkeys(k for r in sorted(records, key=sort_key) for k in flatten(r)))
+    keys = list(dict.fromkeys(k for r in sorted(records, key=sort_key) for k in flat[id(r)]))
     rows = [keys] + [["" if f.get(k) is None else dumps(f[k]) if isinstance(f[k], (list, dict, bool)) else f[k]
-                      for k in keys] for f in flat]
+                      for k in keys] for f in flat.values()]
     return "\n".join(map(_csv_row, rows))
 
 
