@@ -334,12 +334,12 @@ def test_a_bad_train_arg_stops_before_any_process(capsys, tmp_path, monkeypatch)
     monkeypatch.setattr(subprocess, "run", no_process)
     monkeypatch.setattr(subprocess, "Popen", no_process)
     argv = ["recommend", "--model", "gpt_nano", "--devices", "2", "--hardware", "this_cpu", "--verify", "1",
-            "--activation-checkpointing", "none", "--train-arg", "trainer.max_steps=many", f"--out={tmp_path}"]
+            "--activation-checkpointing", "none", "--train-arg", "data.num_workers=many", f"--out={tmp_path}"]
     args = build_parser().parse_args(argv)
     assert args.func(args) == 2
     err = capsys.readouterr().err.strip()
     # refused up front, before the search (it was refused after ~5 s of search and a printed table)
-    assert err.startswith("error: --train-arg is not valid") and "max_steps" in err and "\n" not in err
+    assert err.startswith("error: --train-arg is not valid") and "num_workers" in err and "\n" not in err
 
 
 def test_nothing_fits_is_exit_1_with_what_was_pruned(capsys, tmp_path):

@@ -55,13 +55,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--top", type=int, default=10, help="strategies shown (default 10)")
     v = p.add_argument_group("verification and LR")
     v.add_argument("--verify", type=int, default=0, metavar="K", help="run the top K as short real jobs and re-rank")
-    v.add_argument("--verify-steps", type=int, default=20, help="optimizer steps per verification job (default 20)")
-    v.add_argument("--verify-repeats", type=int, default=1,
+    v.add_argument("--verify-steps", type=int, help="optimizer steps per verification job (default 20)")
+    v.add_argument("--verify-repeats", type=int,
                    help="runs per candidate, interleaved (seeds); the median is ranked (default 1; 3 on a shared host)")
     v.add_argument("--base-lr", type=float, help="LR at --base-batch (default: conf/optim's lr)")
     v.add_argument("--base-batch", type=int, help="batch --base-lr was tuned at (default: lr_scaling's 16)")
-    v.add_argument("--lr-check", default="grid", help="grid (three runs, default with --verify) | none")
-    v.add_argument("--lr-steps", type=int, default=30, help="optimizer steps per LR-check job (default 30)")
+    v.add_argument("--lr-check", help="grid (three runs, default with --verify) | none")
+    v.add_argument("--lr-steps", type=int, help="optimizer steps per LR-check job (default 30)")
     v.add_argument("--slurm", action="store_true", help="verify through Hydra's submitit SLURM launcher")
     v.add_argument("--train-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="extra scalelab-train override for every verification job (repeatable)")
@@ -121,6 +121,11 @@ def _request(a: argparse.Namespace):
 
     if a.objective not in OBJECTIVES:
         raise PlanError(f"--objective {a.objective!r} is not valid; valid: {', '.join(OBJECTIVES)}")
+    # flags of the verification's runs: given without --verify they did nothing, exit 0, without a word
+    given = [flag for flag, attr, _ in VERIFY_ONLY if getattr(a, attr) not in (None, False)]
+    for _, attr, default in VERIFY_ONLY:
+        if getattr(a, attr) is None:
+            setattr(a, attr, default)
     for flag, v, low in (("--devices", a.devices, 1), ("--nodes", a.nodes, 1), ("--verify", a.verify, 0),
                          ("--verify-steps", a.verify_steps, 8),
                          ("--verify-repeats", a.verify_repeats, 1), ("--lr-steps", a.lr_steps, 8), ("--top", a.top, 1)):
@@ -136,6 +141,9 @@ def _request(a: argparse.Namespace):
         raise PlanError(f"--budget-minutes {a.budget_minutes} needs --tokens T (the tokens to train within it)")
     if a.lr_check not in ("grid", "none"):
         raise PlanError(f"--lr-check {a.lr_check!r} is not valid; valid: grid, none")
+    if given and not a.verify:
+        raise PlanError(f"{given[0]} sets the verification's runs, and there are none without --verify K: add "
+                        f"--verify K (the top K as short runs) or drop {given[0]}")
     ns = argparse.Namespace(**{**vars(a), "attention": "flash", "dropout": None})
     model = _model_from_args(ns)
     if a.params is not None and a.model is None and model.kind == "gpt" and not model.shape_inferred:
@@ -180,13 +188,18 @@ def _request(a: argparse.Namespace):
     from .verify import check_train_args
 
     extra = list(a.train_arg)
-    check_train_args(extra, req, a.verify_steps if a.verify else None, a.slurm)
+    check_train_args(extra, req, a.verify_steps if a.verify else None, a.slurm, a.verify_repeats if a.verify else 1)
     opts = dict(objective=a.objective, tokens=a.tokens, budget_s=a.budget_minutes * 60 if a.budget_minutes else None,
                 verify=a.verify, verify_steps=a.verify_steps, verify_repeats=a.verify_repeats,
                 lr_check=a.lr_check if a.verify else "none", lr_steps=a.lr_steps, base_lr=base_lr,
                 base_batch=base_batch, slurm=a.slurm, extra=extra, top=a.top, out=out, quiet=a.json,
                 lr_caveat=base_lr_caveat(model, opt, a.base_lr is not None))
     return req, opts
+
+
+# (flag, attribute, default) of the options that only --verify's runs read
+VERIFY_ONLY = (("--slurm", "slurm", False), ("--verify-steps", "verify_steps", 20), ("--verify-repeats", "verify_repeats", 1),
+               ("--lr-check", "lr_check", "grid"), ("--lr-steps", "lr_steps", 30))
 
 
 def _finite(flag: str, value, valid: str, ok) -> None:

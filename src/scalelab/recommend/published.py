@@ -23,7 +23,7 @@ from scalelab.plan.spec import ModelSpec, PlanError
 from scalelab.plan.peak_memory import device_total_bytes, fits
 from scalelab.plan.step_time import build_terms, step_time
 
-from .rank import best_per_strategy, rank, tokens_per_s
+from .rank import PLANNER_MARGIN, best_per_strategy, break_ties, rank, tokens_per_s
 from .space import Candidate, Request
 
 HARDWARE = "a100_80g_nvlink"
@@ -61,15 +61,26 @@ def _request(model: ModelSpec, gpus: int, batch: int, hw) -> Request:
 
 
 def _best(req: Request) -> Candidate | None:
-    """The planner's first layout that the trainer's own validation accepts (recommend.shortlist)."""
+    """What `scalelab recommend` recommends for this job without --verify: of each strategy's best
+    layout that the trainer's own validation accepts (recommend.shortlist), the first after the
+    planner's tie rule (rank.break_ties: the simplest within its margin). The planner's first alone
+    put zero3 in this column for the 1.7B row, where recommend on the same job answers ddp."""
     from .recommend import shortlist
     from .space import enumerate_candidates
 
     cands, _ = enumerate_candidates(req)
+    ranked = rank(cands, "throughput", req.hardware)
     # the layout the trainer accepts, for the published model's own count (Megatron's tied embeddings,
     # not scalelab-train's GPT): no command is printed here, so the model's count is not compared
-    shown, _ = shortlist(rank(cands, "throughput", req.hardware), req, 1, same_model=False)
-    return shown[0][0] if shown else None
+    first, _ = shortlist(ranked, req, 1, same_model=False)
+    if not first:
+        return None
+    # only the strategies predicted within the tie margin of it can win (a trainer check each: ~0.1 s)
+    floor = tokens_per_s(first[0][0]) * (1 - PLANNER_MARGIN)
+    near = [c for c in ranked if tokens_per_s(c) >= floor]
+    shown, _ = shortlist(near, req, len(best_per_strategy(near)), same_model=False)
+    order, _ = break_ties([c for c, _ in shown], "throughput", req.hardware)
+    return order[0]
 
 
 def _published_layout(model: ModelSpec, pub: dict, hw) -> dict | None:

@@ -66,18 +66,25 @@ def breakdown(c: Candidate, hw: Hardware) -> dict[str, float]:
     t = c.times
     slow = hw.slowdown(busy_per_node(c.terms))
     act_mem = c.terms.act_traffic_bytes / hw.activation_bandwidth * slow   # step_time's compute_s holds it
-    return {"compute": max(0.0, t["compute_s"] - act_mem), "memory": act_mem + t["optimizer_s"],
-            "communication": t["comm_exposed_s"], "bubble": t["bubble_s"], "overhead": t["overhead_s"]}
+    parts = {"compute": max(0.0, t["compute_s"] - act_mem), "memory": act_mem + t["optimizer_s"],
+             "communication": t["comm_exposed_s"], "bubble": t["bubble_s"], "overhead": t["overhead_s"]}
+    # the step is max(the device's parts, the host's time to issue them): where the host floor is
+    # the longer, the device waits on the host for the difference ("host": zero2 on an H200 predicted
+    # 15.5 ms of which 2.1 ms device work read "overhead-bound (overhead 95%)", shares of a step the
+    # planner does not predict)
+    parts["host"] = max(0.0, t.get("host_floor_s", 0.0) - sum(parts.values()))
+    return parts
 
 
 def reason(c: Candidate, hw: Hardware) -> dict:
-    """{"bound": "compute"|"memory"|"communication"|"bubble"|"overhead", "shares": {...}, "text": ...}."""
+    """{"bound": "compute"|"memory"|"communication"|"bubble"|"overhead"|"host", "shares": {...}, "text": ...}:
+    shares of the predicted step (host: the host's time to issue the step beyond the device's work)."""
     parts = breakdown(c, hw)
     total = sum(parts.values()) or 1.0
     shares = {k: v / total for k, v in parts.items()}
     bound = max(shares, key=shares.get)
     label = {"compute": "compute-bound", "memory": "memory-bound", "communication": "communication-bound",
-             "bubble": "bubble-bound", "overhead": "overhead-bound"}[bound]
+             "bubble": "bubble-bound", "overhead": "overhead-bound", "host": "host-bound"}[bound]
     rest = ", ".join(f"{k} {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]) if v >= 0.005)
     mem = c.memory_bytes / hw.memory_bytes
     text = f"{label} ({rest}); {mem:.0%} of device memory"

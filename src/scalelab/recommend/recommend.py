@@ -2,6 +2,7 @@
 top K with short runs, answer the LR question, write and print the result."""
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,9 @@ from scalelab.plan.report import fmt_time
 from .rank import PLANNER_MARGIN, SIMPLICITY, best_per_strategy, break_ties, rank, reason, score, tokens_per_s
 from .report import fmt_count, fmt_score, lr_table, ranking_rows, text_table, verify_rows, write_all
 from .space import Candidate, Request, enumerate_candidates, train_overrides, unrunnable
+
+# space._build's reasons for a layout built and found too big (the other prunes built none)
+MEMORY_PRUNES = ("does not fit device memory", "offloaded states do not fit")
 
 # Run-to-run spread of one short run's throughput on a shared host (README: 10-25 % between runs of
 # one config on the 2-core VM; 5 % between interleaved ones): a measured lead below it is not one.
@@ -97,8 +101,12 @@ def recommend(req: Request, *, objective: str, tokens=None, budget_s=None, verif
     t0 = time.perf_counter()
     cands, pruned = enumerate_candidates(req)
     ranked = rank(cands, objective, req.hardware, tokens, budget_s)
-    shown, rejected = shortlist(ranked, req, max(top, verify))
+    # the tie over every strategy's best the trainer accepts, then cut for display: cut first, the
+    # answer depended on --top ("strategies shown": --top 1 gave zero3, --top 3 zero1, the default ddp)
+    shown, rejected = shortlist(ranked, req, len(best_per_strategy(ranked)))
     shown, predicted_rank, tie = _break_ties(shown, objective, req, tokens, budget_s)
+    keep = max(top, verify)
+    shown, predicted_rank = shown[:keep], predicted_rank[:keep]
     doc = {"objective": objective, "request": _request_doc(req, tokens, budget_s),
            "search": {"built": len(cands) + sum(pruned.values()), "fitting": len(cands),
                       "pruned_total": sum(pruned.values()), "pruned": pruned, "strategies_fitting":
@@ -135,12 +143,20 @@ def recommend(req: Request, *, objective: str, tokens=None, budget_s=None, verif
         say(f"\nverified ({v['steps']} steps each, {v['wall_s']:.0f} s):\n" + text_table(*verify_rows(doc)))
         if v.get("note"):
             say(v["note"])
-        if not any(r.get("runs") for r in v["ranking"]):
-            # no job left a record (sbatch refused them all, a launcher that did not start): every
-            # row "not run" exited 0 with the planner's pick; the recommendation is kept, no winner
+        if not any("measured_score" in r for r in v["ranking"]):
+            # no job left a record (sbatch refused them all, a launcher that did not start), or every
+            # one failed (out of memory, a crash): the planner's pick was printed as "Run this", exit 0,
+            # and its LR check run, on a layout the verification had just seen fail; no winner then
             log = out / "verify.log"
-            doc["error"] = (f"no verification job started (scalelab-train exited {v['returncode']}): "
-                            f"{V.last_error(log) if log.is_file() else 'no log'} (log: {log})")
+            failed = [r for r in v["ranking"] if r.get("runs")]
+            if failed:
+                r = failed[0]
+                doc["error"] = (f"no verification job completed: {r['strategy']} {r['status']}"
+                                + (f": {str(r['error']).strip().splitlines()[0][:200]}" if r.get("error") else "")
+                                + f" (records under {out / 'verify'}; log: {log})")
+            else:
+                doc["error"] = (f"no verification job started (scalelab-train exited {v['returncode']}): "
+                                f"{V.last_error(log) if log.is_file() else 'no log'} (log: {log})")
             doc["lr"] = {"advice": {**lr_mod.advice(req.optimizer, base_lr, base_batch, winner["global_batch"]),
                                     "caveat": lr_caveat}, "check": None}
             _finish(doc, out, records, summaries, say)
@@ -257,6 +273,11 @@ def _verify(chosen, doc, req, objective, tokens, steps, repeats, out: Path, extr
 def measured_ranking(cands: list[Candidate], recs: dict, objective: str, req: Request, tokens):
     """(rows best-measured first, the measured best's index in `cands`, a note when its lead is
     within run-to-run noise). Candidates without a measured figure (failed runs) come last."""
+    from scalelab.plan.run_records import smooth_host_speeds
+
+    # each run's host speed: the median probe of its neighbouring jobs, as plan --validate reads the
+    # same runs (one probe is the noisier figure: ddp read 0.87 here and 0.644 there)
+    smooth_host_speeds([(None, r, cands[i].terms) for i, rs in recs.items() if i < len(cands) for r in rs])
     rows = []
     for i, c in enumerate(cands):
         row = V.measured_row(c, recs.get(i, []), objective, req.hardware, tokens)
@@ -295,14 +316,28 @@ def _lr_check(winner: dict, adv: dict, out: Path, steps: int, extra, slurm, cand
     return ({"varied": varied, "argv": argv, "sweep_dir": str(out / "lr_check"), "returncode": rc, "wall_s": wall,
              "steps": steps, "runs": runs, "best": best["value"] if best else None,
              "diverged": [r["value"] for r in runs if r["diverged"]],
-             "agrees_with_advice": bool(best) and str(best["value"]) == str(advised),
+             "agrees_with_advice": bool(best) and _same_value(best["value"], advised),
              "report": str(out / "lr_check" / "report.html")}, records, [])
+
+
+def _same_value(run_value, advised) -> bool:
+    """Whether an LR-check run's value is the advised one: a rule by name, an LR as a number (the
+    grid writes it with 6 significant digits, lr.check_grid: a --base-lr of 0.0012345678 ran as
+    0.00123457, never equal as strings, and the advised LR's win read "a short run favours large LRs")."""
+    try:
+        return math.isclose(float(run_value), float(advised), rel_tol=1e-5)
+    except (TypeError, ValueError):
+        return str(run_value) == str(advised)
 
 
 def _say_ranking(doc: dict, say) -> None:
     req, s = doc["request"], doc["search"]
+    # of the layouts the planner built: a strategy skipped whole, or a batch that does not split, is
+    # no layout that did not fit ("126 of 130 fit" counted 4 skipped strategies as 4 that did not)
+    too_big = sum(n for why, n in s["pruned"].items() if why.startswith(MEMORY_PRUNES))
     say(f"{req['model']['name']} on {req['nodes']}x{req['devices']} {req['hardware']}, objective {doc['objective']}: "
-        f"{s['fitting']} of {s['built']} layouts fit device memory ({s['seconds']} s); best layout of each strategy:")
+        f"{s['fitting']} of {s['fitting'] + too_big} layouts fit device memory ({s['seconds']} s); best layout of "
+        "each strategy:")
     m = req["model"]
     if m["shape_inferred"]:     # the count planned and run is the shape's, not the one asked for
         say(f"model: {m['layers']} layers x hidden {m['hidden']}, {m['heads']} heads, vocab {m['vocab']}, seq "

@@ -105,7 +105,12 @@ SET_BY = {"strategy": "--strategies", "model": "--model or the shape flags", "tr
           "optim": "--optimizer", "optim.lr": "--base-lr", "lr_scaling": "the LR advice (--base-lr, --base-batch)",
           "hardware_profile": "--hardware", "launcher": "the candidate (srun on several nodes) and --slurm",
           "model.arch.activation_checkpointing": "--activation-checkpointing", GROUP: "--verify",
-          "hydra.searchpath": "--verify", "hydra.sweep.dir": "--out"}
+          "hydra.searchpath": "--verify", "hydra.sweep.dir": "--out",
+          # the short run that measures (short_run): a later trainer.max_steps=9 won over --verify-steps 12
+          # (reported as 12) and cut the LR check below --lr-steps, and went into the printed command
+          "trainer.max_steps": "--verify-steps (verification) and --lr-steps (LR check)",
+          "trainer.warmup_steps": "--verify-steps (a quarter of it, at least 2, are warm-up)",
+          "trainer.profile_steps": "the verification (2 profiled steps)"}
 
 
 def set_by(key: str, slurm: bool = False) -> str | None:
@@ -125,7 +130,7 @@ def set_by(key: str, slurm: bool = False) -> str | None:
 OWN_KEYS_FREE = {"optim"}
 
 
-def check_train_args(extra: list[str], req, steps: int | None, slurm: bool = False) -> None:
+def check_train_args(extra: list[str], req, steps: int | None, slurm: bool = False, repeats: int = 1) -> None:
     """Every --train-arg before the search (it was refused after ~5 s of search and a printed table):
     KEY=VALUE, one value, not a key recommend sets, and the job composes and validates with it
     (the verification's short run when steps is given) for the profile's device kind."""
@@ -136,6 +141,8 @@ def check_train_args(extra: list[str], req, steps: int | None, slurm: bool = Fal
             raise PlanError(f"--train-arg {e!r} is not KEY=VALUE")
         key, value = e.split("=", 1)
         by = set_by(key, slurm)
+        if key.lstrip("+~") == "seed" and repeats > 1:   # the repeats' seeds: seed=7 after them ran one job
+            by = "--verify-repeats (seeds 1234, 1235, ...)"
         if by:
             raise PlanError(f"--train-arg {e}: recommend chooses {key.lstrip('+~')} for each job; "
                             f"set it with {by}")
@@ -196,7 +203,8 @@ def records_by_candidate(sweep: Path) -> dict[int, list[dict]]:
 def measured_row(c: Candidate, recs: list[dict], objective: str, hw: Hardware, tokens: float | None) -> dict:
     """Predicted vs measured for one verified candidate (the median over its repeats). On a CPU the
     prediction is also given at the runs' own host speed (their matmul probe;
-    plan/run_records.speed_factor), as `--validate` does."""
+    plan/run_records.speed_factor) smoothed over the sweep's neighbouring jobs by measured_ranking
+    (smooth_host_speeds), as `--validate` does."""
     pred_step = c.times["step_s"]
     row = {"predicted_step_s": pred_step, "predicted_tokens_per_s": tokens_per_s(c),
            "predicted_score": score(c, objective, hw, tokens), "status": "not run", "runs": len(recs)}
