@@ -504,3 +504,53 @@ def test_a_split_is_read_in_place_from_its_memory_map(tmp_path):
         assert np.array_equal(ds[i].numpy(), blocks[i])
     with pytest.raises(IndexError):
         ds[2500]
+
+
+def test_loader_workers_of_a_forkserver_rank_read_the_blocks(tmp_path):
+    """launcher=local's ranks are forkserver children, and a DataLoader's workers there get the
+    dataset pickled: the open memory maps could not be (every run with data.num_workers >= 1 failed;
+    its error read Lightning's teardown "Please call iter(combined_loader) first"). The workers'
+    batches are the blocks as written, in the sampler's order."""
+    import pickle
+
+    from torch.utils.data import DataLoader
+
+    from scalelab.data.datamodule import BlockDataset, _collate
+    from scalelab.data.prepare import _save
+
+    blocks = np.arange(40 * 9, dtype=np.uint8).reshape(40, 9)
+    _save(blocks, 9, tmp_path / "split")
+    ds = BlockDataset(tmp_path / "split")
+    again = pickle.loads(pickle.dumps(ds))
+    assert len(again) == 40 and np.array_equal(again[39].numpy(), blocks[39])
+    loader = DataLoader(ds, batch_size=4, sampler=[3, 1, 4, 15, 9, 2, 6, 5], num_workers=1, collate_fn=_collate,
+                        multiprocessing_context="forkserver")
+    got = [b.numpy() for b in loader]
+    assert [g.tolist() for g in got] == [blocks[[3, 1, 4, 15]].tolist(), blocks[[9, 2, 6, 5]].tolist()]
+
+
+def test_an_unreachable_hub_loads_in_offline_mode(monkeypatch):
+    """The reachability probe runs first: offline, load_dataset retried ~25 s before its error
+    (data=hub took 27-31 s to refuse); in Hugging Face's offline mode it reads the cache or fails
+    at once. The mode is set only around the call, and only where the Hub cannot be reached."""
+    import datasets
+    from huggingface_hub import constants
+
+    from scalelab.data import corpus
+
+    seen = []
+
+    def load(name, split):
+        seen.append((datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE))
+        raise ConnectionError(f"Couldn't reach '{name}' on the Hub (OfflineModeIsEnabled)")
+
+    before = (datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE)
+    assert before == (False, False)
+    monkeypatch.setattr(datasets, "load_dataset", load)
+    for reachable in (False, True):
+        monkeypatch.setattr(corpus, "_hub_reachable", lambda timeout_s=3.0, r=reachable: r)
+        with pytest.raises(ConfigError) as e:
+            corpus.hub_documents("owner/name", "train", "text")
+        assert ("not in the Hugging Face cache" in str(e.value)) is not reachable
+    assert seen == [(True, True), (False, False)]
+    assert (datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE) == before

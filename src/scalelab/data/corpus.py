@@ -24,6 +24,7 @@ spelled). One file, a handful of files or a hub dataset all get both splits; no 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -102,6 +103,24 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def _hub_offline(offline: bool):
+    """Hugging Face's offline mode (HF_HUB_OFFLINE) while in the block: datasets and huggingface_hub
+    read it from their modules' constants at each call (the environment only at import)."""
+    if not offline:
+        yield
+        return
+    import datasets
+    from huggingface_hub import constants
+
+    before = (datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE)
+    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = before
+
+
 def hub_documents(name: str, split: str, text_column: str, config: str | None = None) -> list[tuple[str, bytes]]:
     return list(iter_hub_documents(name, split, text_column, config))
 
@@ -144,16 +163,21 @@ def iter_hub_documents(name: str, split: str, text_column: str, config: str | No
         hub_log = logging.getLogger("huggingface_hub")
         level = hub_log.level
         hub_log.setLevel(logging.ERROR)
+        # the probe first: offline, load_dataset retried for ~25 s before its error (a wrong folder
+        # name without a slash too); in offline mode it reads the Hugging Face cache or fails at once
+        reachable = _hub_reachable()
         try:
-            named = {} if config is None else {"name": config}   # load_dataset's config name
-            ds = datasets.load_dataset(name, split=split, **named)
+            with _hub_offline(not reachable):
+                named = {} if config is None else {"name": config}   # load_dataset's config name
+                ds = datasets.load_dataset(name, split=split, **named)
         except Exception as e:  # noqa: BLE001 - offline, unknown name, config or split: one line
             key = "data.hub_config" if config is not None and "config" in str(e).lower() else "data.hub_name"
             value = config if key == "data.hub_config" else name
             hint = " (set data.hub_config=NAME)" if config is None and "config" in str(e).lower() else ""
             raise ConfigError(f"{key}={value!r}: {type(e).__name__}: {str(e).splitlines()[0][:300]}{hint}"
-                              + ("" if _hub_reachable() else " (the Hub is not reachable from here: a dataset "
-                                 "written by save_to_disk loads offline, data.hub_name=/path/to/it)")) from e
+                              + ("" if reachable else " (the Hub is not reachable from here and the dataset is "
+                                 "not in the Hugging Face cache: a dataset written by save_to_disk loads "
+                                 "offline, data.hub_name=/path/to/it)")) from e
         finally:
             hub_log.setLevel(level)
     if text_column not in ds.column_names:

@@ -105,6 +105,7 @@ class BlockDataset(Dataset):
     importing `datasets` cost each rank ~0.6 s of start-up for a read this simple."""
 
     def __init__(self, folder: Path):
+        self.folder = Path(folder)
         files = [f["filename"] for f in json.loads((folder / "state.json").read_text())["_data_files"]]
         self._maps = [pa.memory_map(str(folder / name)) for name in files]  # kept open: the blocks live there
         col = pa.concat_tables([pa.ipc.open_stream(m).read_all() for m in self._maps]).column("input_ids")
@@ -114,6 +115,16 @@ class BlockDataset(Dataset):
         size = col.type.list_size
         self._parts = [c.flatten().to_numpy(zero_copy_only=True).reshape(-1, size) for c in col.chunks if len(c)]
         self._starts = np.cumsum([0, *(len(p) for p in self._parts)])
+
+    # A DataLoader worker that is not forked gets the dataset pickled: launcher=local's ranks are
+    # forkserver children, and so are their workers; the open memory maps cannot be pickled (every
+    # run with data.num_workers >= 1 failed, its error Lightning's teardown RuntimeError). A worker
+    # maps the folder again: the same pages, shared through the page cache.
+    def __getstate__(self) -> dict:
+        return {"folder": str(self.folder)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(Path(state["folder"]))
 
     def __len__(self) -> int:
         return int(self._starts[-1])
