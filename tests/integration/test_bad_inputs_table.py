@@ -80,6 +80,11 @@ TRAIN_ROWS = [
     (["lr_scaling=linear", "lr_scaling.base_batch_size=abc"], "lr_scaling.base_batch_size='abc' must be an integer"),
     (["strategy=fsdp", "trainer.devices=2", "strategy.reshard_after_forward=no"],
      "strategy.reshard_after_forward='no' must be a boolean"),
+    # SHARD_GRAD_OP named fsdp in every table (found by review)
+    (["strategy=fsdp", "trainer.devices=2", "strategy.reshard_after_forward=false"],
+     "strategy=fsdp: strategy.reshard_after_forward=false is strategy=fsdp_grad_op's"),
+    (["strategy=fsdp_grad_op", "trainer.devices=2", "strategy.reshard_after_forward=true"],
+     "use strategy=fsdp"),
     (["strategy=ddp", "strategy.static_graph=1"], "strategy.static_graph=1 must be a boolean"),
     (["strategy=ddp", "strategy.bucket_cap_mb=big"], "strategy.bucket_cap_mb='big' must be a number > 0"),
     (["strategy=ddp", "strategy.comm_hook=true"], "strategy.comm_hook=True is not valid: choose one of none"),

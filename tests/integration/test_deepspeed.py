@@ -354,6 +354,11 @@ def test_lr_schedule_follows_the_swapped_offload_optimizer():
     (["strategy=zero2", "strategy.offload_params=cpu"], "offload_params=cpu needs ZeRO stage 3 (got stage 2)"),
     (["strategy=zero3", "strategy.offload_optimizer=nvme"], "offloading to nvme needs strategy.nvme_path"),
     (["strategy=zero3", "strategy.stage=2"], "applies to ZeRO stage 3 only (got stage 2): use strategy=zero2"),
+    # a stage its name does not say: zero2 stage=3 ran ZeRO-3 named zero2 in every table
+    (["strategy=zero2", "strategy.stage=3"], "strategy.stage=3 is not the stage the name says; tables, W&B and the "
+                                             "planner name a run by its strategy: use strategy=zero3"),
+    (["strategy=zero2_offload", "strategy.stage=3"], "use strategy=zero3_offload"),
+    (["strategy=zero2_offload", "strategy.stage=1"], "use strategy=zero1 strategy.offload_optimizer=cpu"),
     (["strategy=zero2", "strategy.reduce_bucket_size=3"], "strategy.reduce_bucket_size=3 must be an even integer"),
     (["strategy=zero3", "strategy.stage3_max_live_parameters=-1"], "must be an integer >= 0"),
     (["strategy=zero2", "trainer.precision=bf16-true"],

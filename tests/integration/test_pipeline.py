@@ -104,6 +104,16 @@ def test_loss_curve_is_the_last_stage_loss(pipe):
     assert all(math.isfinite(v) for v in _full_curve(pipe))
 
 
+def test_the_progress_line_shows_the_last_stage_loss_without_a_logger(tmp_path):
+    """Rank 0 (stage 0, no loss of its own) got the last stage's loss only for a logger: with
+    logger=none its line read `step 3/3 | N tokens/s` and no loss."""
+    proc = train([*PIPE, "trainer.enable_progress_bar=true", "trainer.max_steps=3", "trainer.warmup_steps=1",
+                  f"hydra.run.dir={tmp_path / 'bar'}"], tmp_path)
+    last = next(line for line in proc.stdout.splitlines() if line.startswith("step 3/3"))   # \r read as a newline
+    final = _curve(_run(tmp_path, "bar"))[-1]
+    assert f"| rank-0 loss {final:.4f}" in last, last
+
+
 def test_each_stage_holds_only_its_layers(pipe, core_sweep):
     """Against DDP at 2 ranks: parameters, gradients and optimizer state per rank are about halved
     (stage 0: embeddings + layer 0, 51.5% of the bytes; stage 1: layer 1 + final norm + head, 48.5%),

@@ -65,3 +65,25 @@ def test_on_a_gpu_the_device_work_of_a_save_is_left_out():
     assert gpu_comm(kept)["exposed_us"] == 200 and gpu_comm(trace)["exposed_us"] == 5100
     assert device_anatomy(kept, steps=1, step_s=0.001)["busy_s"] == 0.001
     assert outside_saves({"traceEvents": trace["traceEvents"][:2]})["traceEvents"] == trace["traceEvents"][:2]
+
+
+def test_cpu_comm_is_what_the_training_thread_does_not_hide():
+    """gloo runs collectives on its own threads, from posting to completion: DDP's bucket all-reduces
+    overlap backward, a pipeline posts sends/receives ahead of its compute. Counting their whole
+    intervals made compute + comm of a pipeline stage exceed its step. Times in microseconds."""
+    from scalelab.scaling.breakdown import _DRAIN, cpu_comm_us
+
+    def ev(name, thread, start, end):
+        return SimpleNamespace(name=name, thread=thread, time_range=SimpleNamespace(start=start, end=end))
+
+    events = [ev("aten::addmm", 1, 0, 30), ev("aten::mm", 1, 40, 70),         # the training thread's compute
+              ev("c10d::allreduce_", 1, 30, 31),                              # posting it: not compute
+              ev("gloo:all_reduce", 2, 20, 60), ev("gloo:all_reduce", 3, 75, 90),
+              ev("aten::copy_", 2, 22, 50),                                   # gloo's thread: hides nothing
+              ev(_DRAIN, 1, 100, 110), ev("gloo:barrier", 2, 100, 108)]      # the drain's barrier: left out
+    # comm union: [20, 60] + [75, 90] = 55; the training thread's aten ops cover [20, 30] and [40, 60]: 30
+    assert cpu_comm_us(events, []) == 25
+    # a save's ops are left out (its barrier and the collective posted inside it)
+    assert cpu_comm_us(events, [(74, 95)]) == 25 - 15
+    # no drain mark (an old window): nothing is known to be the training thread, every interval counts
+    assert cpu_comm_us([e for e in events if e.name != _DRAIN], []) == 55 + 8

@@ -2,14 +2,21 @@
 
 Method (written into run.json as `breakdown.method`): torch.profiler records a short window
 of optimizer steps at the end of training (excluded from the throughput figures). On each rank:
-- comm_s: the union of the intervals of collective ops (gloo:*, nccl:*, c10d::*, all_reduce,
-  all_gather, reduce_scatter, all_to_all, barrier) per step, on any thread;
+- comm_s: exposed communication: the time a collective or point-to-point op (gloo:*, nccl:*,
+  c10d::*, all_reduce, all_gather, reduce_scatter, all_to_all, barrier; on any thread) is in
+  flight while the training thread runs no aten op (cpu_comm_us). gloo runs collectives on its
+  own threads, from when they are posted to when they end: DDP's bucket all-reduces overlap the
+  rest of backward, a pipeline posts its sends and receives ahead of the stage's compute. Their
+  whole intervals counted 72 of a 93 ms DDP step as communication where compute without any
+  took 44-52 ms, and compute + comm of a pipeline stage exceeded its step. The CPU analog of the
+  CUDA path's NCCL time with no other kernel running;
 - wait_s: comm_s minus the smallest comm_s of any rank. The rank that reaches a collective
   last spends only the transfer in it; every other rank also waits for it (a straggler makes
   the others wait);
 - transfer_s = comm_s - wait_s;
-- compute_s = step_s - comm_s: forward, backward, optimizer, data (on CPU/gloo, collectives
-  are not overlapped with compute).
+- compute_s = step_s - comm_s: forward, backward, optimizer, data, and the host's Python between
+  ops while nothing is in flight. A pipeline's bubble is a stage waiting on a receive: comm (its
+  wait_s where the other stage waits less; run.json's pipeline.idle_fraction_per_stage has it).
 On CUDA the CPU-side collective ops only launch NCCL kernels, so the window also records CUDA
 activity and reads the kernels from the trace (`gpu_comm`): comm_s is the time NCCL kernels run
 while no other kernel runs (exposed communication, what the step pays), comm_total_s all NCCL
@@ -101,14 +108,53 @@ class ProfileWindow(L.Callback):
                            "device": device_anatomy(trace, self.steps, step_s),
                            "top_host_ops_ms": top_host_ops(self._prof, self.steps)}
         else:
-            drain_at = min((e.time_range.start for e in events if e.name == _DRAIN), default=float("inf"))
-            comm = [(e.time_range.start, e.time_range.end) for e in events   # not the drain's barrier, no save's
-                    if _COMM.search(e.name) and e.time_range.start < drain_at
-                    and not any(a <= e.time_range.start < b for a, b in saves)]
-            comm_s = _union_length(comm) / 1e6 / self.steps  # profiler times are in microseconds
+            comm_s = cpu_comm_us(events, saves) / 1e6 / self.steps  # profiler times are in microseconds
             self.result = {"step_s": step_s, "comm_s": min(comm_s, step_s), "steps": self.steps,
                            "source": "cpu ops"}
         self._prof = None
+
+
+def cpu_comm_us(events, saves: list[tuple[float, float]]) -> float:
+    """Exposed communication in a CPU profile (module docstring): the union of the collective and
+    point-to-point ops' intervals, less where the training thread (the one that recorded _DRAIN,
+    from the window's callback) runs an aten op. Ops from the drain's barrier on, and in a
+    checkpoint save, are left out."""
+    drain = [e for e in events if e.name == _DRAIN]
+    drain_at = min((e.time_range.start for e in drain), default=float("inf"))
+    main = drain[0].thread if drain else None
+
+    def kept(e) -> bool:
+        return e.time_range.start < drain_at and not any(a <= e.time_range.start < b for a, b in saves)
+
+    comm = [(e.time_range.start, e.time_range.end) for e in events if _COMM.search(e.name) and kept(e)]
+    busy = [(e.time_range.start, e.time_range.end) for e in events
+            if e.thread == main and e.name.startswith("aten::") and not _COMM.search(e.name) and kept(e)]
+    return _union_length(comm) - _overlap_length(comm, busy)
+
+
+def _merged(intervals: list[tuple[float, float]]) -> list[list[float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _overlap_length(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
+    """The length of union(xs) intersected with union(ys)."""
+    a, b = _merged(xs), _merged(ys)
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
 
 
 def outside_saves(trace: dict) -> dict:
@@ -208,7 +254,8 @@ def combine(per_rank: list[dict | None]) -> dict | None:
     computes = [r["compute_s"] for r in ranks]
     mean_compute = sum(computes) / len(computes)
     return {
-        "method": "torch.profiler window at the end of training; comm = union of collective-op intervals; "
+        "method": "torch.profiler window at the end of training; comm = collective/p2p ops in flight while the "
+                  "training thread runs no compute op (CUDA: NCCL kernels while no other kernel runs); "
                   "wait = comm - min over ranks of comm; compute = step - comm (see scalelab.scaling.breakdown)",
         "profiled_steps": per_rank[0]["steps"],
         "source": per_rank[0].get("source", "cpu ops"),

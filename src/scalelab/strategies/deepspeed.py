@@ -17,6 +17,7 @@ DS_ACCELERATOR first); validation before launch only checks that it is installed
 from __future__ import annotations
 
 import importlib.util
+import re
 from typing import Any
 
 import torch
@@ -117,6 +118,12 @@ class ZeRO(StrategyPlan):
         if self.stage3_options and self.stage != 3:
             raise ConfigError(f"{n}: strategy.{sorted(self.stage3_options)[0]} applies to ZeRO stage 3 only "
                               f"(got stage {self.stage}): use strategy=zero{self.stage} for stage {self.stage}")
+        named = re.fullmatch(r"zero(\d)(_offload)?", self.name)
+        if named and int(named[1]) != self.stage:   # zero2 stage=3 ran ZeRO-3 as "zero2" in every table
+            use = f"zero{self.stage}" + ("" if not named[2] else "_offload" if self.stage > 1
+                                         else " strategy.offload_optimizer=cpu")   # no zero1_offload config
+            raise ConfigError(f"{n}: strategy.stage={self.stage} is not the stage the name says; tables, W&B and the "
+                              f"planner name a run by its strategy: use strategy={use}")
         for key in ("reduce_bucket_size", "allgather_bucket_size"):
             v = self.zero_options[key]
             if not isinstance(v, int) or isinstance(v, bool) or v < 2 or v % 2:

@@ -76,5 +76,17 @@ class FSDP(MeshParallelPlan):
         super().__init__(name, save_distributed_checkpoint=save_distributed_checkpoint, **options)
         self.reshard_after_forward = bool(reshard_after_forward)
 
+    def validate(self, run: Any) -> None:
+        super().validate(run)
+        # fsdp with reshard_after_forward=false ran SHARD_GRAD_OP as "fsdp" in every table
+        other = {("fsdp", False): "fsdp_grad_op", ("fsdp_grad_op", True): "fsdp"}.get(
+            (self.name, self.reshard_after_forward))
+        if other:
+            from scalelab.errors import ConfigError
+
+            raise ConfigError(f"strategy={self.name}: strategy.reshard_after_forward={str(self.reshard_after_forward).lower()} "
+                              f"is strategy={other}'s (tables, W&B and the planner name a run by its strategy): use "
+                              f"strategy={other}")
+
     def parallelize(self, net: nn.Module, device_mesh: Any) -> nn.Module:
         return apply_fsdp(net, device_mesh["data_parallel"], self.precision, self.reshard_after_forward)

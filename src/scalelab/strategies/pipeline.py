@@ -303,7 +303,9 @@ class Pipeline(PipelineRecord, StrategyPlan):
             loss = torch.stack([l.detach().float() for l in losses]).mean()
         else:
             loss = torch.full((), float("nan"), device=device)  # no loss on this stage (see loss_ranks); no H2D copy
-        if pl_module.trainer.loggers:  # rank 0 logs; it is stage 0, so it gets the last stage's loss
+        # rank 0 logs and draws the progress line; it is stage 0, so it gets the last stage's loss (with
+        # logger=none too: the line showed no loss). The same condition on every rank: a collective
+        if pl_module.trainer.loggers or pl_module.trainer.progress_bar_callback is not None:
             shown = loss.clone()
             dist.broadcast(shown, src=self._loss_src())
             pl_module.log_loss(shown)  # LitModule.log_loss: no per-step host read
