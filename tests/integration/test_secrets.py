@@ -31,3 +31,26 @@ def test_no_secret_in_any_file_of_the_job(tmp_path):
     rec = json.loads((job / "run.json").read_text())
     assert rec["status"] == "completed" and rec["config"]["secret_token"] == "<redacted>"
     assert "+secret_token=<redacted>" in rec["job"]["overrides"]
+
+
+def test_no_secret_in_the_w_and_b_runs_of_a_sweep(tmp_path):
+    """W&B keeps the process's command line (sys.argv[1:]) in a run's metadata: the job's run (rank
+    0, forked with the launcher's argv) and the sweep's summary run held `+logger.api_key=...` as
+    typed, in their .wandb files, and on W&B's server once synced or online (found by review)."""
+    e = env()
+    e["WANDB_API_KEY"] = "sk-secret-123"
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run([*TRAIN, "-m", "model=gpt_nano", "strategy=single", "trainer.devices=1",
+                           "trainer.max_steps=4", "trainer.warmup_steps=2", "trainer.enable_progress_bar=false",
+                           "logger=wandb", "logger.mode=offline", "+secret_token=abc123",
+                           "+logger.api_key=XyZ-api-987", f"hydra.sweep.dir={sweep}"],
+                          cwd=tmp_path, env=e, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = sorted(sweep.rglob("run-*.wandb"))
+    assert len(runs) == 2, runs                  # the job's run and the sweep summary's
+    # the metadata is there, redacted: the override's key with <redacted> for its value
+    assert all(b"+logger.api_key=<redacted>" in r.read_bytes() for r in runs)
+    files = [f for f in tmp_path.rglob("*") if f.is_file()]
+    for secret in SECRETS:
+        leaks = [str(f) for f in files if secret.encode() in f.read_bytes()]
+        assert not leaks, (secret, leaks)

@@ -56,6 +56,18 @@ def redact_text(text: str) -> str:
     return _SECRET_ASSIGN.sub(lambda m: m.group(1) + REDACTED, text)
 
 
+def redact_argv() -> list[str]:
+    """Redact this process's sys.argv in place (redact_text on each argument); returns the argv
+    as it was. W&B records sys.argv[1:] in a run's metadata (its .wandb file, and its server once
+    synced or online): a rank forked from the launcher has the launcher's command line, with any
+    `+logger.api_key=...` as typed."""
+    import sys
+
+    before = list(sys.argv)
+    sys.argv[:] = [redact_text(a) for a in before]
+    return before
+
+
 def literal_secret(text: str) -> bool:
     """Whether `text` (a shell line) holds a secret as written: a known secret value, a
     secret-named KEY=VALUE whose value is not a reference the shell expands ($VAR, ${VAR}, $(...)),

@@ -40,6 +40,11 @@ def build_logger(cfg, job_dir: Path, resumed: bool = False):
     kw = dict(project=cfg.logger.project, entity=cfg.logger.entity, name=job.name, group=job.group,
               job_type=cfg.strategy.name, tags=list(dict.fromkeys(map(str, tags))), save_dir=str(job_dir),
               config=config, **_wandb_identity(job_dir, resumed))
+    from scalelab.results.record import redact_argv
+
+    # W&B keeps the command line in the run's metadata; a rank's argv is only read from here on
+    redact_argv()
+
     def make(mode):
         lg = TolerantWandbLogger(mode=mode, **kw)
         # Lightning always passes `anonymous` (None), and wandb 0.31 warns that it has no effect on every run.

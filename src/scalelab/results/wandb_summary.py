@@ -80,16 +80,24 @@ def log_sweep(sweep_dir: Path, summary: dict, records: list[dict], project: str,
               job_type="sweep_summary", name=f"{Path(sweep_dir).name}/summary",
               config={"sweep_dir": str(sweep_dir), "num_runs": summary["num_runs"]}, reinit="create_new",
               **({"id": run_id, "resume": "allow"} if run_id else {}))
+    import sys
+
+    from scalelab.results.record import redact_argv
+
+    argv = redact_argv()   # W&B keeps sys.argv in the run's metadata: the sweep's command, secrets and all
     try:
-        run = wandb.init(mode=mode, **kw)
-    except Exception as exc:  # noqa: BLE001 - online without a key or network: log it offline, say how to sync
-        if mode != "online":
-            raise
-        why = (str(exc).strip().splitlines() or [""])[0][:200]
-        print(f"[scalelab] warning: W&B online init failed ({type(exc).__name__}: {why}); the sweep summary is "
-              f"logged offline instead: sync later with `wandb sync {Path(sweep_dir) / 'wandb'}/offline-run-*`",
-              flush=True)
-        run = wandb.init(mode="offline", **kw)
+        try:
+            run = wandb.init(mode=mode, **kw)
+        except Exception as exc:  # noqa: BLE001 - online without a key or network: log it offline, say how to sync
+            if mode != "online":
+                raise
+            why = (str(exc).strip().splitlines() or [""])[0][:200]
+            print(f"[scalelab] warning: W&B online init failed ({type(exc).__name__}: {why}); the sweep summary is "
+                  f"logged offline instead: sync later with `wandb sync {Path(sweep_dir) / 'wandb'}/offline-run-*`",
+                  flush=True)
+            run = wandb.init(mode="offline", **kw)
+    finally:
+        sys.argv[:] = argv
     try:
         runs = wandb.Table(columns=RUN_COLUMNS, data=[_row(r) for r in sorted(records, key=sort_key)])
         eff = wandb.Table(columns=["kind", "strategy", "job", "world_size", "num_nodes", "global_batch_size",
