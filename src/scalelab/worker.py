@@ -85,6 +85,9 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
                                             timeout_s, resume=(resume, resumed_at), accelerator=spec.run.accelerator,
                                             data=data_identity(cfg.job.data_prepared))
     plan = spec.plan
+    inexact = plan.resume_note() if resume else None
+    if inexact and rank == 0:
+        print(f"[scalelab] warning: this resume is not exact: {inexact}", flush=True)
     with plan.init_device(spec.run, _local_rank()):  # on the GPU itself where it can
         module = LitModule(spec.run.model_arch, cfg.model.task, hydra.utils.instantiate(cfg.optim.optimizer),
                            spec.lr, cfg.trainer.max_steps, cfg.lr_scaling.warmup_steps, cfg.lr_scaling.decay,
@@ -243,6 +246,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
             print(note, flush=True)
         record["resumed_from"] = str(resume) if resume else None
         record["resumed_at_step"] = resumed_at
+        record["resume_inexact"] = inexact
         if resumed_at:  # `steps` counts the whole run (as trainer.max_steps does); the figures above are this attempt's
             record["steps_this_attempt"] = record["steps"]
             record["steps"] = resumed_at + record["steps"]

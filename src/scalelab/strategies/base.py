@@ -109,6 +109,11 @@ class StrategyPlan:
             raise ConfigError(f"strategy={self.name} runs on at most {self.max_world_size} device(s); "
                               f"got world size {run.world_size}")
 
+    def resume_note(self) -> str | None:
+        """Why a resume from a checkpoint does not continue the run exactly (state the checkpoint
+        does not hold), or None: it does (run.json `resume_inexact`, a warning at the resume)."""
+        return None
+
     def parallel_degrees(self, world_size: int) -> dict[str, int]:
         """Data-, tensor- and pipeline-parallel degrees; dp x tp x pp == world size."""
         return {"dp": world_size, "tp": 1, "pp": 1}
