@@ -171,3 +171,33 @@ def test_no_lr_check_after_a_partial_failure_is_unchanged(hand_timed, tmp_path, 
                     out=tmp_path)
     assert doc["winner"]["strategy"] == "zero1" and doc["winner"]["source"] == "measured best of the verified"
     assert len(calls) == 2 and not doc.get("error")
+
+
+def test_the_verify_table_says_predicted_vs_measured_memory():
+    """Memory pruned the search, and the verification never said how the prediction held: a CPU
+    run's peak RSS against what the planner puts in a rank's RAM plus the profile's runtime (as
+    plan --validate), a GPU run's device peak against the device total."""
+    from scalelab.plan.run_records import model_bytes_in_ram
+    from scalelab.recommend.report import verify_rows
+    from scalelab.recommend.verify import measured_row
+
+    req = small_request()
+    c = enumerate_candidates(req)[0][0]
+    pred = model_bytes_in_ram(c.terms) + req.hardware.runtime_memory_bytes
+
+    def rec(rss, device=None, acc="cpu"):
+        return {"status": "completed", "throughput": {"tokens_per_s": 1000.0}, "step_time_s": {"median": 2.0},
+                "hardware": {"accelerator": acc},
+                "memory": {"peak_rss_bytes_per_rank": rss, **({"peak_device_bytes_per_rank": device} if device else {})},
+                "job": {"num": 0}}
+
+    # two repeats: the largest rank of each, 400 and 600 MB; their median 500 MB
+    row = measured_row(c, [rec([300e6, 400e6]), rec([600e6, 100e6])], "throughput", req.hardware, None)
+    assert row["memory_measure"] == "peak RSS" and row["measured_memory_bytes"] == 500e6
+    assert row["memory_ratio"] == pytest.approx(pred / 500e6)
+    head, rows = verify_rows({"objective": "throughput", "verification": {"ranking": [{**row, "planner_rank": 1,
+                                                                                        "strategy": "ddp",
+                                                                                        "split": "8 x 1"}]}})
+    assert dict(zip(head, rows[0]))["memory pred/meas"] == f"{pred / 500e6:.2f} (peak RSS)"
+    gpu = measured_row(c, [rec([9e9], device=[2e9, 4e9], acc="gpu")], "throughput", req.hardware, None)
+    assert gpu["memory_measure"] == "device peak" and gpu["memory_ratio"] == pytest.approx(c.memory_bytes / 4e9)

@@ -51,7 +51,8 @@ def ranking_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
 def verify_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
     obj = doc["objective"]
     head = ["measured #", "planner #", "strategy", "micro x m", "predicted step", "measured step",
-            "pred/meas", "pred/meas at host speed", f"measured ({_UNIT[obj]})", "loss final", "status"]
+            "pred/meas", "pred/meas at host speed", "memory pred/meas", f"measured ({_UNIT[obj]})", "loss final",
+            "status"]
     rows = []
     for i, v in enumerate(doc["verification"]["ranking"], 1):
         ok = "measured_step_s" in v
@@ -59,6 +60,7 @@ def verify_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
                      fmt_time(v["predicted_step_s"]), fmt_time(v["measured_step_s"]) if ok else "-",
                      f"{v['step_ratio']:.2f}" if ok else "-",
                      f"{v['step_ratio_at_host_speed']:.2f}" if ok else "-",
+                     f"{v['memory_ratio']:.2f} ({v['memory_measure']})" if ok and v.get("memory_ratio") else "-",
                      fmt_score(obj, v.get("measured_score")), _verified_loss(v) if ok else "-",
                      v["status"] + (f": {v['error']}" if v.get("error") else "")])
     return head, rows

@@ -225,10 +225,26 @@ def measured_row(c: Candidate, recs: list[dict], objective: str, hw: Hardware, t
     speed = statistics.median(speed_factor(r, c.terms, hw) for r in ok)
     peaks = [max(p) for r in ok for p in [(r.get("memory") or {}).get("peak_device_bytes_per_rank")
                                           or (r.get("memory") or {}).get("peak_rss_bytes_per_rank") or []] if p]
+    # memory drove the search (layouts that do not fit were pruned): predicted vs measured as
+    # plan --validate has it: a GPU run's device peak against the device total, a CPU run's peak
+    # RSS against what the planner puts in a rank's RAM plus the runtime's
+    gpu = any((r.get("hardware") or {}).get("accelerator") not in (None, "cpu") for r in ok)
+    if gpu:
+        pred_mem = c.memory_bytes
+        meas_mem = [max((r.get("memory") or {}).get("peak_device_bytes_per_rank") or [0]) for r in ok]
+    else:
+        from scalelab.plan.run_records import model_bytes_in_ram
+
+        pred_mem = model_bytes_in_ram(c.terms) + hw.runtime_memory_bytes
+        meas_mem = [max((r.get("memory") or {}).get("peak_rss_bytes_per_rank") or [0]) for r in ok]
+    meas_mem = [m for m in meas_mem if m]
     row.update(measured_step_s=step, measured_tokens_per_s=tps, measured_score=score(c, objective, hw, tokens, tps=tps),
                measured_tokens_per_s_runs=tps_runs,
                step_ratio=pred_step / step, host_speed_factor=speed, step_ratio_at_host_speed=pred_step / speed / step,
                measured_peak_bytes=max(peaks) if peaks else None, predicted_total_bytes=c.memory_bytes,
+               memory_measure="device peak" if gpu else "peak RSS", predicted_memory_bytes=pred_mem,
+               measured_memory_bytes=statistics.median(meas_mem) if meas_mem else None,
+               memory_ratio=pred_mem / statistics.median(meas_mem) if meas_mem else None,
                loss_final=_median([finite_loss((r.get("loss") or {}).get("final")) for r in ok]),
                loss_diverged=sum(diverged(r.get("loss")) for r in ok),
                short_run=any(bool(r.get("short_run")) for r in ok))
