@@ -188,7 +188,7 @@ def _request(a: argparse.Namespace):
     from .verify import check_train_args
 
     extra = list(a.train_arg)
-    check_train_args(extra, req, a.verify_steps if a.verify else None, a.slurm, a.verify_repeats if a.verify else 1)
+    check_train_args(extra, req, a.verify_steps if a.verify else None, a.slurm)
     opts = dict(objective=a.objective, tokens=a.tokens, budget_s=a.budget_minutes * 60 if a.budget_minutes else None,
                 verify=a.verify, verify_steps=a.verify_steps, verify_repeats=a.verify_repeats,
                 lr_check=a.lr_check if a.verify else "none", lr_steps=a.lr_steps, base_lr=base_lr,

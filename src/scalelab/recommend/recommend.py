@@ -304,8 +304,8 @@ def _lr_check(winner: dict, adv: dict, out: Path, steps: int, extra, slurm, cand
     varied, grid = lr_mod.check_grid(adv)
     launch = V.slurm_overrides([cand], kind) if slurm else []
     keep = [o for o in winner["overrides"] if not o.startswith(("optim.lr=", "lr_scaling"))]
-    argv = ["-m", *keep, *grid, f"hydra.sweep.dir={(out / 'lr_check').resolve()}", *V.short_run(steps),
-            *launch, *extra]
+    argv = ["-m", *V.with_extra([*launch, *extra]), *keep, *grid, f"hydra.sweep.dir={(out / 'lr_check').resolve()}",
+            *V.short_run(steps)]
     rc, wall = _multirun(argv, out / "lr_check.log", "LR check", say, f"LR check: scalelab-train {' '.join(argv)}")
     runs = V.lr_rows(out / "lr_check", varied)
     best = V.best_lr_run(runs)     # a diverged run (NaN/inf loss) is shown, never picked

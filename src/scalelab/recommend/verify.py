@@ -6,8 +6,8 @@ config group written next to the results (`OUT/conf/recommend_candidate/cI.yaml`
 `# @package _global_` overlay like an experiment: `override /strategy: ...` plus its keys), and one
 ordinary multirun runs them all:
 
-    scalelab-train -m +recommend_candidate=c0,c1,c2 hydra.searchpath=[file://OUT/conf] \
-        hydra.sweep.dir=OUT/verify trainer.max_steps=N logger=none
+    scalelab-train -m logger=none [--train-args] +recommend_candidate=c0,c1,c2 \
+        hydra.searchpath=[file://OUT/conf] hydra.sweep.dir=OUT/verify trainer.max_steps=N ...
 
 so every job is validated by preflight before the first starts, launched by the configured
 launcher (local ranks, or SLURM with `--slurm`), writes its run.json, and the sweep gets its
@@ -86,14 +86,23 @@ def candidates_command(cands: list[Candidate], overrides: list[list[str]], out: 
         (group / f"c{i}.yaml").write_text(overlay(ov))
     names = ",".join(f"c{i}" for i in range(len(cands)))
     seeds = [f"seed={','.join(str(1234 + i) for i in range(repeats))}"] if repeats > 1 else []
-    return ["-m", *seeds, f"+{GROUP}={names}", f"hydra.searchpath=[file://{(out / 'conf').resolve()}]",
-            f"hydra.sweep.dir={(out / 'verify').resolve()}", *short_run(steps), *extra]
+    return ["-m", *with_extra(extra), *seeds, f"+{GROUP}={names}", f"hydra.searchpath=[file://{(out / 'conf').resolve()}]",
+            f"hydra.sweep.dir={(out / 'verify').resolve()}", *short_run(steps)]
+
+
+def with_extra(extra: list[str]) -> list[str]:
+    """The start of a verification or LR-check multirun's overrides: no logger unless --train-arg
+    gives one, then the --train-args. The short run's own keys (short_run, the repeats' seeds) come
+    after them and win in these jobs (Hydra keeps a key's last value): a --train-arg
+    trainer.max_steps=5000 is the printed command's, not the 12-step check's (it was the check's,
+    reported as 12 steps)."""
+    return ["logger=none", *extra]
 
 
 def short_run(steps: int) -> list[str]:
     """A short job whose figures still have measured steps: warm-up 1/4 (at least 2), 2 profiled."""
     warm = max(2, steps // 4)
-    return [f"trainer.max_steps={steps}", f"trainer.warmup_steps={warm}", "trainer.profile_steps=2", "logger=none"]
+    return [f"trainer.max_steps={steps}", f"trainer.warmup_steps={warm}", "trainer.profile_steps=2"]
 
 
 # Keys recommend itself sets in a job (space.train_overrides, lr.advice, this module's sweep), and
@@ -105,12 +114,7 @@ SET_BY = {"strategy": "--strategies", "model": "--model or the shape flags", "tr
           "optim": "--optimizer", "optim.lr": "--base-lr", "lr_scaling": "the LR advice (--base-lr, --base-batch)",
           "hardware_profile": "--hardware", "launcher": "the candidate (srun on several nodes) and --slurm",
           "model.arch.activation_checkpointing": "--activation-checkpointing", GROUP: "--verify",
-          "hydra.searchpath": "--verify", "hydra.sweep.dir": "--out",
-          # the short run that measures (short_run): a later trainer.max_steps=9 won over --verify-steps 12
-          # (reported as 12) and cut the LR check below --lr-steps, and went into the printed command
-          "trainer.max_steps": "--verify-steps (verification) and --lr-steps (LR check)",
-          "trainer.warmup_steps": "--verify-steps (a quarter of it, at least 2, are warm-up)",
-          "trainer.profile_steps": "the verification (2 profiled steps)"}
+          "hydra.searchpath": "--verify", "hydra.sweep.dir": "--out"}
 
 
 def set_by(key: str, slurm: bool = False) -> str | None:
@@ -130,7 +134,7 @@ def set_by(key: str, slurm: bool = False) -> str | None:
 OWN_KEYS_FREE = {"optim"}
 
 
-def check_train_args(extra: list[str], req, steps: int | None, slurm: bool = False, repeats: int = 1) -> None:
+def check_train_args(extra: list[str], req, steps: int | None, slurm: bool = False) -> None:
     """Every --train-arg before the search (it was refused after ~5 s of search and a printed table):
     KEY=VALUE, one value, not a key recommend sets, and the job composes and validates with it
     (the verification's short run when steps is given) for the profile's device kind."""
@@ -141,8 +145,6 @@ def check_train_args(extra: list[str], req, steps: int | None, slurm: bool = Fal
             raise PlanError(f"--train-arg {e!r} is not KEY=VALUE")
         key, value = e.split("=", 1)
         by = set_by(key, slurm)
-        if key.lstrip("+~") == "seed" and repeats > 1:   # the repeats' seeds: seed=7 after them ran one job
-            by = "--verify-repeats (seeds 1234, 1235, ...)"
         if by:
             raise PlanError(f"--train-arg {e}: recommend chooses {key.lstrip('+~')} for each job; "
                             f"set it with {by}")
