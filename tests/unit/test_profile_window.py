@@ -87,3 +87,20 @@ def test_cpu_comm_is_what_the_training_thread_does_not_hide():
     assert cpu_comm_us(events, [(74, 95)]) == 25 - 15
     # no drain mark (an old window): nothing is known to be the training thread, every interval counts
     assert cpu_comm_us([e for e in events if e.name != _DRAIN], []) == 55 + 8
+
+
+def test_a_wait_inside_an_op_is_communication():
+    """DTensor's async collectives (tp, fsdp_tp, nd) return tensors whose next op waits for them:
+    _c10d_functional::wait_tensor inside an aten::addmm; that wait is no compute."""
+    from scalelab.scaling.breakdown import _DRAIN, _minus, cpu_comm_us
+
+    def ev(name, thread, start, end):
+        return SimpleNamespace(name=name, thread=thread, time_range=SimpleNamespace(start=start, end=end))
+
+    events = [ev("_c10d_functional::all_reduce", 1, 0, 2), ev("gloo:all_reduce", 2, 2, 40),
+              ev("aten::addmm", 1, 10, 50), ev("_c10d_functional::wait_tensor", 1, 12, 40),
+              ev(_DRAIN, 1, 100, 101)]
+    # comm: [0, 40] (the posting, gloo's op and the wait); compute: the addmm [10, 50] less its
+    # wait [12, 40] = [10, 12] + [40, 50]; exposed: 40 - 2 (the [10, 12] the addmm computed) = 38
+    assert cpu_comm_us(events, []) == 38
+    assert _minus([(0, 10), (20, 30)], [(5, 22), (25, 26), (29, 40)]) == [(0, 5), (22, 25), (26, 29)]
