@@ -85,7 +85,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
                                             timeout_s, resume=(resume, resumed_at), accelerator=spec.run.accelerator,
                                             data=data_identity(cfg.job.data_prepared))
     plan = spec.plan
-    inexact = plan.resume_note() if resume else None
+    inexact = plan.resume_note(spec.run.world_size) if resume else None
     if inexact and rank == 0:
         print(f"[scalelab] warning: this resume is not exact: {inexact}", flush=True)
     with plan.init_device(spec.run, _local_rank()):  # on the GPU itself where it can

@@ -357,8 +357,16 @@ def test_lr_schedule_follows_the_swapped_offload_optimizer():
     # a stage its name does not say: zero2 stage=3 ran ZeRO-3 named zero2 in every table
     (["strategy=zero2", "strategy.stage=3"], "strategy.stage=3 is not the stage the name says; tables, W&B and the "
                                              "planner name a run by its strategy: use strategy=zero3"),
-    (["strategy=zero2_offload", "strategy.stage=3"], "use strategy=zero3_offload"),
+    (["strategy=zero2_offload", "strategy.stage=3"], "use strategy=zero3_offload strategy.offload_params=none"),
     (["strategy=zero2_offload", "strategy.stage=1"], "use strategy=zero1 strategy.offload_optimizer=cpu"),
+    # an offload its name does not say (ZeRO-Offload named zero2; plain ZeRO-2 named zero2_offload)
+    (["strategy=zero2", "strategy.offload_optimizer=cpu"], "strategy.offload_optimizer=cpu "
+     "strategy.offload_params=none is not the offload the name says; tables, W&B and the planner name a run by its "
+     "strategy: use strategy=zero2_offload"),
+    (["strategy=zero2_offload", "strategy.offload_optimizer=none"], "use strategy=zero2"),
+    (["strategy=zero3", "strategy.offload_optimizer=cpu"], "use strategy=zero3_offload strategy.offload_params=none"),
+    (["strategy=zero3_offload", "strategy.offload_optimizer=none", "strategy.offload_params=none"],
+     "use strategy=zero3"),
     (["strategy=zero2", "strategy.reduce_bucket_size=3"], "strategy.reduce_bucket_size=3 must be an even integer"),
     (["strategy=zero3", "strategy.stage3_max_live_parameters=-1"], "must be an integer >= 0"),
     (["strategy=zero2", "trainer.precision=bf16-true"],

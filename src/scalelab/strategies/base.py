@@ -109,7 +109,7 @@ class StrategyPlan:
             raise ConfigError(f"strategy={self.name} runs on at most {self.max_world_size} device(s); "
                               f"got world size {run.world_size}")
 
-    def resume_note(self) -> str | None:
+    def resume_note(self, world_size: int) -> str | None:
         """Why a resume from a checkpoint does not continue the run exactly (state the checkpoint
         does not hold), or None: it does (run.json `resume_inexact`, a warning at the resume)."""
         return None

@@ -86,15 +86,16 @@ class DDP(StrategyPlan):
         self.comm_hook, self.powersgd_rank, self.powersgd_start_iter = comm_hook, powersgd_rank, powersgd_start_iter
         self.local_sgd_period, self.local_sgd_start_step = local_sgd_period, local_sgd_start_step
 
-    def resume_note(self) -> str | None:
-        # found by review: ddp_powersgd resumed at step 16 of 30 ended on 3.663, uninterrupted 3.520
+    def resume_note(self, world_size: int) -> str | None:
+        # found by review: ddp_powersgd resumed at step 16 of 30 ended on 3.663, uninterrupted 3.520.
+        # (The hook's step count and the averager's are set to the resumed step: CommHookDDPStrategy.)
         if self.local_sgd_period is not None:
-            return ("local SGD: every rank resumes rank 0's replica and optimizer state (the checkpoint's), and "
-                    "the averaging period restarts its count: not the uninterrupted run's replicas")
+            return ("local SGD: every rank resumes rank 0's replica and optimizer state (the checkpoint's), not "
+                    "its own: the replicas after the resume are not the uninterrupted run's")
         if self.comm_hook == "powersgd":
-            return ("PowerSGD: each rank's error feedback, low-rank memories and step count are not in the "
-                    f"checkpoint; they restart ({self.powersgd_start_iter} plain all-reduce steps, then compression "
-                    "with no error carried over), so the loss after the resume is not the uninterrupted run's")
+            return ("PowerSGD: each rank's error feedback, low-rank memories and random state are not in the "
+                    "checkpoint; compression goes on from the resumed step with none of them carried over, so the "
+                    "loss after the resume is not the uninterrupted run's")
         return None
 
     def _hook_kwargs(self, run: RunSpec) -> dict[str, Any]:

@@ -98,6 +98,32 @@ class ZeRO(StrategyPlan):
             if v is not None}
         self.stage3_fetch_unit = stage3_fetch_unit
 
+    def setup_name(self) -> str:
+        """The conf/strategy/ name of this stage and offload setup, with the options it differs in
+        (zero1's optimizer offload has no config of its own: zero1 with its option)."""
+        opt, params = self.offload_optimizer, self.offload_params
+        if opt == params == "none":
+            return f"zero{self.stage}"
+        if self.stage == 1:
+            return f"zero1 strategy.offload_optimizer={opt}"
+        defaults = {2: ("cpu", "none"), 3: ("cpu", "cpu")}[self.stage]   # conf/strategy/zero{2,3}_offload.yaml
+        return " ".join([f"zero{self.stage}_offload",
+                         *([f"strategy.offload_optimizer={opt}"] if opt != defaults[0] else []),
+                         *([f"strategy.offload_params={params}"] if params != defaults[1] else [])])
+
+    def _check_name(self, n: str) -> None:
+        """A zeroN / zeroN_offload run is what its name says: zero2 strategy.stage=3 ran ZeRO-3 and
+        zero2 strategy.offload_optimizer=cpu ZeRO-Offload, each named zero2 in every table (found by
+        review). Other names (a user's own config) are theirs."""
+        named = re.fullmatch(r"zero(\d)(_offload)?", self.name)
+        use = self.setup_name()
+        if not named or use.split()[0] == self.name:
+            return
+        what = (f"strategy.stage={self.stage} is not the stage the name says" if int(named[1]) != self.stage else
+                f"strategy.offload_optimizer={self.offload_optimizer} strategy.offload_params={self.offload_params} "
+                "is not the offload the name says")
+        raise ConfigError(f"{n}: {what}; tables, W&B and the planner name a run by its strategy: use strategy={use}")
+
     # -- before any rank starts ------------------------------------------------------------
     def validate(self, run: RunSpec) -> None:
         super().validate(run)
@@ -118,12 +144,7 @@ class ZeRO(StrategyPlan):
         if self.stage3_options and self.stage != 3:
             raise ConfigError(f"{n}: strategy.{sorted(self.stage3_options)[0]} applies to ZeRO stage 3 only "
                               f"(got stage {self.stage}): use strategy=zero{self.stage} for stage {self.stage}")
-        named = re.fullmatch(r"zero(\d)(_offload)?", self.name)
-        if named and int(named[1]) != self.stage:   # zero2 stage=3 ran ZeRO-3 as "zero2" in every table
-            use = f"zero{self.stage}" + ("" if not named[2] else "_offload" if self.stage > 1
-                                         else " strategy.offload_optimizer=cpu")   # no zero1_offload config
-            raise ConfigError(f"{n}: strategy.stage={self.stage} is not the stage the name says; tables, W&B and the "
-                              f"planner name a run by its strategy: use strategy={use}")
+        self._check_name(n)
         for key in ("reduce_bucket_size", "allgather_bucket_size"):
             v = self.zero_options[key]
             if not isinstance(v, int) or isinstance(v, bool) or v < 2 or v % 2:

@@ -303,12 +303,13 @@ class Pipeline(PipelineRecord, StrategyPlan):
             loss = torch.stack([l.detach().float() for l in losses]).mean()
         else:
             loss = torch.full((), float("nan"), device=device)  # no loss on this stage (see loss_ranks); no H2D copy
-        # rank 0 logs and draws the progress line; it is stage 0, so it gets the last stage's loss (with
-        # logger=none too: the line showed no loss). The same condition on every rank: a collective
-        if pl_module.trainer.loggers or pl_module.trainer.progress_bar_callback is not None:
-            shown = loss.clone()
-            dist.broadcast(shown, src=self._loss_src())
-            pl_module.log_loss(shown)  # LitModule.log_loss: no per-step host read
+        # rank 0 logs and draws the progress line; it is stage 0, so it gets the last stage's loss. On
+        # every rank whatever its logger or progress bar: nodes may differ in those (same_job.NODE_OWN),
+        # and a broadcast some ranks skip hangs the others (one scalar a step; with logger=none the
+        # line showed no loss)
+        shown = loss.clone()
+        dist.broadcast(shown, src=self._loss_src())
+        pl_module.log_loss(shown)  # LitModule.log_loss: no per-step host read
         return {"loss": loss, "raw_loss": loss}
 
     def _loss_src(self) -> int:

@@ -15,6 +15,12 @@ class Single(StrategyPlan):
     name = "single"
     replicates_model = True
 
+    def resume_note(self, world_size: int) -> str | None:
+        if world_size > 1:   # the checkpoint is rank 0's (IndependentReplicasStrategy)
+            return ("single on several ranks: every replica resumes rank 0's parameters and optimizer state (the "
+                    "checkpoint's), not its own: the replicas after the resume are not the uninterrupted run's")
+        return None
+
     def lightning_strategy(self, run: RunSpec):
         from lightning.pytorch.strategies import SingleDeviceStrategy
 
