@@ -31,7 +31,7 @@ from scalelab import launch
 from scalelab.checkpointing import PROGRESS, RESUMED, read_mark
 from scalelab.requeue import STOPPED_EXIT
 
-PRELOAD = ["scalelab.worker"]
+PRELOAD = ["scalelab.fork_guard", "scalelab.worker"]   # the guard first: it dies with the command
 # The line the watch loop writes to ranks.log when a rank dies first (its peers are ended after it):
 # (rank, how), read back for a restart's console line and for the job's error (scalelab.train).
 FAILED_FIRST = re.compile(r"\[scalelab\] rank (\d+) failed first \(([^)]*)\)")
@@ -55,7 +55,8 @@ def start_server(env: dict[str, str] | None = None) -> None:
     _CTX.set_forkserver_preload(PRELOAD)
     saved = dict(os.environ)
     try:  # the server's own environment: what every rank starts from, before its rank variables
-        os.environ.update({**(env or {}), **SERVER_ENV})
+        os.environ.update({**(env or {}), **SERVER_ENV, "SCALELAB_FORK_SERVER": "1",
+                           "SCALELAB_LAUNCHER_PID": str(os.getpid())})
         from multiprocessing import forkserver
         forkserver.ensure_running()
     finally:
@@ -80,6 +81,16 @@ def stop_server() -> None:
 def _rank_main(job_dir: str, env: dict[str, str], out_path: str) -> None:
     """A rank, in its forked process: its own session, environment and output, then the worker."""
     os.setsid()
+    # it ends with the fork server, which ends with the command (scalelab.fork_guard): SIGTERM, as a
+    # stop (a job that checkpoints saves at an agreed step first); torchrun_local's ranks get the same
+    server = os.environ.get("SCALELAB_FORK_SERVER_PID")
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+        if server and os.getppid() != int(server):   # the server died before the line above
+            os._exit(143)
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # the server ignores it (fork_guard); a rank not
     # ps and /proc/PID/cmdline name the job and the rank, not the fork server. Before the
     # environment is replaced: setproctitle needs the process's original environ block.
     try:  # a nicety: a host without it (a GPU image with no registry access) still runs the ranks
