@@ -55,10 +55,18 @@ def job_timeout(cfg: DictConfig) -> float:
 
 
 def interrupted_line(job_dir: Path | None, sweep_dir: Path | None = None, signame: str = "Ctrl-C",
-                     run_dir: Path | None = None, max_steps: int | None = None, every: int | None = None) -> str:
+                     run_dir: Path | None = None, max_steps: int | None = None, every: int | None = None,
+                     finished: Path | None = None) -> str:
     """One line for Ctrl-C (or SIGTERM): which job it stopped and how to go on (checkpoint.resume=auto
     resumes from the job's newest checkpoint when the same command runs again into the same folder,
-    run_dir: Hydra's, where node K of a torchrun job keeps its files in JOB_DIR/nodeK)."""
+    run_dir: Hydra's, where node K of a torchrun job keeps its files in JOB_DIR/nodeK). finished:
+    the last job that ended, where none runs now (between a sweep's jobs, in its summary)."""
+    if job_dir is None and finished is not None:
+        if sweep_dir:
+            return (f"[scalelab] interrupted ({signame}) between jobs, after {finished} ended: no job was running; "
+                    f"the same command with hydra.sweep.dir={sweep_dir} keeps the jobs that completed, runs the "
+                    "others and writes the sweep's summary")
+        return f"[scalelab] interrupted ({signame}) after the run ended: its record is {finished / 'run.json'}"
     if job_dir is None:
         return f"[scalelab] interrupted ({signame}) before any job started"
     # where checkpoint.resume=auto goes on from (the one before a checkpoint at max_steps, to redo its interval)

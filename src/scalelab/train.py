@@ -4,6 +4,7 @@ validated before the first one starts (scalelab.preflight).
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -53,6 +54,7 @@ def run_job(cfg: DictConfig) -> dict:
     job_dir = Path(hc.runtime.output_dir).resolve()
     multirun = hc.mode == RunMode.MULTIRUN
     _MARKS["job_dir"] = job_dir   # the job a Ctrl-C interrupts (main: _interrupted)
+    _MARKS["job_start"] = job_start
     _MARKS["run_dir"] = job_dir   # the folder the same command goes on in (node K's files: JOB_DIR/nodeK)
     _MARKS["max_steps"] = int(cfg.trainer.max_steps)
     _MARKS["every_n_steps"] = cfg.checkpoint.get("every_n_steps")
@@ -288,6 +290,9 @@ def _hydra_main(cfg: DictConfig) -> float:
         record = run_job(cfg)
     except ConfigError as e:   # a value only the job sees (an Optuna trial's): one line, and the sweep goes on
         record = _refused(str(e))
+    # no job runs now: a Ctrl-C from here (between jobs, in the sweep's summary) named this finished
+    # job as the one it interrupted, and told how to resume it
+    _MARKS["finished_dir"] = _MARKS.pop("job_dir", None)
     final = record.get("loss", {}).get("final")
     return float(final) if record["status"] == "completed" and final is not None else float("nan")
 
@@ -337,6 +342,41 @@ def main() -> None:
         # The ranks' fork server imports the worker (~4 s) while preflight runs: no rank starts
         # until every job is valid, and the server dies with this process if one is not.
         spawn.start_server()
+    if not requeue.in_slurm_job():   # (a SLURM batch step's SIGTERM is scalelab.requeue's)
+        import signal
+
+        # SIGTERM (`timeout`, `docker stop`, a pod's eviction) as Ctrl-C: the ranks are ended, one line
+        # says how to go on; before, the command died silently, no line, its ranks on a broken pipe
+        signal.signal(signal.SIGTERM, _terminated)
+    try:
+        _preflight(on_slurm)
+    except KeyboardInterrupt as e:   # in the first seconds (imports, composing every job, data): one line
+        spawn.stop_server()
+        _stop(e)
+    try:
+        _hydra_main()   # Hydra's own errors, --help and --cfg end in sys.exit inside it
+    except KeyboardInterrupt as e:   # the ranks were ended with it (spawn / launch kill their groups)
+        _stop(e)
+    finally:   # a fork server left importing outlived the command by 10 s and more
+        spawn.stop_server()
+    code = 0
+    if _FAILED:  # the sweep went on past them; the command still says so
+        print(f"error: {len(_FAILED)} job(s) failed:\n  " + "\n  ".join(_FAILED), file=sys.stderr)
+        code = 1
+    _fast_exit(code)
+
+
+def _stop(e: KeyboardInterrupt) -> None:
+    """Ctrl-C or SIGTERM: the line that says what it stopped and how to go on, and the exit code."""
+    # on a terminal, the progress bar's line is still open (it rewrites itself with \r)
+    how = (str(e) or "SIGTERM") if isinstance(e, _Terminated) else "Ctrl-C"
+    print(("\n" if sys.stderr.isatty() else "") + _interrupted(_MARKS.get("job_dir"), _MARKS.get("sweep_dir"), how,
+                                                              _MARKS.get("run_dir")), file=sys.stderr)
+    _fast_exit(143 if how.startswith("SIGTERM") else 130)
+
+
+def _preflight(on_slurm: bool) -> None:
+    """Every job of the command validated before any starts (one line, exit 2, for a bad one)."""
     from scalelab.preflight import preflight
 
     try:
@@ -355,27 +395,6 @@ def main() -> None:
         print(f"error: {redact_text(str(e))}", file=sys.stderr)
         spawn.stop_server()
         sys.exit(2)
-    if not requeue.in_slurm_job():   # (a SLURM batch step's SIGTERM is scalelab.requeue's)
-        import signal
-
-        # SIGTERM (`timeout`, `docker stop`, a pod's eviction) as Ctrl-C: the ranks are ended, one line
-        # says how to go on; before, the command died silently, no line, its ranks on a broken pipe
-        signal.signal(signal.SIGTERM, _terminated)
-    try:
-        _hydra_main()   # Hydra's own errors, --help and --cfg end in sys.exit inside it
-    except KeyboardInterrupt as e:   # the ranks were ended with it (spawn / launch kill their groups)
-        # on a terminal, the progress bar's line is still open (it rewrites itself with \r)
-        how = (str(e) or "SIGTERM") if isinstance(e, _Terminated) else "Ctrl-C"
-        print(("\n" if sys.stderr.isatty() else "") + _interrupted(_MARKS.get("job_dir"), _MARKS.get("sweep_dir"), how,
-                                                                  _MARKS.get("run_dir")), file=sys.stderr)
-        _fast_exit(143 if how.startswith("SIGTERM") else 130)
-    finally:   # a fork server left importing outlived the command by 10 s and more
-        spawn.stop_server()
-    code = 0
-    if _FAILED:  # the sweep went on past them; the command still says so
-        print(f"error: {len(_FAILED)} job(s) failed:\n  " + "\n  ".join(_FAILED), file=sys.stderr)
-        code = 1
-    _fast_exit(code)
 
 
 class _Terminated(KeyboardInterrupt):
@@ -388,8 +407,20 @@ def _terminated(signum, frame) -> None:
 
 def _interrupted(job_dir: Path | None, sweep_dir: Path | None = None, signame: str = "Ctrl-C",
                  run_dir: Path | None = None) -> str:
+    finished = _MARKS.get("finished_dir")
+    if job_dir is not None and _completed_since(job_dir / RUN_FILE, _MARKS.get("job_start", 0.0)):
+        job_dir, finished = None, job_dir   # its ranks wrote its completed record: it is not the one stopped
     return run_end.interrupted_line(job_dir, sweep_dir, signame, run_dir, _MARKS.get("max_steps"),
-                                    _MARKS.get("every_n_steps"))
+                                    _MARKS.get("every_n_steps"), finished=finished)
+
+
+def _completed_since(path: Path, since: float) -> bool:
+    """Whether `path` is a completed record written since `since` (this attempt's, not an earlier
+    run's in the same folder, which a rerun with a larger trainer.max_steps goes on from)."""
+    try:
+        return path.stat().st_mtime >= since and json.loads(path.read_text()).get("status") == "completed"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _fast_exit(code: int) -> None:

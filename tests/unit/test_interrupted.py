@@ -63,3 +63,60 @@ def test_sigterm_is_raised_as_an_interrupt_and_named():
     with pytest.raises(KeyboardInterrupt):            # main's Ctrl-C path ends the ranks and says how to go on
         train._terminated(15, None)
     assert train._interrupted(None, signame="SIGTERM") == "[scalelab] interrupted (SIGTERM) before any job started"
+
+
+def test_after_a_job_ended_no_job_is_named_as_stopped(tmp_path, monkeypatch):
+    """A Ctrl-C between a sweep's jobs (or in its summary) named the last finished job as the one
+    it stopped, and told how to resume it (found by review); its record, written in this attempt,
+    says it ended. An older completed record (a rerun with a larger trainer.max_steps goes on from
+    it) does not."""
+    import os
+    import time
+
+    from scalelab import train
+
+    job = tmp_path / "sw" / "1"
+    job.mkdir(parents=True)
+    (job / "run.json").write_text(json.dumps({"status": "completed"}))
+    monkeypatch.setitem(train._MARKS, "job_start", time.time() + 60)       # written before this attempt
+    assert _interrupted(job, tmp_path / "sw").startswith(f"[scalelab] interrupted (Ctrl-C) in {job}: ")
+    monkeypatch.setitem(train._MARKS, "job_start", os.stat(job / "run.json").st_mtime - 1)
+    assert _interrupted(job, tmp_path / "sw") == (
+        f"[scalelab] interrupted (Ctrl-C) between jobs, after {job} ended: no job was running; the same command "
+        f"with hydra.sweep.dir={tmp_path / 'sw'} keeps the jobs that completed, runs the others and writes the "
+        "sweep's summary")
+    monkeypatch.setitem(train._MARKS, "finished_dir", job)                  # run_job returned
+    assert _interrupted(None, None, "SIGTERM") == (
+        f"[scalelab] interrupted (SIGTERM) after the run ended: its record is {job / 'run.json'}")
+
+
+def test_a_ctrl_c_while_every_job_is_validated_is_one_line(monkeypatch, capsys):
+    """The first seconds of a command (imports, composing every job, data): a Ctrl-C printed two
+    interleaved KeyboardInterrupt tracebacks (the command's and the fork server's), and a SIGTERM
+    killed it without a word (its handler came after preflight)."""
+    import signal
+    import sys
+
+    from scalelab import train
+
+    def interrupt(on_slurm):
+        raise KeyboardInterrupt
+
+    def exit_(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(train, "_preflight", interrupt)
+    monkeypatch.setattr(train, "_fast_exit", exit_)
+    monkeypatch.setattr(train.spawn, "start_server", lambda *a, **k: None)
+    monkeypatch.setattr(train.spawn, "stop_server", lambda *a, **k: None)
+    monkeypatch.setattr(sys, "argv", ["scalelab-train", "-m", "strategy=single,ddp"])
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as e:
+            train.main()
+        assert signal.getsignal(signal.SIGTERM) is train._terminated     # installed before preflight
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    assert e.value.code == 130
+    assert capsys.readouterr().err.strip() == "[scalelab] interrupted (Ctrl-C) before any job started"
