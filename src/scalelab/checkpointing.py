@@ -295,6 +295,11 @@ class PeriodicCheckpoint:
             (self.job_dir / PROGRESS).write_text(str(trainer.global_step))
             self._noted_at = now
 
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        # a failed job's record says how far it got from this mark: the steps of the last second
+        # before a crash or a hung peer's timeout were missing (steps 1 where rank 0 had done 2)
+        self._note(trainer, force=True)
+
     def on_train_start(self, trainer, pl_module) -> None:
         # a resumed run starts at its checkpoint's step: with accumulation, the first micro-batches
         # after it still report that step and must not save it again, mid-step (a later resume

@@ -250,10 +250,31 @@ def run_ranks(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: fl
             console_end(console, log_path)
 
 
+_LINE_OPEN = [False]   # the ranks' output on the console ended without a newline (a progress bar's \r line)
+
+
+def tee(data: bytes) -> None:
+    """The ranks' output to the console, noting whether its last line is still open."""
+    if data:
+        sys.stdout.buffer.write(data)
+        _LINE_OPEN[0] = not data.endswith(b"\n")
+    sys.stdout.flush()
+
+
+def end_open_line() -> None:
+    """A newline where the ranks left a line open: a job's FAILED line (a timeout, a killed rank)
+    was glued to the progress bar's `step 1/8 | ...`."""
+    if _LINE_OPEN[0]:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        _LINE_OPEN[0] = False
+
+
 def console_end(console: TracebackFilter, log_path: Path) -> None:
     """The filtered console's last line, and one line counting what it left out."""
-    sys.stdout.buffer.write(console.flush())
+    tee(console.flush())
     if console.dropped:
+        end_open_line()
         sys.stdout.write(f"[scalelab] {console.dropped} traceback line(s) not shown here: {log_path} has "
                          "them (verbose=true shows them)\n")
     sys.stdout.flush()
@@ -307,8 +328,7 @@ def _run_ranks(cmd, env, log_path, timeout_s, on_start, console, start_by, grace
             chunk = os.read(fd, 65536) if ready else b""  # raw chunks keep progress bars (\r) live
             if chunk:
                 log.write(chunk)
-                sys.stdout.buffer.write(console.feed(chunk) if console is not None else chunk)
-                sys.stdout.flush()
+                tee(console.feed(chunk) if console is not None else chunk)
             return chunk if chunk or not ready else None   # None: EOF
 
         try:

@@ -191,8 +191,7 @@ def _watch(procs, read_fd: int, keep_open: int, log_path: Path, deadline: float,
             chunk = os.read(read_fd, 65536) if ready else b""
             if chunk:
                 log.write(chunk)
-                sys.stdout.buffer.write(console.feed(chunk) if console is not None else chunk)
-                sys.stdout.flush()
+                launch.tee(console.feed(chunk) if console is not None else chunk)
             return bool(chunk)
 
         try:

@@ -256,6 +256,7 @@ def run_job(cfg: DictConfig) -> dict:
 
 def report_end(record: dict, name: str, job_dir: Path, multirun: bool) -> None:
     """run_end.report_end: the job's end lines; a failed job added to this command's _FAILED."""
+    launch.end_open_line()
     run_end.report_end(record, name, job_dir, multirun, _FAILED)
 
 

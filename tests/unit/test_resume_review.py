@@ -260,3 +260,21 @@ def test_rank0_removes_stale_tmp_saves_at_train_start(tmp_path):
                                                        "step-00000010.ckpt.manifest.json"]
     # no checkpoints/ yet (a first run): nothing to do
     PeriodicCheckpoint(tmp_path / "fresh", every=10, keep=2).on_train_start(_trainer(0), None)
+
+
+def test_a_failing_rank_0_notes_how_far_it_got(tmp_path):
+    """The progress mark (a failed job's `steps`) is written at most once a second: a crash or a
+    hung peer's timeout within a second of the last write left steps 1 where rank 0 had done 2
+    (found by review); on the exception it is written at once."""
+    from types import SimpleNamespace
+
+    from scalelab.checkpointing import PROGRESS, PeriodicCheckpoint, read_mark
+
+    cb = PeriodicCheckpoint(tmp_path, None, 2, note_progress=False)
+    trainer = SimpleNamespace(is_global_zero=True, global_step=1)
+    cb.on_train_batch_end(trainer, None, None, None, 0)       # step 1: written
+    trainer.global_step = 2
+    cb.on_train_batch_end(trainer, None, None, None, 1)       # step 2, within the second: not
+    assert read_mark(tmp_path / PROGRESS) == 1
+    cb.on_exception(trainer, None, RuntimeError("Timed out waiting 8000ms for recv operation"))
+    assert read_mark(tmp_path / PROGRESS) == 2

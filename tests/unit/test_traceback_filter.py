@@ -55,3 +55,18 @@ def test_an_exception_after_the_progress_bar_starts_its_own_line():
     out += f.feed(b"RuntimeError: injected rank crash at step 3\n") + f.flush()
     assert out == b"\rstep 1/10 | 15,303 tokens/s\nRuntimeError: injected rank crash at step 3\n"
     assert f.dropped == 2
+
+
+def test_a_job_end_line_starts_its_own_line_after_an_open_progress_bar(capfd):
+    """A job that timed out (or lost a rank without an exception line) printed its FAILED line glued
+    to the progress bar's `step 1/8 | ...` (its \\r line has no newline; found by review)."""
+    from scalelab import launch
+
+    launch.tee(b"step 1/8 | 9,894 tokens/s\rstep 2/8 | 9,901 tokens/s")
+    launch.end_open_line()
+    print("[scalelab] job s4/0 FAILED: timed out", flush=True)
+    launch.tee(b"step 8/8 | 10,000 tokens/s\n")   # a closed line: nothing added
+    launch.end_open_line()
+    print("done", flush=True)
+    assert capfd.readouterr().out == ("step 1/8 | 9,894 tokens/s\rstep 2/8 | 9,901 tokens/s\n"
+                                      "[scalelab] job s4/0 FAILED: timed out\nstep 8/8 | 10,000 tokens/s\ndone\n")
