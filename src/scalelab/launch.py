@@ -21,7 +21,7 @@ from scalelab.rank_stop import KILL_WAIT_S, STOP_GRACE_S, kill_group, stop_grace
 from scalelab.rendezvous import RDZV_BACKENDS, free_port, parse_endpoint, torchrun_layout
 
 __all__ = ["FAILED_JOBS", "threads_per_rank", "too_few_gpus", "host_cores", "oversubscribed", "NO_SHARED_STORE",
-           "rank_env", "rank_command", "PEER_GONE", "ENDED", "last_error_line", "cause_rank", "TracebackFilter",
+           "rank_env", "rank_command", "PEER_GONE", "TIMED_OUT", "ENDED", "last_error_line", "cause_rank", "TracebackFilter",
            "run_ranks", "console_end", "with_parent_death_signal",
            # from scalelab.rank_stop and scalelab.rendezvous
            "KILL_WAIT_S", "STOP_GRACE_S", "stop_grace_s", "stopping_line", "wait_for",
@@ -135,6 +135,11 @@ def rank_command(launcher: str, nodes: int, devices: int, job_dir: Path, extra: 
 # (under launcher=torchrun that peer may be on another node, where this node cannot see why).
 PEER_GONE = re.compile(r"Connection (reset|closed) by peer|connection reset|Broken pipe|NCCL (remote|communicator) "
                        r"(error|was aborted)|ProcessGroup\w* .*(aborted|closed)", re.I)
+
+
+# A rank's error when a collective waited out trainer.collective_timeout_s for a peer (gloo; NCCL's watchdog)
+TIMED_OUT = re.compile(r"Timed out waiting \d+ms|Watchdog caught collective operation timeout|"
+                       r"collective operation timeout|wait timeout after", re.I)
 
 
 # A rank's error when it was ended from outside (the launcher's SIGTERM after a peer failed, Ctrl-C):

@@ -203,6 +203,7 @@ def _watch(procs, read_fd: int, keep_open: int, log_path: Path, deadline: float,
                     rank, code = _first_failure(procs, failed, pump, cause)
                     how = (f"killed by signal {-code}" if code < 0 else f"exit code {code}"
                            + (", saved and stopped on SIGTERM" if code == STOPPED_EXIT else ""))
+                    how += _hung_peers(log_path.parent, rank, procs)   # ranks.log is in the job folder
                     log.write(f"\n[scalelab] rank {rank} failed first ({how}); ending the other ranks\n".encode())
                     _stop(procs, launch.KILL_WAIT_S, pump)
                 if time.monotonic() > deadline:
@@ -218,6 +219,17 @@ def _watch(procs, read_fd: int, keep_open: int, log_path: Path, deadline: float,
         while pump(0.05):                         # what the ranks wrote last
             pass
     return code or next((p.exitcode for p in procs if p.exitcode), 0)
+
+
+def _hung_peers(job_dir: Path, rank: int, procs) -> str:
+    """'; rank R still running ...' where the first failure is a collective's timeout and peers
+    still run: the rank that timed out only waited for them. A rank hung at step 3 was reported as
+    its healthy peer's failure ("rank 0 failed first: ... Timed out waiting 8000ms for recv")."""
+    alive = [i for i, p in enumerate(procs) if p.exitcode is None and i != rank]
+    if not alive or not launch.TIMED_OUT.search(launch.last_error_line(job_dir, rank) or ""):
+        return ""
+    who = f"rank{'s' if len(alive) > 1 else ''} {', '.join(map(str, alive))}"
+    return f"; {who} still running when its collective timed out: hung or slow there, look at {who} first"
 
 
 def _first_failure(procs, failed: list[tuple[int, int]], pump, cause, grace_s: float = 1.0) -> tuple[int, int]:

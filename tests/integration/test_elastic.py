@@ -130,6 +130,12 @@ def test_a_hung_rank_ends_the_job_within_the_collective_timeout(tmp_path):
     # rank 0's collective gave up after the configured 5 s (gloo says so), not the job's 600 s
     assert rec["error"].startswith("rank 0 failed first"), rec["error"]
     assert "Timed out waiting 5000ms" in rec["error"], rec["error"]
+    # ... and the hung rank is named: rank 0 only waited for it (found by review: the line sent the
+    # reader to debug rank 0)
+    assert rec["error"].startswith("rank 0 failed first (exit code 1; rank 1 still running when its collective "
+                                   "timed out: hung or slow there, look at rank 1 first): "), rec["error"]
+    # it had done steps 1-3 (rank 1 hangs in step 4's training_step): rank 0's mark on its exception
+    assert rec["steps"] == 3, rec["steps"]
 
 
 @pytest.mark.slow   # 3 runs, 21-53 s; its logic in the default suite: tests/unit/test_progress_mark.py
