@@ -297,10 +297,17 @@ class PeriodicCheckpoint:
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         # a failed job's record says how far it got from this mark: the steps of the last second
-        # before a crash or a hung peer's timeout were missing (steps 1 where rank 0 had done 2)
-        self._note(trainer, force=True)
+        # before a crash or a hung peer's timeout were missing (steps 1 where rank 0 had done 2).
+        # Only once training ran (a failure while a resume loads its checkpoint is at step 0 here,
+        # and the mark then says where it resumed), and never in the way of the error itself
+        if getattr(self, "_trained", False):
+            try:
+                self._note(trainer, force=True)
+            except OSError:
+                pass
 
     def on_train_start(self, trainer, pl_module) -> None:
+        self._trained = True
         # a resumed run starts at its checkpoint's step: with accumulation, the first micro-batches
         # after it still report that step and must not save it again, mid-step (a later resume
         # then ran one micro-batch off)

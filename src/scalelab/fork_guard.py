@@ -19,7 +19,7 @@ if os.environ.get("SCALELAB_FORK_SERVER") == "1":
     if sys.platform.startswith("linux"):
         import ctypes
 
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+        ctypes.CDLL(None).prctl(1, ctypes.c_ulong(signal.SIGKILL))   # PR_SET_PDEATHSIG
         launcher = os.environ.get("SCALELAB_LAUNCHER_PID")
         if launcher and os.getppid() != int(launcher):   # the command died before the line above
             os._exit(0)

@@ -87,7 +87,7 @@ def _rank_main(job_dir: str, env: dict[str, str], out_path: str) -> None:
     if sys.platform.startswith("linux"):
         import ctypes
 
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+        ctypes.CDLL(None).prctl(1, ctypes.c_ulong(signal.SIGTERM))   # PR_SET_PDEATHSIG
         if server and os.getppid() != int(server):   # the server died before the line above
             os._exit(143)
     signal.signal(signal.SIGINT, signal.default_int_handler)   # the server ignores it (fork_guard); a rank not
@@ -105,9 +105,39 @@ def _rank_main(job_dir: str, env: dict[str, str], out_path: str) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    if server:
+        _watch_orphaning(int(server), Path(job_dir), out_path)
     from scalelab import worker
 
     sys.exit(worker.rank_entry(Path(job_dir)))
+
+
+def _watch_orphaning(server: int, job_dir: Path, pipe: str) -> None:
+    """When the command is gone (its fork server died with it: the rank's parent changes), this
+    rank's output goes to ranks.log (the pipe to the console has no reader: a write raised
+    BrokenPipeError, and a saving rank could die of its progress bar), and after the stop grace
+    (a checkpointing job saves on its SIGTERM meanwhile) the rank's group is killed: a rank stuck in
+    a collective or hung never acts on the SIGTERM, and nothing else would end it. The rank keeps a
+    reader on the pipe until then, so a write never fails before the switch."""
+    import threading
+
+    reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+
+    def watch() -> None:
+        while os.getppid() == server:
+            time.sleep(0.5)
+        try:
+            log = os.open(job_dir / "ranks.log", os.O_WRONLY | os.O_APPEND)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.close(log)
+            os.close(reader)
+        except OSError:
+            pass
+        time.sleep(launch.stop_grace_s(job_dir) + launch.KILL_WAIT_S)
+        os.killpg(os.getpid(), signal.SIGKILL)   # a session leader: its DataLoader workers too
+
+    threading.Thread(target=watch, name="scalelab-orphan-watch", daemon=True).start()
 
 
 def run_job(job_dir: Path, n: int, env: dict[str, str], log_path: Path, timeout_s: float,
@@ -133,6 +163,7 @@ def run_job(job_dir: Path, n: int, env: dict[str, str], log_path: Path, timeout_
                f"and will {goes_on()}"
         with open(log_path, "ab") as log:
             log.write(f"{line}\n".encode())
+        launch.end_open_line()   # after a progress bar's open line
         print(f"{line}{_why(log_path)}", flush=True)
 
 

@@ -409,7 +409,11 @@ def _terminated(signum, frame) -> None:
 def _interrupted(job_dir: Path | None, sweep_dir: Path | None = None, signame: str = "Ctrl-C",
                  run_dir: Path | None = None) -> str:
     finished = _MARKS.get("finished_dir")
-    if job_dir is not None and _completed_since(job_dir / RUN_FILE, _MARKS.get("job_start", 0.0)):
+    # since this attempt began: Hydra's files of it in the same folder (one file system's clock:
+    # the launcher's may differ from a shared file server's), else the launcher's clock
+    hydra_cfg = job_dir / ".hydra" / "config.yaml" if job_dir is not None else None
+    since = hydra_cfg.stat().st_mtime if hydra_cfg is not None and hydra_cfg.is_file() else _MARKS.get("job_start", 0.0)
+    if job_dir is not None and _completed_since(job_dir / RUN_FILE, since):
         job_dir, finished = None, job_dir   # its ranks wrote its completed record: it is not the one stopped
     return run_end.interrupted_line(job_dir, sweep_dir, signame, run_dir, _MARKS.get("max_steps"),
                                     _MARKS.get("every_n_steps"), finished=finished)

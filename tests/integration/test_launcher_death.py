@@ -31,16 +31,22 @@ def _server_pids(launcher: int) -> list[int]:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
-def test_a_killed_command_leaves_no_rank_running(tmp_path):
+@pytest.mark.parametrize("hung", [False, True], ids=["training", "hung"])
+def test_a_killed_command_leaves_no_rank_running(tmp_path, hung):
+    """Training ranks end on their SIGTERM; a hung one (rank 1 sleeps at step 3, rank 0 waits in
+    its all-reduce for collective_timeout_s=600) never acts on it: each rank's watch kills its
+    group after the stop grace (5 s here: the job saves no checkpoints)."""
     job = tmp_path / "job"
+    hang = ["strategy._target_=tests.mutations.HangingDDP", "trainer.collective_timeout_s=600"] if hung else []
     proc = subprocess.Popen([*TRAIN, *BASE, "strategy=ddp", "trainer.devices=2", "trainer.max_steps=5000",
-                             "logger=none", f"hydra.run.dir={job}"], cwd=tmp_path, env=env(),
+                             "logger=none", *hang, f"hydra.run.dir={job}"], cwd=tmp_path, env=env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while not (job / ".progress").exists():     # training: rank 0 has finished a step
+        while not (job / ".progress").exists():      # training: rank 0 has finished a step
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
+        time.sleep(3.0 if hung else 0.0)                # steps 2 and 3 take < 1 s: rank 1 hangs, rank 0 waits
         assert len(worker_pids(tmp_path)) == 2 and _server_pids(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -85,6 +85,12 @@ def test_after_a_job_ended_no_job_is_named_as_stopped(tmp_path, monkeypatch):
         f"[scalelab] interrupted (Ctrl-C) between jobs, after {job} ended: no job was running; the same command "
         f"with hydra.sweep.dir={tmp_path / 'sw'} keeps the jobs that completed, runs the others and writes the "
         "sweep's summary")
+    # Hydra's files of this attempt, in the same folder, are the reference where present (the
+    # launcher's clock may differ from a shared file server's): a record older than them is not this attempt's
+    (job / ".hydra").mkdir()
+    (job / ".hydra" / "config.yaml").write_text("{}")
+    os.utime(job / ".hydra" / "config.yaml", (time.time() + 60, time.time() + 60))
+    assert _interrupted(job, tmp_path / "sw").startswith(f"[scalelab] interrupted (Ctrl-C) in {job}: ")
     monkeypatch.setitem(train._MARKS, "finished_dir", job)                  # run_job returned
     assert _interrupted(None, None, "SIGTERM") == (
         f"[scalelab] interrupted (SIGTERM) after the run ended: its record is {job / 'run.json'}")

@@ -271,7 +271,11 @@ def test_a_failing_rank_0_notes_how_far_it_got(tmp_path):
     from scalelab.checkpointing import PROGRESS, PeriodicCheckpoint, read_mark
 
     cb = PeriodicCheckpoint(tmp_path, None, 2, note_progress=False)
-    trainer = SimpleNamespace(is_global_zero=True, global_step=1)
+    trainer = SimpleNamespace(is_global_zero=True, global_step=0)
+    cb.on_exception(trainer, None, RuntimeError("out of memory loading the checkpoint"))   # before training
+    assert not (tmp_path / PROGRESS).exists()
+    cb._trained = True                                          # on_train_start ran
+    trainer.global_step = 1
     cb.on_train_batch_end(trainer, None, None, None, 0)       # step 1: written
     trainer.global_step = 2
     cb.on_train_batch_end(trainer, None, None, None, 1)       # step 2, within the second: not
