@@ -190,9 +190,14 @@ class TracebackFilter:
     _FRAMES = (b"frame #", b"<omitting python frames>")
     # torchrun's summary of failed children: the exception line, then a box between two rules of '='
     _BOX = b"torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+    # torchrun's own log lines (glog style: `W1203 11:39:44.618000 29647 .../torch/distributed/elastic/
+    # multiprocessing/api.py:1028] Sending process 29651 closing signal SIGTERM`, `E... failed (exitcode:
+    # 1) local_rank: 1 ...`): how it ended its children, which the job's error line says (found by review)
+    _ELASTIC_LOG = re.compile(rb"^[WEI]\d{4} [\d:.]+ +\d+ +\S*torch/distributed/elastic/\S+\] ")
 
     def __init__(self) -> None:
         self.pending, self.skipping, self.dropped = b"", False, 0
+        self.logs_dropped = 0   # torchrun's log lines (_ELASTIC_LOG)
         self.box_rules = -1   # inside the box: the '=' rules seen so far
         # where the console's line is a progress bar's (its line ends only with the run): the
         # dropped count then, to tell a traceback's exception that follows it (another rank's)
@@ -216,6 +221,9 @@ class TracebackFilter:
 
     def _line(self, line: bytes) -> bytes:
         body = self._PREFIX.sub(b"", line.lstrip(b"\r")).rstrip()
+        if self._ELASTIC_LOG.match(body):
+            self.logs_dropped += 1
+            return b""
         if body.startswith(self._BOX) or self.box_rules >= 0:
             self.box_rules += 1 if body.startswith(b"=====") or body.startswith(self._BOX) else 0
             self.box_rules = -1 if self.box_rules >= 2 else self.box_rules   # its closing rule
@@ -278,9 +286,10 @@ def end_open_line() -> None:
 def console_end(console: TracebackFilter, log_path: Path) -> None:
     """The filtered console's last line, and one line counting what it left out."""
     tee(console.flush())
-    if console.dropped:
+    if console.dropped or console.logs_dropped:
         end_open_line()
-        sys.stdout.write(f"[scalelab] {console.dropped} traceback line(s) not shown here: {log_path} has "
+        logs = f" (and {console.logs_dropped} of torchrun's log line(s))" if console.logs_dropped else ""
+        sys.stdout.write(f"[scalelab] {console.dropped} traceback line(s) not shown here{logs}: {log_path} has "
                          "them (verbose=true shows them)\n")
     sys.stdout.flush()
 

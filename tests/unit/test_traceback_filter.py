@@ -70,3 +70,22 @@ def test_a_job_end_line_starts_its_own_line_after_an_open_progress_bar(capfd):
     print("done", flush=True)
     assert capfd.readouterr().out == ("step 1/8 | 9,894 tokens/s\rstep 2/8 | 9,901 tokens/s\n"
                                       "[scalelab] job s4/0 FAILED: timed out\nstep 8/8 | 10,000 tokens/s\ndone\n")
+
+
+def test_torchruns_own_log_lines_stay_in_ranks_log():
+    """torchrun's glog-style lines on how it ended its children (a crash under torchrun_local
+    printed `W1203 ... Sending process N closing signal SIGTERM` and `E1203 ... failed (exitcode:
+    1) ...` after the ranks' errors; found by review) are counted, not shown; the ranks' own
+    warnings and exception lines are."""
+    from scalelab.launch import TracebackFilter
+
+    f = TracebackFilter()
+    out = f.feed(b"[rank1]: RuntimeError: injected rank crash at step 3\n"
+                 b"W1203 11:39:44.618000 29647 .venv/lib/python3.11/site-packages/torch/distributed/elastic/"
+                 b"multiprocessing/api.py:1028] Sending process 29651 closing signal SIGTERM\n"
+                 b"E1203 11:39:44.684000 29647 .venv/lib/python3.11/site-packages/torch/distributed/elastic/"
+                 b"multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 29652)\n"
+                 b"W1203 11:39:44.700000 29648 torch/utils/data/loader.py:12] a rank's own warning\n")
+    assert out == (b"[rank1]: RuntimeError: injected rank crash at step 3\n"
+                   b"W1203 11:39:44.700000 29648 torch/utils/data/loader.py:12] a rank's own warning\n")
+    assert f.logs_dropped == 2 and f.dropped == 0
