@@ -47,18 +47,19 @@ _CTX = None
 
 
 def start_server(env: dict[str, str] | None = None) -> None:
-    """Start the fork server now (it imports PRELOAD in the background while the caller goes on)."""
+    """Start the fork server now (it imports PRELOAD in the background while the caller goes on);
+    again, with this environment, where it died (an OOM kill: multiprocessing would start a new
+    one on the next rank's start without SERVER_ENV and fork_guard's death signal)."""
     global _CTX
-    if _CTX is not None:
-        return
-    _CTX = mp.get_context("forkserver")
-    _CTX.set_forkserver_preload(PRELOAD)
+    if _CTX is None:
+        _CTX = mp.get_context("forkserver")
+        _CTX.set_forkserver_preload(PRELOAD)
     saved = dict(os.environ)
     try:  # the server's own environment: what every rank starts from, before its rank variables
         os.environ.update({**(env or {}), **SERVER_ENV, "SCALELAB_FORK_SERVER": "1",
                            "SCALELAB_LAUNCHER_PID": str(os.getpid())})
         from multiprocessing import forkserver
-        forkserver.ensure_running()
+        forkserver.ensure_running()   # a no-op while it runs (a waitpid: no restart, no imports)
     finally:
         os.environ.clear()
         os.environ.update(saved)

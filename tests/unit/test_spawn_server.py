@@ -20,3 +20,24 @@ def test_server_environment_leaves_one_thread():
     assert _threads_after_preload({**base, **SERVER_ENV}) == 1
     if (os.cpu_count() or 1) > 1:  # without it, OpenBLAS and jemalloc start their threads
         assert _threads_after_preload(base) > 1
+
+
+def test_a_dead_server_is_started_again_as_the_command_starts_it():
+    """A fork server that died mid-command (an OOM kill) was started again by multiprocessing on the
+    next rank's start, without SERVER_ENV and fork_guard's death signal (found by review): the next
+    job's start_server starts it with them."""
+    code = (
+        "import os, signal, time\n"
+        "from multiprocessing import forkserver\n"
+        "from scalelab import spawn\n"
+        "spawn.start_server()\n"
+        "first = forkserver._forkserver._forkserver_pid\n"
+        "os.kill(first, signal.SIGKILL); time.sleep(0.5)\n"
+        "spawn.start_server({'SCALELAB_TEST': '1'})\n"
+        "second = forkserver._forkserver._forkserver_pid\n"
+        "env = open(f'/proc/{second}/environ', 'rb').read().split(b'\\0')\n"
+        "print(first != second, b'SCALELAB_FORK_SERVER=1' in env, b'OMP_NUM_THREADS=1' in env)\n"
+        "spawn.stop_server()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "True"], out.stdout
