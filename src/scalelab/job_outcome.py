@@ -140,8 +140,8 @@ def error_message(job_dir: Path, rc: int) -> str:
                                            or launch.ENDED.search(cause_line or "")):
         # the only error files are its peers' (a lost connection, the SIGTERM that ended them)
         return f"{torchrun} (error-rank{cause}: {cause_line})"
-    if cause is not None:
-        return f"error-rank{cause}: {cause_line}"
+    if cause is not None:   # worded as the local launcher's watch words it (it read "error-rank1: ...")
+        return f"rank {cause} failed first: {cause_line}"
     if torchrun:
         return torchrun
     tail = [ln for ln in text.splitlines() if ln.strip()][-1:]

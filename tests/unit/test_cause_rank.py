@@ -46,7 +46,7 @@ def test_torchrun_s_error_names_the_rank_that_raised(tmp_path):
     (tmp_path / "ranks.log").write_text("step 3\n")
     _write(tmp_path, 0, LOST, T + 0.03)
     _write(tmp_path, 1, RAISED, T)
-    assert _error_message(tmp_path, 1) == "error-rank1: RuntimeError: injected rank crash at step 3"
+    assert _error_message(tmp_path, 1) == "rank 1 failed first: RuntimeError: injected rank crash at step 3"
 
 
 def test_srun_s_first_exit_that_only_lost_its_peer_names_the_one_that_raised(tmp_path):
