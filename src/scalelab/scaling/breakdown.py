@@ -137,8 +137,8 @@ def cpu_comm_us(events, saves: list[tuple[float, float]]) -> float:
     # aten::addmm): 25-40 % of a tp step's communication read as compute
     waits = [(e.time_range.start, e.time_range.end) for e in events
              if e.thread == main and _WAIT.search(e.name) and kept(e)]
-    comm += waits
-    return _union_length(comm) - _overlap_length(comm, _minus(busy, waits))
+    computing = _minus(busy, waits)
+    return _union_length(comm + waits + computing) - _union_length(computing)   # |comm less computing|
 
 
 def _merged(intervals: list[tuple[float, float]]) -> list[list[float]]:
@@ -166,21 +166,6 @@ def _minus(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> list
         if a < b:
             out.append((a, b))
     return out
-
-
-def _overlap_length(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
-    """The length of union(xs) intersected with union(ys)."""
-    a, b = _merged(xs), _merged(ys)
-    i = j = 0
-    total = 0.0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        total += max(0.0, hi - lo)
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
 
 
 def outside_saves(trace: dict) -> dict:
