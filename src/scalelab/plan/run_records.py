@@ -138,6 +138,17 @@ def model_bytes_in_ram(terms: Terms) -> float:
     return peak_states_and_activations(terms) + st.offloaded_bytes + st.resident_buffer_bytes(cpu=True)
 
 
+def predicted_rss(terms: Terms, hw: Hardware) -> float:
+    """A CPU rank's peak RSS as the planner predicts it: model_bytes_in_ram plus the runtime's."""
+    return model_bytes_in_ram(terms) + hw.runtime_memory_bytes
+
+
+def gpu_run(run: dict) -> bool:
+    """Whether a run.json is a GPU run's (its host RSS is not what the planner's memory is for, its
+    device peak is)."""
+    return (run.get("hardware") or {}).get("accelerator") not in (None, "cpu")
+
+
 def runtime_bytes_from_rss(runs) -> tuple[float, int] | None:
     """A CPU rank's runtime memory (interpreter, torch, Lightning, DeepSpeed): median over the CPU
     runs of peak RSS minus model_bytes_in_ram, and how many runs that is. None without CPU runs:

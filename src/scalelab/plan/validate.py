@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 
-from .run_records import (SPEED_WINDOW, check_accelerators, measured, model_bytes_in_ram, speed_factor,
+from .run_records import (SPEED_WINDOW, check_accelerators, gpu_run, measured, predicted_rss, speed_factor,
                           usable_runs)
 from .hardware import Hardware
 from .peak_memory import device_total_bytes
@@ -59,9 +59,8 @@ def validate(sweep_dir, hw: Hardware, speed_window: int = SPEED_WINDOW) -> dict:
         t = {k: v / speed for k, v in step_time(terms, hw).items()}   # at the run's host speed
         st = terms.states
         pred_states = st.total_bytes + st.offloaded_bytes   # on CPU, host and device are one RAM
-        pred_rss = model_bytes_in_ram(terms) + hw.runtime_memory_bytes
-        # a GPU run: its host RSS is not what the planner's memory is for, its device peak is
-        gpu = (run.get("hardware") or {}).get("accelerator") not in (None, "cpu")
+        pred_rss = predicted_rss(terms, hw)
+        gpu = gpu_run(run)
         pred_dev = device_total_bytes(terms, hw) if gpu else None
         meas_dev = max((run.get("memory") or {}).get("peak_device_bytes_per_rank") or [0]) or None
         rows.append({

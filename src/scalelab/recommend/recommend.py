@@ -16,10 +16,7 @@ from scalelab.plan.report import fmt_time
 
 from .rank import PLANNER_MARGIN, SIMPLICITY, best_per_strategy, break_ties, rank, reason, score, tokens_per_s
 from .report import fmt_count, fmt_score, lr_table, ranking_rows, text_table, verify_rows, write_all
-from .space import Candidate, Request, enumerate_candidates, train_overrides, unrunnable
-
-# space._build's reasons for a layout built and found too big (the other prunes built none)
-MEMORY_PRUNES = ("does not fit device memory", "offloaded states do not fit")
+from .space import MEMORY_PRUNES, Candidate, Request, enumerate_candidates, train_overrides, unrunnable
 
 # Run-to-run spread of one short run's throughput on a shared host (README: 10-25 % between runs of
 # one config on the 2-core VM; 5 % between interleaved ones): a measured lead below it is not one.

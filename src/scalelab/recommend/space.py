@@ -252,6 +252,11 @@ def check_batches(req: Request) -> None:
                     f"--global-batch is {smallest}")
 
 
+# _build's reasons for a layout built and found too big (recommend counts "N of M fit" by them)
+TOO_BIG, HOST_TOO_SMALL = "does not fit device memory", "offloaded states do not fit the node's host memory"
+MEMORY_PRUNES = (TOO_BIG, HOST_TOO_SMALL)
+
+
 def enumerate_candidates(req: Request) -> tuple[list[Candidate], dict]:
     """Every point of the space that fits device memory, and a tally of what was pruned and why."""
     pruned: dict[str, int] = {}
@@ -295,10 +300,10 @@ def _build(req: Request, name, devices, nodes, tp, pp, micro, m, gb, ckpt, prec,
         return None
     total = device_total_bytes(terms, req.hardware)
     if total > (1 - req.headroom) * req.hardware.memory_bytes:
-        prune("does not fit device memory" + (f" less {req.headroom:.0%} headroom" if req.headroom else ""))
+        prune(TOO_BIG + (f" less {req.headroom:.0%} headroom" if req.headroom else ""))
         return None
     if not fits_host(terms, req.hardware):
-        prune("offloaded states do not fit the node's host memory")
+        prune(HOST_TOO_SMALL)
         return None
     L = terms.layout
     return Candidate(name, devices, nodes, L.tp, L.pp, L.dp, L.micro_batch, L.micro_batches, L.global_batch,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from scalelab.plan.run_records import speed_factor
+from scalelab.plan.run_records import gpu_run, predicted_rss, speed_factor
 from scalelab.plan.hardware import Hardware
 from scalelab.plan.spec import PlanError
 
@@ -230,15 +230,10 @@ def measured_row(c: Candidate, recs: list[dict], objective: str, hw: Hardware, t
     # memory drove the search (layouts that do not fit were pruned): predicted vs measured as
     # plan --validate has it: a GPU run's device peak against the device total, a CPU run's peak
     # RSS against what the planner puts in a rank's RAM plus the runtime's
-    gpu = any((r.get("hardware") or {}).get("accelerator") not in (None, "cpu") for r in ok)
-    if gpu:
-        pred_mem = c.memory_bytes
-        meas_mem = [max((r.get("memory") or {}).get("peak_device_bytes_per_rank") or [0]) for r in ok]
-    else:
-        from scalelab.plan.run_records import model_bytes_in_ram
-
-        pred_mem = model_bytes_in_ram(c.terms) + hw.runtime_memory_bytes
-        meas_mem = [max((r.get("memory") or {}).get("peak_rss_bytes_per_rank") or [0]) for r in ok]
+    gpu = any(gpu_run(r) for r in ok)
+    pred_mem = c.memory_bytes if gpu else predicted_rss(c.terms, hw)
+    key = "peak_device_bytes_per_rank" if gpu else "peak_rss_bytes_per_rank"
+    meas_mem = [max((r.get("memory") or {}).get(key) or [0]) for r in ok]
     meas_mem = [m for m in meas_mem if m]
     row.update(measured_step_s=step, measured_tokens_per_s=tps, measured_score=score(c, objective, hw, tokens, tps=tps),
                measured_tokens_per_s_runs=tps_runs,

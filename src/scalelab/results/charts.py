@@ -300,7 +300,7 @@ def predictions(records: list[dict], cache: str | Path | None = None) -> tuple[l
     """The planner's step time and memory for each completed run, from the run's own hardware
     profile (mfu.hardware_profile): (rows of job, measured/predicted step_s and memory bytes,
     [(job, why)] of the runs the planner cannot model)."""
-    from scalelab.plan.run_records import model_bytes_in_ram, smooth_host_speeds, speed_factor, terms_from_run
+    from scalelab.plan.run_records import predicted_rss, smooth_host_speeds, speed_factor, terms_from_run
     from scalelab.plan.hardware import HOST_CPU, host_cpu_profile_path, load_hardware
     from scalelab.plan.spec import PlanError
     from scalelab.plan.peak_memory import device_total_bytes
@@ -344,7 +344,7 @@ def predictions(records: list[dict], cache: str | Path | None = None) -> tuple[l
             meas_mem, pred_mem = max_of(device), device_total_bytes(terms, hw)
         else:       # CPU: host and device are one RAM (plan --validate's comparison)
             meas_mem = max_of(mem.get("peak_rss_bytes_per_rank"))
-            pred_mem = model_bytes_in_ram(terms) + hw.runtime_memory_bytes
+            pred_mem = predicted_rss(terms, hw)
         rows.append({"job": job_name(r, labels), "hardware": hw.name, "measured_step_s": float(r["step_time_s"]["median"]),
                      "predicted_step_s": pred_step, "measured_bytes": meas_mem, "predicted_bytes": float(pred_mem),
                      "memory_kind": "device" if device else "RSS"})
