@@ -60,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # Strings, checked by ModelSpec: a bad value is one PlanError line, not an argparse usage dump.
     m.add_argument("--attention",
                    help=f"{' | '.join(ATTENTION)}: flash/memory-efficient kernels keep O(s) per head "
-                        "(scalelab's SDPA), math stores the s x s scores (default flash)")
+                        "(scalelab's SDPA), math stores the s x s scores (default flash; math on a CPU profile "
+                        "with dropout > 0, as torch runs it there)")
     m.add_argument("--dropout", help="dropout probability (default: --model's arch.dropout, else 0)")
     j = parser.add_argument_group("job")
     j.add_argument("--strategy", help=f"one of: {', '.join(STRATEGIES)} (or any conf/strategy/ config); "
@@ -170,7 +171,7 @@ def run(args: argparse.Namespace, job_terms=None) -> int:
 # --------------------------------------------------------------------------------------------
 def _model_from_args(a) -> ModelSpec:
     model = _model_shape_from_args(a)
-    kw = {"attention": getattr(a, "attention", None) or "flash"}
+    kw = {"attention": getattr(a, "attention", None) or "flash"}   # (CPU + dropout: math, in _plan)
     if getattr(a, "dropout", None) is not None:      # else: the model config's, or 0
         kw["dropout"] = a.dropout
     return replace(model, **kw)
@@ -276,10 +277,14 @@ def _plan(a, job_terms=None) -> int:
         if names == [None]:
             raise PlanError(f"--strategy is required; valid: {', '.join(strategy_names())} (or a comma list, or all)")
         model = _model_from_args(a)
+        hw = load_hardware(a.hardware or DEFAULT_HARDWARE)
+        if not getattr(a, "attention", None) and model.dropout > 0 and hw.kind == "cpu":
+            # as the run is planned (run_records.model_from_run): torch's CPU SDPA runs dropout > 0
+            # with the math kernel; the flag form planned it as flash, 0.72x the override form's
+            model = replace(model, attention="math")
         # --params with a whole shape plans that count: a model the trainer does not build (no same job)
         built = model.n_params if model.kind != "gpt" else ModelSpec.trainer_gpt_params(
             model.n_layers, model.hidden, model.vocab, model.seq_len, model.ffn)
-        hw = load_hardware(a.hardware or DEFAULT_HARDWARE)
         precision = a.precision or default_precision(hw)
         # the trainer's own default batch, as the override form plans it (the flags planned dp x 1)
         global_batch = a.global_batch if a.global_batch is not None else default_global_batch()

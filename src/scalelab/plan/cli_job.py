@@ -99,4 +99,6 @@ def train_command(a, terms, hardware: str) -> str | None:
         ov.append(f"strategy.split={L.split}")
     if terms.checkpointing != "none":
         ov.append(f"model.arch.activation_checkpointing={terms.checkpointing}")
+    if getattr(a, "dropout", None) is not None:     # --dropout P: the model planned is not the config's
+        ov.append(f"model.arch.dropout={m.dropout:g}")
     return "scalelab-train " + " ".join(map(shlex.quote, ov))

@@ -104,7 +104,8 @@ def zero_paper_bytes(psi: float, n_d: int, stage: int, k: int = 12) -> float:
 
 def bytes_per_param(strategy: Strategy, precision: str, optimizer: str) -> tuple[int, int, int]:
     """(param, grad, optimizer-state) bytes per parameter for this strategy family."""
-    moments = 8 if optimizer == "adam" else 4          # Adam m + v, or SGD momentum (fp32)
+    # Adam m + v, SGD momentum (fp32); SGD with momentum 0 allocates no buffer (0 measured)
+    moments = {"adam": 8, "sgd": 4}.get(optimizer, 0)
     if strategy.family == "deepspeed":
         if precision == "32":
             # DeepSpeed 0.19.8 keeps an fp32 master copy of each partition at every stage, even in

@@ -19,7 +19,7 @@ from scalelab.results.record import other_node_part
 from scalelab.scaling.run_summary import MIN_MEASURED_STEPS
 
 from .hardware import Hardware
-from .spec import ModelSpec, PlanError, get_strategy
+from .spec import SGD_NO_MOMENTUM, ModelSpec, PlanError, get_strategy
 from .peak_memory import peak_states_and_activations
 from .step_time import Terms, build_terms, rank_threads
 
@@ -83,6 +83,17 @@ def model_from_run(run: dict) -> ModelSpec:
                      attention=attention, dropout=dropout)
 
 
+def optimizer_of_run(run: dict) -> str:
+    """The run's optimizer for the planner: SGD with momentum 0 is stateless (torch allocates no
+    momentum buffer; the plan counted 4 bytes per parameter, 1.5x a measured fp32 run's states)."""
+    name = run.get("optimizer", "adam")
+    cfg = run.get("config") if isinstance(run.get("config"), dict) else {}
+    opt = ((cfg.get("optim") or {}).get("optimizer") or {}) if isinstance(cfg.get("optim"), dict) else {}
+    if name == "sgd" and isinstance(opt, dict) and not opt.get("momentum", 0.9):
+        return SGD_NO_MOMENTUM
+    return name
+
+
 def terms_from_run(run: dict) -> Terms:
     """The planner's view of a measured run (same code path as `scalelab plan`)."""
     name = run.get("strategy")
@@ -104,7 +115,7 @@ def terms_from_run(run: dict) -> Terms:
     terms = build_terms(
         model_from_run(run), strategy, devices=int(run.get("devices_per_node") or run["world_size"]),
         nodes=int(run.get("num_nodes") or 1), tp=tp, pp=pp, micro_batch=micro, micro_batches=m,
-        precision=run.get("precision", "32"), optimizer=run.get("optimizer", "adam"),
+        precision=run.get("precision", "32"), optimizer=optimizer_of_run(run),
         activation_checkpointing=run.get("activation_checkpointing") or "none",  # older records: a bool
         # a CPU rank's threads are its device; a GPU rank's host threads are not (step_time.rank_threads)
         threads=int(hw.get("threads_per_rank") or 1) if hw.get("accelerator") == "cpu" else None,

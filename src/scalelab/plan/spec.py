@@ -51,12 +51,15 @@ def activation_bytes(precision: str) -> int:
 
 
 OPTIMIZERS = ("adam", "sgd")
+#: SGD with momentum 0: torch keeps no state for it. Not a flag value: the override form and
+#: --validate read it from the run's optim.optimizer.momentum (run_records.optimizer_of_run).
+SGD_NO_MOMENTUM = "sgd_nomomentum"
 
 
 def normalize_optimizer(o: str) -> str:
     key = str(o).strip().lower()
     key = {"adamw": "adam", "adam": "adam", "sgd": "sgd"}.get(key, key)
-    if key not in OPTIMIZERS:
+    if key not in OPTIMIZERS + (SGD_NO_MOMENTUM,):
         raise PlanError(f"unknown optimizer {o!r}; valid: adam (also adamw), sgd (with momentum)")
     return key
 

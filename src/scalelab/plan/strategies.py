@@ -69,6 +69,9 @@ def trainer_refuses(s: Strategy, precision: str, device: str) -> str | None:
         return f"trainer.precision=16-mixed is not supported by strategy={s.name}: use bf16-mixed or 32"
     if s.family == "deepspeed" and device == "cpu":
         return f"strategy={s.name}: trainer.precision=16-mixed (DeepSpeed fp16) needs a GPU: use bf16-mixed or 32 on CPU"
+    if device == "cpu":   # config.validate: Lightning would run it as bf16-mixed
+        return ("trainer.precision=16-mixed on CPU: Lightning runs it as bf16-mixed there (its fp16 AMP is "
+                "GPU-only); give trainer.precision=bf16-mixed or 32-true")
     return None
 
 

@@ -1,0 +1,68 @@
+"""Planner defects found by a user-path review (2026-12-03): the flag form's --dropout, SGD
+without momentum, and fp16 AMP on CPU (which Lightning runs as bf16-mixed)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from scalelab.plan.run_records import optimizer_of_run
+
+NANO_PARAMS = 135_808          # gpt_nano: 2 layers x 64 wide, vocab 256, seq 64 (tests/unit/test_plan_formulas.py)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "scalelab.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def _plan_json(*args) -> dict:
+    proc = _cli("plan", *args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_the_flag_forms_dropout_is_planned_and_run_as_the_override_form():
+    flags = _plan_json("--model", "gpt_nano", "--strategy", "ddp", "--devices", "2", "--hardware", "this_cpu",
+                       "--dropout", "0.1")
+    overrides = _plan_json("strategy=ddp", "model=gpt_nano", "trainer.devices=2", "hardware_profile=this_cpu",
+                           "model.arch.dropout=0.1")
+    # torch runs dropout > 0 on CPU with the math kernel: s x s scores and masks stored, both forms
+    assert flags["inputs"]["model"]["attention"] == overrides["inputs"]["model"]["attention"] == "math"
+    assert flags["memory"]["activations_bytes_per_device"] == overrides["memory"]["activations_bytes_per_device"]
+    # the printed same job trains the planned model (it dropped the dropout)
+    assert "model.arch.dropout=0.1" in flags["train_command"].split()
+    no_dropout = _plan_json("--model", "gpt_nano", "--strategy", "ddp", "--devices", "2", "--hardware", "this_cpu")
+    assert no_dropout["inputs"]["model"]["attention"] == "flash"
+    assert "dropout" not in no_dropout["train_command"]
+    # an explicit kernel is kept
+    flash = _plan_json("--model", "gpt_nano", "--strategy", "ddp", "--devices", "2", "--hardware", "this_cpu",
+                       "--dropout", "0.1", "--attention", "flash")
+    assert flash["inputs"]["model"]["attention"] == "flash"
+
+
+def test_sgd_without_momentum_has_no_optimizer_state():
+    doc = _plan_json("strategy=ddp", "model=gpt_nano", "optim=sgd", "optim.optimizer.momentum=0", "trainer.devices=2")
+    mem = doc["memory"]
+    assert mem["optimizer_bytes_per_device"] == 0                       # torch allocates no momentum buffer
+    assert mem["model_states_bytes_per_device"] == 2 * 4 * NANO_PARAMS   # fp32 params + grads: 1,086,464
+    with_momentum = _plan_json("strategy=ddp", "model=gpt_nano", "optim=sgd", "trainer.devices=2")
+    assert with_momentum["memory"]["optimizer_bytes_per_device"] == 4 * NANO_PARAMS
+    run = {"optimizer": "sgd", "config": {"optim": {"optimizer": {"momentum": 0.0}}}}
+    assert optimizer_of_run(run) == "sgd_nomomentum"
+    assert optimizer_of_run({"optimizer": "sgd", "config": {"optim": {"optimizer": {"momentum": 0.9}}}}) == "sgd"
+    assert optimizer_of_run({"optimizer": "adamw"}) == "adamw"
+
+
+def test_fp16_amp_on_cpu_is_refused_before_any_rank_starts():
+    want = "error: trainer.precision=16-mixed on CPU: Lightning runs it as bf16-mixed there"
+    train = subprocess.run([sys.executable, "-m", "scalelab.train", "strategy=ddp", "trainer.precision=16-mixed",
+                            "hydra.run.dir=/nonexistent/never-made"], capture_output=True, text=True, timeout=120)
+    plan = _cli("plan", "strategy=single", "model=gpt_nano", "trainer.precision=16-mixed")
+    flags = _cli("plan", "--model", "gpt_nano", "--strategy", "ddp", "--precision", "fp16", "--hardware", "this_cpu")
+    for proc in (train, plan, flags):
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1].startswith(want), proc.stderr
+        assert "Traceback" not in proc.stderr
+    # on a GPU profile it stays a plan (DDP fp16 with a loss scaler)
+    assert _plan_json("--model", "gpt_nano", "--strategy", "ddp", "--precision", "fp16")["inputs"]["precision"] \
+        == "fp16-mixed"
