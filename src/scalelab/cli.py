@@ -40,6 +40,11 @@ def _compare(args: argparse.Namespace) -> int:
     # every sweep the runs come from, however they were named (the sweep, its parent, some of its
     # job folders): efficiency only of sweeps named directly left it out of the others
     summaries = summaries_for(records, args.paths)
+    from scalelab.results.sweep import NO_RECORD_WHY
+
+    for s in summaries:   # a killed job's folder: in no row, said once (as an unreadable record is)
+        for name in s.get("no_record") or []:
+            print(f"no record {Path(s['sweep_dir']) / name}: {NO_RECORD_WHY}", file=sys.stderr)
     try:
         records = filter_records(records, args.where)
         if not records:

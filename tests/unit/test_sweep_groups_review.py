@@ -102,6 +102,26 @@ def test_repeats_at_one_world_keep_their_keys_and_one_chart_point(tmp_path):
     assert (line["x"], line["y"]) == ([1, 2], pytest.approx([1.0, (0.75 + 0.875) / 2]))
 
 
+def test_the_baseline_is_the_median_of_its_repeats(tmp_path):
+    """logger=none,csv at devices 1,2 (review, sweep D): 533.5 and 445.0 samples/s on 1 rank, 672.7 and
+    464.9 on 2. Against the first folder's run alone, the second 1-rank run read 0.83 and the chart's
+    line started at 0.917; against their median, 489.25: 533.5 / 489.25 = 1.090, 445 / 489.25 = 0.910,
+    672.7 / 978.5 = 0.687, 464.9 / 978.5 = 0.475, and the chart's points are 1.0 and 0.581."""
+    runs = [_torchrun(f"d/{i}", w, thr, f"id{i}") for i, (w, thr) in enumerate(((1, 533.5), (1, 445.0), (2, 672.7),
+                                                                                (2, 464.9)))]
+    _write(tmp_path, runs)
+    summary = aggregate(tmp_path)
+    (group,) = [g for g in summary["groups"] if g["kind"] == "strong"]
+    assert (group["baseline_samples_per_s"], group["baseline_repeats"]) == (pytest.approx(489.25), 2)
+    assert [m["scaling_efficiency"] for m in group["runs"]] == pytest.approx([1.0904, 0.9096, 0.6875, 0.4751],
+                                                                              abs=1e-4)
+    records = [json.loads((tmp_path / str(i) / "run.json").read_text()) for i in range(4)]
+    for i, r in enumerate(records):
+        r["job"]["record_path"] = str(tmp_path / str(i) / "run.json")
+    line = next(t for t in efficiency_chart([summary], records, "strong")["traces"] if t["name"] != "ideal")
+    assert (line["x"], line["y"]) == ([1, 2], pytest.approx([1.0, 0.5813], abs=1e-4))
+
+
 def test_the_summary_s_sweep_dir_is_absolute(tmp_path, monkeypatch):
     _write(tmp_path, [_rec("a/0", "ddp", 1, 16, 10.0), _rec("a/1", "ddp", 2, 16, 15.0)])
     monkeypatch.chdir(tmp_path.parent)

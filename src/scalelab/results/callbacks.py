@@ -9,17 +9,28 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from scalelab.results.record import read_records
-from scalelab.results.sweep import aggregate, attach_efficiency, summary_run_id
+from scalelab.results.sweep import NO_RECORD_WHY, aggregate, attach_efficiency, summary_run_id
 from scalelab.results.table import print_table
 
 REPORT_FILE = "report.html"  # the sweep's dashboard (scalelab compare SWEEP_DIR --format html)
+
+
+def headline(summary: dict) -> str:
+    """'3 completed, 1 failed' and, where there are any, the records that could not be read and the
+    job folders with none: every job of the sweep counted somewhere."""
+    parts = [f"{summary['num_completed']} completed", f"{summary['num_failed']} failed"]
+    if summary.get("num_skipped"):
+        parts.append(f"{summary['num_skipped']} unreadable run.json")
+    if summary.get("num_no_record"):
+        parts.append(f"{summary['num_no_record']} without a record")
+    return ", ".join(parts)
 
 
 def summarize_sweep(sweep_dir: Path, logger_cfg: Any = None, cache_dir: str | None = None) -> dict:
     """Aggregate SWEEP_DIR (sweep.json), log to W&B when the logger is wandb, print the table (on
     a terminal the rich one, fitted to its width), write SWEEP_DIR/report.html and print its path."""
     summary = aggregate(sweep_dir)
-    records = read_records([sweep_dir])
+    records = read_records([sweep_dir], [])   # its problems are the aggregation's (printed below, once)
     attach_efficiency(records, summary)
     if logger_cfg is not None and logger_cfg.get("name") == "wandb" and logger_cfg.get("mode") != "disabled":
         from scalelab.results.wandb_summary import log_sweep
@@ -32,10 +43,14 @@ def summarize_sweep(sweep_dir: Path, logger_cfg: Any = None, cache_dir: str | No
         from scalelab.results.record import write_json
 
         write_json(sweep_dir / "sweep.json", summary)
-    print(f"\n== sweep {sweep_dir}: {summary['num_completed']} completed, {summary['num_failed']} failed ==")
+    print(f"\n== sweep {sweep_dir}: {headline(summary)} ==")
     print_table(records)   # on a terminal the rich table `scalelab compare` prints, fitted to its width
     for f in summary["failed"]:
         print(f"FAILED {f['job']} ({f['strategy']} x{f['world_size']}): {f['error']}")
+    for line in summary["skipped"]:
+        print(f"UNREADABLE {line}")
+    for name in summary["no_record"]:
+        print(f"NO RECORD {sweep_dir / name}: {NO_RECORD_WHY}")
     print(f"sweep summary: {sweep_dir / 'sweep.json'}")
     try:  # the dashboard is a view of the records: a failure to draw it never fails the sweep
         from scalelab.results.report import write_report

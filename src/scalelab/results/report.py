@@ -14,6 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from scalelab.results import charts as C
+from scalelab.results.sweep import NO_RECORD_WHY
 from scalelab.results.table import (_cells, _columns, _show, flatten, job_labels, lookup, notes,
                                     oversubscribed)
 
@@ -217,9 +218,17 @@ def render_html(records: list[dict], summaries: list[dict], group_by: str | None
         f'<div class="card"><div id="{ch["id"]}" class="chart"></div>'
         + "".join(f'<p class="note">{html.escape(n)}</p>' for n in ch["notes"]) + "</div>" for ch in chs)
     fails = C.failed(records)
-    fail_html = ("<ul class=failed-list>" + "".join(
-        f"<li><b>{html.escape(f['job'])}</b> ({html.escape(str(f['strategy']))} x{f['world_size']}): "
-        f"{html.escape(f['error'] or f['status'] or '')}</li>" for f in fails) + "</ul>") if fails else "<p>none</p>"
+    # jobs with no usable record (an unreadable run.json; a job folder with none: a killed launcher)
+    # are in no table or chart: listed here and counted in the headline, not left out unsaid
+    unread = [line for s in summaries for line in s.get("skipped") or []]
+    unrecorded = [str(Path(s["sweep_dir"]) / n) for s in summaries for n in s.get("no_record") or []]
+    items = ([f"<li><b>{html.escape(f['job'])}</b> ({html.escape(str(f['strategy']))} x{f['world_size']}): "
+              f"{html.escape(f['error'] or f['status'] or '')}</li>" for f in fails]
+             + [f"<li><b>unreadable</b> {html.escape(line)}</li>" for line in unread]
+             + [f"<li><b>no record</b> {html.escape(d)}: {html.escape(NO_RECORD_WHY)}</li>" for d in unrecorded])
+    fail_html = f"<ul class=failed-list>{''.join(items)}</ul>" if items else "<p>none</p>"
+    missing = "".join(f", {n} {what}" for n, what in ((len(unread), "unreadable run.json"),
+                                                      (len(unrecorded), "job folder(s) without a record")) if n)
     summary, full = tables(records, group_by)
     n_ok = sum(r.get("status") == "completed" for r in records)
     sweeps = ", ".join(html.escape(str(s.get("sweep_dir"))) for s in summaries) or "-"
@@ -232,7 +241,7 @@ def render_html(records: list[dict], summaries: list[dict], group_by: str | None
 <script>{plotly.offline.get_plotlyjs()}</script>
 </head><body>
 <h1>{html.escape(title)}</h1>
-<p>{len(records)} runs: {n_ok} completed, {len(records) - n_ok} failed. Sweeps: {sweeps}.
+<p>{len(records)} runs: {n_ok} completed, {len(records) - n_ok} failed{missing}. Sweeps: {sweeps}.
 {f"Grouped by <code>{html.escape(group_by)}</code>." if group_by else ""}</p>
 <div class="grid">{cards}</div>
 <h2>Runs</h2><p class="note">Click a column to sort. Failed runs in red (hover for the error); runs whose

@@ -1,0 +1,58 @@
+"""Every job of a sweep is counted somewhere (review, 2026-12-03): a job whose launcher was killed
+(kill -9 of scalelab-train, the OOM killer) leaves a folder with its config and ranks.log but no
+run.json, and an unreadable run.json is no row; the headline said '1 completed, 0 failed' and the
+dashboard '1 runs' for a sweep of three jobs."""
+import json
+import subprocess
+import sys
+
+from scalelab.results.callbacks import summarize_sweep
+from scalelab.results.record import write_json
+from scalelab.results.sweep import aggregate, jobs_without_record
+
+from .test_results import _rec
+
+
+def _sweep(root):
+    (root / "0").mkdir()
+    write_json(root / "0" / "run.json", _rec("s/0", "ddp", 1, 16, 100.0))
+    killed = root / "1"                      # what the launcher wrote before its ranks ran
+    (killed / ".hydra").mkdir(parents=True)
+    (killed / "config_resolved.yaml").write_text("strategy: {name: ddp}\n")
+    (killed / "ranks.log").write_text("[rank 0] step 40\n")
+    (root / "2").mkdir()
+    (root / "2" / "run.json").write_text('{"status": "comp')       # truncated by a full disk
+    (root / ".submitit").mkdir()                                    # not a job folder
+    (root / "10").mkdir()
+    (root / "10" / "config_resolved.yaml").write_text("{}\n")       # another killed one, sorted by number
+    return root
+
+
+def test_a_job_folder_without_a_record_and_an_unreadable_record_are_counted(tmp_path, capsys):
+    sweep = _sweep(tmp_path)
+    assert jobs_without_record(sweep) == ["1", "10"]
+    summary = aggregate(sweep)
+    assert (summary["num_completed"], summary["num_failed"], summary["num_skipped"], summary["num_no_record"]) \
+        == (1, 0, 1, 2)
+    assert json.loads((sweep / "sweep.json").read_text())["no_record"] == ["1", "10"]
+    summarize_sweep(sweep)
+    out = capsys.readouterr().out
+    assert f"== sweep {sweep}: 1 completed, 0 failed, 1 unreadable run.json, 2 without a record ==" in out
+    assert f"NO RECORD {sweep / '1'}: no run.json: its launcher was killed" in out
+    assert f"UNREADABLE {sweep / '2' / 'run.json'}: " in out
+    page = (sweep / "report.html").read_text()
+    assert "1 runs: 1 completed, 0 failed, 1 unreadable run.json, 2 job folder(s) without a record." in page
+    assert f"<b>no record</b> {sweep / '10'}" in page and f"<b>unreadable</b> {sweep / '2' / 'run.json'}" in page
+
+
+def test_compare_says_which_job_folders_have_no_record(tmp_path):
+    sweep = _sweep(tmp_path)
+    (sweep / "multirun.yaml").write_text("{}\n")
+    rec = json.loads((sweep / "0" / "run.json").read_text())
+    rec["job"].update(sweep_dir=str(sweep.resolve()), dir="0")
+    write_json(sweep / "0" / "run.json", rec)
+    proc = subprocess.run([sys.executable, "-m", "scalelab.cli", "compare", str(sweep)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"no record {sweep.resolve() / '1'}: no run.json" in proc.stderr
+    assert f"no record {sweep.resolve() / '10'}: no run.json" in proc.stderr
