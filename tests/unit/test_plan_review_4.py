@@ -66,3 +66,25 @@ def test_fp16_amp_on_cpu_is_refused_before_any_rank_starts():
     # on a GPU profile it stays a plan (DDP fp16 with a loss scaler)
     assert _plan_json("--model", "gpt_nano", "--strategy", "ddp", "--precision", "fp16")["inputs"]["precision"] \
         == "fp16-mixed"
+
+
+def test_strategy_lists_batch_splits_and_call_counts_as_a_user_reads_them():
+    from scalelab.plan.cli import _strategies
+    from scalelab.plan.report import _calls
+    from scalelab.plan.strategies import STRATEGIES
+
+    assert _strategies("ddp,ddp") == ["ddp"]                            # printed two identical rows
+    assert _strategies("all,ddp") == list(STRATEGIES)                   # was: unknown strategy 'all'
+    assert _strategies("zero3, all") == ["zero3", *(s for s in STRATEGIES if s != "zero3")]
+    # 15 sequences over 2 ranks: no micro-batch was given, so none is named ("2 x 1 = 2" before)
+    proc = _cli("plan", "--model", "gpt_nano", "--strategy", "ddp", "--global-batch", "15", "--devices", "2")
+    assert proc.returncode == 2
+    assert proc.stderr == "error: --global-batch 15 does not split over 2 data-parallel ranks; valid: multiples of 2\n"
+    assert (_calls(1079), _calls(1.0), _calls(2.82653)) == ("1079", "1", "2.83")
+
+
+def test_bf16_true_is_named_as_not_modelled_not_as_unknown():
+    proc = _cli("plan", "strategy=fsdp", "model=gpt_nano", "trainer.precision=bf16-true", "trainer.devices=2")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("error: precision 'bf16-true' (bf16 weights, gradients and optimizer states, no "
+                                  "fp32 master copy) is not modelled by the planner"), proc.stderr

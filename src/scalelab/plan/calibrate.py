@@ -20,8 +20,9 @@ algorithm: gloo has no native reduce-scatter), as nccl-tests reports a busbw per
 strategy gets its own per-layer term with >= 3 runs at >= 2 layer x micro-batch counts ("single",
 plain Lightning, has the base terms only), so each such term is over-determined;
 the report also gives leave-one-out ratios (each run predicted by the profile a fit that did not
-see it would save). A fit of fewer runs than its terms + 1 (or without leave-one-out) matches its
-runs whatever the rates: it is saved with `calibration.underdetermined: true`. Runs must have run
+see it would save). A fit of fewer runs than its terms + 1 (or without leave-one-out) cannot pin
+its rates down (the non-negative fit with its pull to the prior need not even match those runs):
+it is saved with `calibration.underdetermined: true`. Runs must have run
 on the profile's kind of device (CPU / GPU), and a CPU profile records its host's key.
 Compute gets one rate per (dtype, threads per rank) seen: on CPU, 2 threads are not twice 1, and
 bf16 may have no fast kernel (see this_cpu.yaml's probe).

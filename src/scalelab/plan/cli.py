@@ -229,7 +229,9 @@ def _strategies(value: str | None) -> list[str | None]:
     """--strategy NAME, a comma list, or all (every strategy the planner knows)."""
     if not value:
         return [None]
-    names = list(STRATEGIES) if value.strip() == "all" else [v.strip() for v in value.split(",") if v.strip()]
+    # `all` inside a list too (all,ddp: "unknown strategy 'all'"), each name once (ddp,ddp: two rows)
+    given = [v.strip() for v in value.split(",") if v.strip()]
+    names = list(dict.fromkeys(n for v in given for n in (STRATEGIES if v == "all" else [v])))
     if not names:     # "," or " ": a traceback (IndexError) before
         raise PlanError(f"--strategy {value!r} names no strategy; valid: {', '.join(strategy_names())} "
                         "(or a comma list, or all)")

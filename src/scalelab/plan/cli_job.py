@@ -39,13 +39,15 @@ def default_global_batch() -> int:
 def _micro_batch(a, model: ModelSpec, name: str, kw: dict) -> int:
     """--micro-batch, else as the trainer derives it: the global batch (kw's: --global-batch or the
     trainer's default) / data-parallel ranks, no accumulation; a pipeline cuts that into its
-    micro-batches (strategy.microbatches, 4). 1 where the ranks do not divide it (the layout then
-    says so)."""
+    micro-batches (strategy.microbatches, 4). A global batch the ranks do not divide: PlanError."""
     if a.micro_batch is not None:
         return a.micro_batch
     from .step_time import build_terms
     dp = build_terms(model, name, micro_batch=1, **{**kw, "global_batch": None}).layout.dp
-    per_rank = kw["global_batch"] // dp if kw["global_batch"] % dp == 0 else 1
+    if kw["global_batch"] % dp:    # said as "dp x micro-batch = 2 x 1", a micro-batch nobody gave
+        raise PlanError(f"--global-batch {kw['global_batch']} does not split over {dp} data-parallel ranks; "
+                        f"valid: multiples of {dp}")
+    per_rank = kw["global_batch"] // dp
     chunks = int(_strategy_option(name, "microbatches") or 4) if get_strategy(name).pipeline else 1
     return per_rank // chunks if per_rank % chunks == 0 else per_rank
 

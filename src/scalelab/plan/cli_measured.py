@@ -86,7 +86,8 @@ def _calibrate(a) -> int:
     if cal["underdetermined"]:
         print(f"warning: {cal['fitted_runs']} runs for {len(cal['fitted_terms'])} fitted terms"
               + ("" if cal["leave_one_out_max_relative_error"] is not None else ", no leave-one-out")
-              + f": the fit matches its runs whatever the rates (underdetermined: true in {out});"
+              + f": these runs cannot pin its rates down (the in-sample ratios below say how well it fits them, not "
+              f"what it predicts; underdetermined: true in {out});"
               " calibrate on more runs (batch sizes, models) before planning with it", file=sys.stderr)
     if a.json:
         print(json.dumps(rep, indent=2))
@@ -135,7 +136,7 @@ def _judge(a, rep: dict) -> int:
 
 
 def _print_validation(rep: dict, hw) -> None:
-    print(f"predicted ({hw.name}) vs measured, {len(rep['runs'])} runs; step ratio = predicted / measured "
+    print(f"predicted ({hw.name}) vs measured, {len(rep['runs'])} run{'s' if len(rep['runs']) != 1 else ''}; step ratio = predicted / measured "
           "as planned (at the profile's reference host speed), and at the run's host speed")
     _print_table(
         ["run", "strategy", "model", "N", "seed", "prec", "host speed", "step pred s (as planned)", "step meas s",

@@ -4,6 +4,12 @@ from __future__ import annotations
 from pathlib import Path
 
 
+
+def _calls(n: float) -> str:
+    """Calls per step: a count, or a mean to 2 decimals (ZeRO-3's fetches of layers not kept
+    gathered: 2.82653 printed as 6 digits of a guess)."""
+    return f"{n:.0f}" if float(n).is_integer() else f"{n:.2f}"
+
 def fmt_bytes(n) -> str:
     if n is None:
         return "-"
@@ -87,7 +93,7 @@ def render(doc: dict) -> str:
     out += ["", "communication per step per device"]
     for c in doc["comm"]["collectives"]:
         out.append(f"  {c['name']:<30} {c['op']:<15} group {c['group']}={c['group_size']:<4} "
-                   f"{c['calls']:>7g} calls {fmt_bytes(c['bytes_per_step_per_device']):>12}"
+                   f"{_calls(c['calls']):>7} calls {fmt_bytes(c['bytes_per_step_per_device']):>12}"
                    + ("  inter-node" if c["crosses_nodes"] else ""))
     if not doc["comm"]["collectives"]:
         out.append("  none")

@@ -34,6 +34,10 @@ PRECISIONS = ("32", "bf16-mixed", "fp16-mixed")
 
 def normalize_precision(p: str) -> str:
     key = str(p).strip().lower()
+    if key in ("bf16-true", "bf16_true"):   # the trainer takes it (fsdp, tp, fsdp_tp, pipeline, nd)
+        raise PlanError(f"precision {p!r} (bf16 weights, gradients and optimizer states, no fp32 master copy) is "
+                        "not modelled by the planner: plan bf16-mixed for its compute and activations (its model "
+                        "states are then over-counted: 16 bytes per parameter with Adam, bf16-true keeps 8)")
     if key not in _PRECISION_ALIASES:
         raise PlanError(f"unknown precision {p!r}; valid: {', '.join(PRECISIONS)} "
                         "(aliases: 32-true, bf16, 16-mixed, fp16)")

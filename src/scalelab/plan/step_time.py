@@ -306,7 +306,7 @@ def baseline(terms: Terms, hw: Hardware) -> tuple[Terms, str] | tuple[None, str]
             except PlanError:
                 cand = None
             if cand is not None and fits(cand, hw):
-                return cand, f"{terms.strategy.name} on {world} devices, the smallest world size that fits"
+                return cand, f"{terms.strategy.name} on {world} device{'s' if world > 1 else ''}, the smallest world size that fits"
         world *= 2
     return None, "no smaller layout fits device memory"
 
