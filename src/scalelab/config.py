@@ -207,6 +207,24 @@ def smoke_warmup(cfg: DictConfig, given: bool) -> str | None:
             "and its few measured steps are not steady-state (short_run)")
 
 
+def warmup_when_longer(cfg) -> int:
+    """The warm-up a longer run of CFG excludes: its own, or, where smoke_warmup lowered the default
+    to max_steps - 1, the default (conf/trainer/default.yaml) that applies again once max_steps
+    exceeds it. The short-run hint said 'max_steps >= 7' after 3 steps, and 7 steps said '>= 10'."""
+    warm, steps = int(OmegaConf.select(cfg, WARMUP_KEY) or 0), int(OmegaConf.select(cfg, "trainer.max_steps") or 0)
+    if warm != steps - 1:
+        return warm
+    try:
+        import yaml
+
+        from scalelab.paths import conf_dir
+
+        default = int((yaml.safe_load((conf_dir() / "trainer" / "default.yaml").read_text()) or {})["warmup_steps"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return warm
+    return max(warm, default)
+
+
 def validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
     """All checks that can run without starting a rank. `target` ("cpu" | "gpu"): validate a job
     for that kind of device elsewhere (`scalelab plan`), without asking this machine for devices

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from scalelab import timing  # noqa: E402
 from scalelab.checkpointing import (RESUMED, checkpoint_step, note_restart, periodic_checkpoint, read_curve, resume_point,
                                     write_step)
-from scalelab.config import validate
+from scalelab.config import validate, warmup_when_longer
 from scalelab.console import StepProgressBar, quiet_rank
 from scalelab.data.datamodule import ByteCorpusDataModule, ValidationCurve, validation_trainer_args
 from scalelab.launch import host_cores, too_few_gpus
@@ -110,7 +110,8 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     seq = spec.seq_len if cfg.model.task == "lm" else None
     # LiveThroughput (Lightning's ThroughputMonitor without its per-step CUDA sync) logs a rolling
     # per-step view (rank 0) to the logger; the run record's steady-state figures come from StepMetrics.
-    live = LiveThroughput(batch_size_fn=lambda b: b.shape[0], window_size=min(10, cfg.trainer.max_steps),
+    # Its window is at least 2 (Lightning asserts it): trainer.max_steps=1 failed every rank.
+    live = LiveThroughput(batch_size_fn=lambda b: b.shape[0], window_size=max(2, min(10, cfg.trainer.max_steps)),
                           replicas=world // spec.batch.dp_size,   # tp x pp ranks share each sample
                           **({"length_fn": lambda b: b.shape[0] * seq} if seq else {}))
     # HostLRMonitor: Lightning's LearningRateMonitor without its per-step torch.tensor(lr, device=cuda)
@@ -236,7 +237,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
             print(f"[scalelab] warning: only {st['measured_steps']} measured step(s) ({ran} - warm-up "
                   f"{st['warmup_steps_excluded']} - profiled {st['profiled_steps_excluded']}): step time and "
                   f"throughput are not steady-state; use trainer.max_steps >= "
-                  f"{since + cfg.trainer.warmup_steps + profiled + MIN_MEASURED_STEPS}", flush=True)
+                  f"{since + warmup_when_longer(cfg) + profiled + MIN_MEASURED_STEPS}", flush=True)
         # the launcher's count (job.host_cores) where it gave one: MFU's peak where ranks share cores
         record["hardware"]["host_cores"] = int(cfg.job.get("host_cores") or host_cores())
         record["mfu"] = compute_mfu(record, spec.run.model_arch,

@@ -49,6 +49,18 @@ def test_short_run_is_flagged_everywhere(short_job):
     assert "*" in out.splitlines()[2] and "fewer than 5 measured steps" in out
 
 
+def test_one_step_runs_and_the_hint_counts_the_default_warmup(tmp_path):
+    """trainer.max_steps=1 passed validation, then every rank failed (Lightning's throughput window
+    must be > 1); trainer.max_steps=3's hint said >= 7, and 7 steps then asked for 10."""
+    for steps, hint in ((1, "use trainer.max_steps >= 10"), (3, "use trainer.max_steps >= 10")):
+        job = tmp_path / f"s{steps}"
+        proc = train(["trainer.devices=1", f"trainer.max_steps={steps}", "logger=none", f"hydra.run.dir={job}"],
+                     tmp_path)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert json.loads((job / "run.json").read_text())["status"] == "completed"
+        assert hint in proc.stdout, proc.stdout[-1500:]
+
+
 def test_selective_checkpointing_is_the_run(short_job):
     job, _ = short_job
     rec = json.loads((job / "run.json").read_text())

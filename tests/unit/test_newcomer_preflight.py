@@ -60,7 +60,9 @@ def test_the_default_warmup_is_lowered_and_said_in_one_line():
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from scalelab.config import smoke_warmup, validate, warmup_given
+    from omegaconf import OmegaConf
+
+    from scalelab.config import smoke_warmup, validate, warmup_given, warmup_when_longer
     from scalelab.paths import conf_dir
 
     GlobalHydra.instance().clear()
@@ -73,6 +75,11 @@ def test_the_default_warmup_is_lowered_and_said_in_one_line():
     assert "trainer.max_steps=3" in line and "trainer.warmup_steps=5" in line and "trainer.warmup_steps=2" in line
     validate(cfg)   # the lowered config is a valid job
     assert smoke_warmup(long_run, False) is None and long_run.trainer.warmup_steps == 5
+    # the end-of-run hint: 0 resumed + 5 warm-up (the default again once max_steps > 5) + 5 measured = 10;
+    # it said 2 + 5 = 7, and 7 steps then asked for 10
+    assert warmup_when_longer(cfg) == 5 and warmup_when_longer(long_run) == 5
+    given = OmegaConf.create({"trainer": {"max_steps": 20, "warmup_steps": 1}})
+    assert warmup_when_longer(given) == 1
     assert warmup_given(["trainer.warmup_steps=5"]) and warmup_given(["+trainer.warmup_steps=5"])
 
 
