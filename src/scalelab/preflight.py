@@ -74,6 +74,12 @@ def expand(args: list[str]) -> list[list[str]]:
     if not _basic(base):
         return [fixed]  # other sweepers (Optuna) choose values at run time: the fixed part, and search_space
     swept = sweep_overrides()
+    for o in swept:
+        if o.get_key_element().lstrip("+") == "experiment" and o.is_sweep_override():
+            # each experiment is a sweep of its own (hydra.sweeper.params), read once from the primary
+            # config: `-m experiment=default,weak_scaling` ran 2 jobs, not their 4 + 2 (found by review)
+            raise ConfigError(f"{o.input_line}: each experiment is a sweep of its own; run them one at a time "
+                              f"(scalelab-train -m experiment=NAME): swept together, Hydra runs one job of each")
     try:
         jobs = BasicSweeper.split_arguments(swept, max_batch_size=None)
     except HydraException as e:   # interval(): only a sweeper that samples (Optuna) takes one
@@ -208,6 +214,41 @@ def _run_folder_kind(folder: Path) -> str | None:
     return kind_refusal(folder, False)
 
 
+# Hydra's own command-line flags (hydra/_internal/utils.py get_args_parser)
+_HYDRA_FLAGS = set(_MODES) | _PASS_THROUGH | {"--resolve", "--package", "-p", "--config-path", "-cp"}
+_CFG_VALUES = ("job", "hydra", "all")
+
+
+def _refuse_unknown_flags(args: list[str]) -> None:
+    """A flag Hydra does not know, before anything is prepared: `scalelab-train --foo` prepared the
+    data (31 MB into the cache) and only then got argparse's refusal; `--cfg jobb` was read as an
+    override ("missing EQUAL")."""
+    for i, a in enumerate(args):
+        flag = a.split("=", 1)[0]
+        if a.startswith("-") and flag not in _HYDRA_FLAGS:
+            raise ConfigError(f"unknown option {a!r}: scalelab-train takes KEY=VALUE overrides and Hydra's flags "
+                              "(-m, --cfg job|hydra|all, --help, --hydra-help, --info, --resolve, -p PACKAGE)")
+        if flag in ("--cfg", "-c"):
+            value = a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else None)
+            if value not in _CFG_VALUES:
+                raise ConfigError(f"{flag} {value or ''}".rstrip() + f": {flag} takes one of {', '.join(_CFG_VALUES)}")
+
+
+def _refuse_a_sweep_run_once(cfg, job: list[str]) -> None:
+    """An experiment that is a sweep (hydra.sweeper.params) given without -m: Hydra runs one job of
+    it, its first values nowhere, and exits 0 (`scalelab-train experiment=strategy_scaling` ran ddp
+    at 1 rank of its 4 jobs, without a word: found by review). A comma list without -m is refused
+    likewise (one job of a sweep is `-m` with one value per key)."""
+    params = OmegaConf.to_container(cfg.hydra.sweeper, resolve=False).get("params") or {}
+    if not params:
+        return
+    named = [o for o in job if o.split("=", 1)[0].lstrip("+") == "experiment"]
+    what = named[-1] if named else "this config"
+    listed = " ".join(f"{k}={v}" for k, v in params.items())
+    raise ConfigError(f"{what} is a sweep ({listed}): run it with -m (scalelab-train -m {' '.join(job)}); "
+                      "without -m Hydra runs one job of it")
+
+
 def preflight(args: list[str], data: bool = True, elsewhere: bool = False) -> int:
     """Validate all jobs; returns how many. Raises ConfigError on the first bad one.
     data: also prepare each job's data (cached) and check it is enough for the run.
@@ -215,6 +256,7 @@ def preflight(args: list[str], data: bool = True, elsewhere: bool = False) -> in
     command asks for GPUs unless trainer.accelerator=cpu: each job is validated for that device,
     not this one's (a login node without GPUs refused trainer.accelerator=gpu, hardware=h200 and
     DeepSpeed fp16 as if the job were to run on its CPU)."""
+    _refuse_unknown_flags(args)
     modes = [a.split("=")[0] for a in args if a.split("=")[0] in _MODES]
     if len({_MODES[m] for m in modes}) > 1:   # Hydra's own refusal is a ValueError traceback
         raise ConfigError(f"{' and '.join(dict.fromkeys(modes))} cannot be combined: --cfg job prints one job's "
@@ -236,6 +278,8 @@ def preflight(args: list[str], data: bool = True, elsewhere: bool = False) -> in
                 cfg = compose_job(job, hydra_cfg=True)   # one compose: the job's folder and its config
                 where, sweep_dir, sub = _job_dir(cfg, num, multirun)
                 raw_sub = OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir")
+                if not multirun:
+                    _refuse_a_sweep_run_once(cfg, job)
                 sampled = multirun and not _basic(cfg)
                 with open_dict(cfg):
                     cfg.pop("hydra")

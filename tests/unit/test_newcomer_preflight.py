@@ -171,3 +171,29 @@ def test_cfg_with_an_unknown_option_is_one_line_and_exit_2(main_calls, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: strategy=fsdpp is not known") and "\n" not in err, err
     assert "start" not in calls
+
+
+# ------------------------------------------------------------- review 2026-12-03: experiments and flags
+def test_an_experiment_that_is_a_sweep_needs_dash_m():
+    """`scalelab-train experiment=strategy_scaling` ran ddp at 1 rank, one of its 4 jobs, exit 0."""
+    line = _refused(["experiment=strategy_scaling"], "experiment=strategy_scaling is a sweep (strategy=single,ddp "
+                    "trainer.devices=1,2): run it with -m (scalelab-train -m experiment=strategy_scaling)")
+    assert "without -m Hydra runs one job of it" in line
+    assert preflight(["-m", "experiment=strategy_scaling"], data=False) == 4
+    # two experiments swept together: Hydra reads one sweeper config, so 2 jobs ran, not 4 + 2
+    _refused(["-m", "experiment=default,weak_scaling"], "experiment=default,weak_scaling: each experiment is a sweep "
+             "of its own; run them one at a time")
+
+
+@pytest.mark.parametrize("args, needed", [(["--foo"], "unknown option '--foo'"),
+                                          (["--cfg", "jobb"], "--cfg jobb: --cfg takes one of job, hydra, all"),
+                                          (["strategy=ddp", "--cfg"], "--cfg: --cfg takes one of job, hydra, all"),
+                                          (["--multirn", "strategy=ddp,fsdp"], "unknown option '--multirn'")])
+def test_an_unknown_flag_is_refused_before_any_data_is_prepared(args, needed, tmp_path, monkeypatch):
+    """`scalelab-train --foo` prepared the data (31 MB into a fresh cache) before argparse refused it."""
+    monkeypatch.setenv("SCALELAB_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ConfigError) as e:
+        preflight(args, data=True)
+    assert needed in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "cache").exists()
+    assert preflight(["--cfg", "job", "strategy=ddp"], data=True) == 0      # Hydra's flags still pass
