@@ -161,9 +161,13 @@ def run_job(cfg: DictConfig) -> dict:
     if (job_dir / "ranks.log").exists() and not slurm_batch:                # ranks.log keeps every run
         with open(job_dir / "ranks.log", "a") as f:
             f.write(f"{RERUN_MARK} {timing.now():.0f}\n")
+    micro, acc = spec.batch.per_device_batch_size, spec.batch.accumulate_grad_batches
+    chunks = int(getattr(spec.plan, "microbatches", None) or 1)
+    # a pipeline cuts each replica's batch into its schedule's micro-batches: as the table's "4x4 pp"
+    split = f"micro {micro // chunks} x {acc * chunks} pp" if chunks > 1 and micro % chunks == 0 else \
+        f"micro {micro} x acc {acc}"
     log.info(f"[scalelab] {resolved['job']['name']}: strategy={cfg.strategy.name} world={spec.run.world_size} "
-             f"batch={spec.batch.global_batch_size} (micro {spec.batch.per_device_batch_size} x acc "
-             f"{spec.batch.accumulate_grad_batches}) -> {job_dir}")
+             f"batch={spec.batch.global_batch_size} ({split}) -> {job_dir}")
     cmd = launch.rank_command(cfg.launcher.name, spec.run.num_nodes, spec.run.devices_per_node, job_dir,
                               list(cfg.launcher.get("extra_args") or []),
                               int(cfg.trainer.get("max_restarts", 0)), layout)  # torchrun / srun

@@ -112,6 +112,8 @@ def test_the_progress_line_shows_the_last_stage_loss_without_a_logger(tmp_path):
     last = next(line for line in proc.stdout.splitlines() if line.startswith("step 3/3"))   # \r read as a newline
     final = _curve(_run(tmp_path, "bar"))[-1]
     assert f"| rank-0 loss {final:.4f}" in last, last
+    # the start line's batch split is the table's: 16 per replica in 4 micro-batches of 4 (it said 16 x acc 1)
+    assert "batch=16 (micro 4 x 4 pp)" in proc.stdout + proc.stderr
 
 
 def test_each_stage_holds_only_its_layers(pipe, core_sweep):

@@ -7,6 +7,10 @@ verification flags without --verify did nothing; an LR with more than 6 signific
 "agreed with the advice". Step times are set by hand (test_recommend_ties.hand_timed)."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from scalelab.cli import build_parser
@@ -214,3 +218,26 @@ def test_the_verify_table_says_predicted_vs_measured_memory():
     assert dict(zip(head, rows[0]))["memory pred/meas"] == f"{pred / 500e6:.2f} (peak RSS)"
     gpu = measured_row(c, [rec([9e9], device=[2e9, 4e9], acc="gpu")], "throughput", req.hardware, None)
     assert gpu["memory_measure"] == "device peak" and gpu["memory_ratio"] == pytest.approx(c.memory_bytes / 4e9)
+
+
+def test_a_strategy_that_fits_nowhere_is_said_and_the_counts_agree(tmp_path):
+    """7B on 4 x 8 H100s: ddp keeps 16 bytes per parameter on every device, 16 x 7,064,420,352 =
+    113.0 GB = 105.3 GiB > 80 GiB, so no layout of it fits; the table left it out without a word.
+    recommendation.md said '133 layouts fit of 237 considered' where the console said '133 of 234'."""
+    out = tmp_path / "rec"
+    proc = subprocess.run([sys.executable, "-m", "scalelab.cli", "recommend", "--params", "7B", "--devices", "8",
+                           "--nodes", "4", "--hardware", "h100_sxm", "--global-batch", "512", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((out / "recommendation.json").read_text())
+    nowhere = doc["search"]["fits_nowhere"]
+    assert "ddp" in nowhere and nowhere["ddp"] > 16 * 7_064_420_352
+    assert all(r["strategy"] not in nowhere for r in doc["ranking"])
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("fits nowhere: ddp: "))
+    assert line.startswith("fits nowhere: ddp: its smallest layout needs ") and "GiB per device" in line
+    fit = doc["search"]["fitting"]
+    built = fit + sum(n for why, n in doc["search"]["pruned"].items() if why.startswith("does not fit")
+                      or why.startswith("offloaded states"))
+    assert f"{fit} of {built} layouts fit device memory" in proc.stdout
+    assert f"{fit} of {built} layouts fit device memory ({doc['search']['built']} considered" \
+        in (out / "recommendation.md").read_text()

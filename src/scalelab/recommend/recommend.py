@@ -12,7 +12,7 @@ from scalelab.plan.spec import PlanError
 from . import lr as lr_mod
 from . import verify as V
 from scalelab.plan.hardware import devices_per_node_warning
-from scalelab.plan.report import fmt_time
+from scalelab.plan.report import fmt_bytes, fmt_time
 
 from .rank import PLANNER_MARGIN, SIMPLICITY, best_per_strategy, break_ties, rank, reason, score, tokens_per_s
 from .report import fmt_count, fmt_score, lr_table, ranking_rows, text_table, verify_rows, write_all
@@ -96,7 +96,8 @@ def recommend(req: Request, *, objective: str, tokens=None, budget_s=None, verif
     say = (lambda *a: None) if quiet else print
     extra = list(extra or [])
     t0 = time.perf_counter()
-    cands, pruned = enumerate_candidates(req)
+    smallest: dict[str, float] = {}
+    cands, pruned = enumerate_candidates(req, smallest)
     ranked = rank(cands, objective, req.hardware, tokens, budget_s)
     # the tie over every strategy's best the trainer accepts, then cut for display: cut first, the
     # answer depended on --top ("strategies shown": --top 1 gave zero3, --top 3 zero1, the default ddp)
@@ -108,7 +109,7 @@ def recommend(req: Request, *, objective: str, tokens=None, budget_s=None, verif
            "search": {"built": len(cands) + sum(pruned.values()), "fitting": len(cands),
                       "pruned_total": sum(pruned.values()), "pruned": pruned, "strategies_fitting":
                       len(best_per_strategy(ranked)), "seconds": round(time.perf_counter() - t0, 2),
-                      "excluded": unrunnable(req)},
+                      "excluded": unrunnable(req), "fits_nowhere": _fits_nowhere(req, cands, smallest)},
            "ranking": [{**candidate_doc(c, ov, req, objective, tokens, budget_s), "predicted_rank": r,
                         "tied": bool(tie) and c.strategy in tie["strategies"]}
                        for (c, ov), r in zip(shown, predicted_rank)],
@@ -348,11 +349,23 @@ def _say_ranking(doc: dict, say) -> None:
         by_reason.setdefault(why, []).append(name)
     for why, names in by_reason.items():
         say(f"not searched: {', '.join(names)}: {why}")
+    # searched, but no layout fits (ddp at 7B on 80 GB devices): left out of the table without a word
+    for name, least in s.get("fits_nowhere", {}).items():
+        say(f"fits nowhere: {name}: " + (f"its smallest layout needs {fmt_bytes(least)} per device"
+                                         if least else "the planner refused every layout (recommendation.json "
+                                         "search.pruned)"))
     for note in ((doc.get("tie") or {}).get("note"), (doc.get("budget") or {}).get("note")):
         if note:
             say(note)
     for r in doc["rejected_by_trainer"]:
         say(f"refused by the trainer: {r['layout']}: {r['error']}")
+
+
+def _fits_nowhere(req: Request, cands, smallest: dict) -> dict:
+    """{strategy: its least device memory of a layout too big (None: none was built)} of each
+    strategy searched that has no layout that fits."""
+    fitting, excluded = {c.strategy for c in cands}, unrunnable(req)
+    return {n: smallest.get(n) for n in req.strategies if n not in fitting and n not in excluded}
 
 
 def _finish(doc: dict, out: Path, records, summaries, say) -> None:

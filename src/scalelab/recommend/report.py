@@ -11,6 +11,8 @@ from pathlib import Path
 
 from scalelab.plan.report import fmt_bytes, fmt_time
 
+from .space import MEMORY_PRUNES
+
 _UNIT = {"throughput": "tokens/s", "time-to-tokens": "s to --tokens", "cost": "cost per token"}
 
 
@@ -121,10 +123,12 @@ def text_table(head: list[str], rows: list[list[str]], drop: tuple[str, ...] = (
 
 def markdown(doc: dict) -> str:
     req, win, lr = doc["request"], doc["winner"], doc["lr"]
+    # as the console says it (recommend._say_ranking): of the layouts built, not of those skipped whole
+    too_big = sum(n for why, n in doc["search"]["pruned"].items() if why.startswith(MEMORY_PRUNES))
     out = [f"# ScaleLab recommendation: {req['model']['name']} on {req['nodes']}x{req['devices']} {req['hardware']}",
            "", f"Objective: **{doc['objective']}**; global batch {', '.join(map(str, req['global_batches']))}; "
-           f"{doc['search']['fitting']} layouts fit device memory of {doc['search']['built']} considered "
-           f"({doc['search']['pruned_total']} pruned).", ""]
+           f"{doc['search']['fitting']} of {doc['search']['fitting'] + too_big} layouts fit device memory "
+           f"({doc['search']['built']} considered, {doc['search']['pruned_total']} pruned).", ""]
     m = req["model"]
     if m.get("shape_inferred"):
         out += [f"Model: {m['layers']} layers x hidden {m['hidden']}, {m['heads']} heads, vocab {m['vocab']}, seq "

@@ -257,8 +257,9 @@ TOO_BIG, HOST_TOO_SMALL = "does not fit device memory", "offloaded states do not
 MEMORY_PRUNES = (TOO_BIG, HOST_TOO_SMALL)
 
 
-def enumerate_candidates(req: Request) -> tuple[list[Candidate], dict]:
-    """Every point of the space that fits device memory, and a tally of what was pruned and why."""
+def enumerate_candidates(req: Request, smallest: dict | None = None) -> tuple[list[Candidate], dict]:
+    """Every point of the space that fits device memory, and a tally of what was pruned and why.
+    SMALLEST, where given, gets each strategy's least device memory of a layout built too big."""
     pruned: dict[str, int] = {}
 
     def prune(why: str, n: int = 1) -> None:
@@ -284,13 +285,15 @@ def enumerate_candidates(req: Request) -> tuple[list[Candidate], dict]:
                     for micro, m in batch_splits(name, gb // dp, pp, req.max_micro_batches):
                         for ckpt in req.checkpointing:
                             for prec in req.precisions:
-                                cand = _build(req, name, devices, nodes, tp, pp, micro, m, gb, ckpt, prec, prune)
+                                cand = _build(req, name, devices, nodes, tp, pp, micro, m, gb, ckpt, prec, prune,
+                                              smallest)
                                 if cand is not None:
                                     out.append(cand)
     return out, pruned
 
 
-def _build(req: Request, name, devices, nodes, tp, pp, micro, m, gb, ckpt, prec, prune) -> Candidate | None:
+def _build(req: Request, name, devices, nodes, tp, pp, micro, m, gb, ckpt, prec, prune,
+           smallest: dict | None = None) -> Candidate | None:
     try:
         terms = build_terms(req.model, name, devices=devices, nodes=nodes, tp=tp, pp=pp, micro_batch=micro,
                             global_batch=gb, precision=prec, optimizer=req.optimizer,
@@ -300,6 +303,8 @@ def _build(req: Request, name, devices, nodes, tp, pp, micro, m, gb, ckpt, prec,
         return None
     total = device_total_bytes(terms, req.hardware)
     if total > (1 - req.headroom) * req.hardware.memory_bytes:
+        if smallest is not None:
+            smallest[name] = min(total, smallest.get(name, total))
         prune(TOO_BIG + (f" less {req.headroom:.0%} headroom" if req.headroom else ""))
         return None
     if not fits_host(terms, req.hardware):
