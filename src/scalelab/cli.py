@@ -133,6 +133,9 @@ def _aggregate(args: argparse.Namespace) -> int:
     from scalelab.results.callbacks import summarize_sweep
 
     sweep = Path(args.sweep_dir)
+    if not sweep.exists():
+        print(f"error: {sweep} does not exist (give a sweep dir, e.g. outputs/sweeps/<time>)", file=sys.stderr)
+        return 2
     if not sweep.is_dir() or not any(sweep.rglob("run.json")):
         print(f"error: {sweep} holds no run.json (give a sweep dir, e.g. outputs/sweeps/<time>)", file=sys.stderr)
         return 2

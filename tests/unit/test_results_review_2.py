@@ -56,3 +56,37 @@ def test_compare_says_which_job_folders_have_no_record(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert f"no record {sweep.resolve() / '1'}: no run.json" in proc.stderr
     assert f"no record {sweep.resolve() / '10'}: no run.json" in proc.stderr
+
+
+def test_no_w_and_b_summary_run_for_a_sweep_whose_jobs_logged_nowhere(tmp_path, wandb_env):
+    """`-m logger=none,csv` under the default logger wandb: the summary run was made all the same."""
+    for i, (world, logger) in enumerate(((1, "none"), (2, "csv"))):
+        rec = _rec(f"w/{i}", "ddp", world, 16, 100.0 * world)
+        rec["config"]["logger"] = {"name": logger}
+        (tmp_path / "quiet" / str(i)).mkdir(parents=True)
+        write_json(tmp_path / "quiet" / str(i) / "run.json", rec)
+    base_logger = {"name": "wandb", "mode": "offline", "project": "scalelab-test"}
+    assert "wandb_run_id" not in summarize_sweep(tmp_path / "quiet", base_logger, when_used=True)
+    assert not (tmp_path / "quiet" / "wandb").exists()
+    # one job logged to W&B: the sweep's summary run is made
+    rec = json.loads((tmp_path / "quiet" / "1" / "run.json").read_text())
+    rec["config"]["logger"] = {"name": "wandb", "mode": "offline"}
+    write_json(tmp_path / "quiet" / "1" / "run.json", rec)
+    assert summarize_sweep(tmp_path / "quiet", base_logger, when_used=True)["wandb_run_id"]
+    assert (tmp_path / "quiet" / "wandb").is_dir()
+
+
+def test_a_missing_sweep_and_a_control_character_are_said_plainly(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "scalelab.cli", "aggregate", str(tmp_path / "nope")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == f"error: {tmp_path / 'nope'} does not exist (give a sweep dir, " \
+                                                   "e.g. outputs/sweeps/<time>)\n"
+    from scalelab.results.record import BadRecord, load_record
+
+    (tmp_path / "run.json").write_text('{"a": "x\ty"}')
+    try:
+        load_record(tmp_path / "run.json")
+    except BadRecord as e:
+        assert str(e) == "not valid JSON (truncated or corrupt): Invalid control character at line 1 column 9"
+    else:
+        raise AssertionError("a raw tab inside a JSON string was read")

@@ -26,12 +26,19 @@ def headline(summary: dict) -> str:
     return ", ".join(parts)
 
 
-def summarize_sweep(sweep_dir: Path, logger_cfg: Any = None, cache_dir: str | None = None) -> dict:
+def summarize_sweep(sweep_dir: Path, logger_cfg: Any = None, cache_dir: str | None = None,
+                    when_used: bool = False) -> dict:
     """Aggregate SWEEP_DIR (sweep.json), log to W&B when the logger is wandb, print the table (on
-    a terminal the rich one, fitted to its width), write SWEEP_DIR/report.html and print its path."""
+    a terminal the rich one, fitted to its width), write SWEEP_DIR/report.html and print its path.
+    when_used: log to W&B only where a record's own logger was wandb (a multirun's base logger)."""
     summary = aggregate(sweep_dir)
     records = read_records([sweep_dir], [])   # its problems are the aggregation's (printed below, once)
     attach_efficiency(records, summary)
+    if when_used and logger_cfg is not None:
+        # the sweep's base logger is wandb, but `-m logger=none,csv` swept it away from every job:
+        # a W&B summary run was still made for runs that logged nowhere (found by review)
+        used = {((r.get("config") or {}).get("logger") or {}).get("name") for r in records}
+        logger_cfg = logger_cfg if used & {"wandb", None} else None
     if logger_cfg is not None and logger_cfg.get("name") == "wandb" and logger_cfg.get("mode") != "disabled":
         from scalelab.results.wandb_summary import log_sweep
 
@@ -82,4 +89,4 @@ class SweepSummary(Callback):
                   "another job's run ==")
             return
         if sweep_dir.exists() and any(sweep_dir.rglob("run.json")):
-            summarize_sweep(sweep_dir, config.get("logger"), config.get("cache_dir"))
+            summarize_sweep(sweep_dir, config.get("logger"), config.get("cache_dir"), when_used=True)

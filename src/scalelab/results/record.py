@@ -276,7 +276,8 @@ def load_record(path: Path | str) -> dict:
     except UnicodeDecodeError as e:
         raise BadRecord(f"not UTF-8 text ({e.reason})") from e
     except json.JSONDecodeError as e:
-        raise BadRecord(f"not valid JSON (truncated or corrupt): {e.msg} at line {e.lineno} column {e.colno}") from e
+        raise BadRecord(f"not valid JSON (truncated or corrupt): {e.msg.removesuffix(' at')} at line {e.lineno} "
+                        f"column {e.colno}") from e   # ("Invalid control character at" is json's whole msg)
     except OSError as e:
         raise BadRecord(f"cannot be read: {e.strerror or e}") from e
     problem = record_problem(rec)
