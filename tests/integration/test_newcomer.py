@@ -61,6 +61,16 @@ def test_one_step_runs_and_the_hint_counts_the_default_warmup(tmp_path):
         assert hint in proc.stdout, proc.stdout[-1500:]
 
 
+def test_an_optuna_sweep_prints_no_library_noise(tmp_path):
+    """-m experiment=lr_search printed 7 alembic "setup plugin" lines and Optuna's study line with raw
+    colour codes (into files too)."""
+    proc = train(["-m", "experiment=lr_search", "hydra.sweeper.n_trials=1", "trainer.max_steps=3", "logger=none",
+                  f"hydra.sweep.dir={tmp_path / 'lr'}"], tmp_path)
+    console = proc.stdout + proc.stderr
+    assert "Best value:" in console and "Study name: lr_search" in console
+    assert "alembic" not in console and "\x1b[" not in console and "A new study created" not in console
+
+
 def test_selective_checkpointing_is_the_run(short_job):
     job, _ = short_job
     rec = json.loads((job / "run.json").read_text())

@@ -76,6 +76,14 @@ OTHER_NODE: list[int] = []
 
 
 class SweepSummary(Callback):
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if "optuna" in str(config.hydra.sweeper.get("_target_", "")).lower():
+            # Optuna's own handler printed "A new study created in memory" with raw colour codes,
+            # into files too; the sweeper's [HYDRA] lines already say the study, sampler and trials
+            import optuna
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         if OTHER_NODE:   # node 0 aggregates the sweep (sweep.json, table, report.html) from the records
