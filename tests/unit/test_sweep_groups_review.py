@@ -256,3 +256,20 @@ def test_an_efficiency_line_is_named_by_a_group_by_value_its_runs_share(tmp_path
     names = lambda key: [t["name"] for t in efficiency_chart([summary], records, "strong", group_by=key)["traces"]]  # noqa: E731
     assert names("world_size") == ["ddp b16", "ideal"]                  # was "ddp b16 [world_size=1]"
     assert names("global_batch_size") == ["ddp b16 [global_batch_size=16]", "ideal"]
+
+
+def test_a_runs_weak_efficiency_is_on_its_record_beside_the_strong_one(tmp_path):
+    """ddp at 1, 2 ranks x global batch 16, 32: every run is in a strong group, so the weak figure
+    (2 ranks at 32 against 1 at 16, per-rank 16) was in sweep.json only. By hand: strong b16 150 /
+    (2 x 100) = 0.75, strong b32 160 / (2 x 120) = 0.667, weak 160 / (2 x 100) = 0.8."""
+    runs = [_rec("e/0", "ddp", 1, 16, 100.0), _rec("e/1", "ddp", 1, 32, 120.0), _rec("e/2", "ddp", 2, 16, 150.0),
+            _rec("e/3", "ddp", 2, 32, 160.0)]
+    _write(tmp_path, runs)
+    summary = aggregate(tmp_path)
+    records = [json.loads((tmp_path / str(i) / "run.json").read_text()) for i in range(4)]
+    for i, r in enumerate(records):
+        r["job"]["record_path"] = str(tmp_path / str(i) / "run.json")
+    attach_efficiency(records, summary)
+    got = {r["job"]["name"]: (r["scaling_efficiency"], r.get("weak_scaling_efficiency")) for r in records}
+    assert got == {"e/0": (1.0, 1.0), "e/1": (1.0, None), "e/2": (0.75, None),
+                   "e/3": (pytest.approx(160 / 240), pytest.approx(0.8))}

@@ -209,7 +209,8 @@ def summary_run_id(sweep_dir: Path | str) -> str | None:
 
 
 def attach_efficiency(records: list[dict], summary: dict) -> None:
-    """Put each run's efficiency (strong preferred), its group's baseline world size and whether
+    """Put each run's efficiency (strong preferred; a run in both kinds of group also gets
+    weak_scaling_efficiency), its group's baseline world size and whether
     that baseline was a short run on its record, for tables (a group whose 1-device run failed or
     is missing is measured against its smallest completed world, and the table says so). Runs are
     matched by where they are (their job folder in the summary's sweep), so SUMMARY's figures land
@@ -219,6 +220,9 @@ def attach_efficiency(records: list[dict], summary: dict) -> None:
     by_dir: dict[str, tuple] = {}
     by_name: dict[str, tuple] = {}      # every run
     no_dir: dict[str, tuple] = {}       # runs without a folder
+    weak_dir: dict[str, float] = {}
+    weak_name: dict[str, float] = {}
+    weak_no_dir: dict[str, float] = {}
     for g in sorted(summary["groups"], key=lambda g: g["kind"] != "weak"):  # strong written last wins
         for run in g["runs"]:
             figures = (run["scaling_efficiency"], g["baseline_world_size"], g["kind"], bool(g.get("baseline_short_run")))
@@ -228,12 +232,20 @@ def attach_efficiency(records: list[dict], summary: dict) -> None:
                 by_dir[key] = figures
             else:
                 no_dir[run["job"]] = figures
+            if g["kind"] == "weak":
+                weak_name[run["job"]] = run["scaling_efficiency"]
+                (weak_dir if key else weak_no_dir)[key or run["job"]] = run["scaling_efficiency"]
     for r in records:
         key, name = job_key(r), (r.get("job") or {}).get("name")
         figures = (by_dir.get(key) or no_dir.get(name)) if key else by_name.get(name)
         if figures:
             (r["scaling_efficiency"], r["scaling_baseline_world"], r["scaling_kind"],
              r["scaling_baseline_short"]) = figures
+        weak = (weak_dir.get(key) or weak_no_dir.get(name)) if key else weak_name.get(name)
+        if weak is not None:
+            # its weak figure too (JSON, CSV, --sort/--where): the table's column is the strong one,
+            # and a weak group's runs are nearly all in a strong group (review: sweep.json only)
+            r["weak_scaling_efficiency"] = weak
 
 
 
