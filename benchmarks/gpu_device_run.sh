@@ -16,6 +16,9 @@
 set -u
 OUT=${1:?usage: gpu_device_run.sh OUT_DIR}
 W=/tmp/gpu_run
+# this script's scratch: a rerun on a warm machine starts clean (gpu_check refuses a sweep folder
+# that holds an earlier sweep: the trainer would keep or refuse its jobs, not run them)
+rm -rf "$W"
 mkdir -p "$W" "$OUT"
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }

@@ -2,8 +2,10 @@
 
 One process, one device: the project's plain GPT (scalelab.models.gpt, the model every
 strategy trains), AdamW (fused on CUDA), autocast to the given precision, random byte batches,
-`--steps` optimizer steps of which the first `--warmup` are not timed. Each step is timed with
-a device sync at its end, as the platform's StepMetrics does. Prints one JSON line:
+`--steps` optimizer steps of which the first `--warmup` are not timed. On CUDA each step is timed
+with events recorded at its boundaries and read once at the end, as the platform's StepMetrics
+does (a per-step torch.cuda.synchronize drained the device every step, which `single` does not),
+from pinned host batches (as data.pin_memory). Prints one JSON line:
     {"step_s_median", "step_s_p90", "tokens_per_s", "peak_allocated_bytes", "peak_reserved_bytes",
      "model_flops_per_token", "mfu"?, "device", "precision", ...}
 
@@ -54,14 +56,19 @@ def main() -> None:
     scaler = torch.amp.GradScaler(dev.type) if dtype is torch.float16 else None
     g = torch.Generator(device="cpu").manual_seed(a.seed)
     batches = [torch.randint(0, a.vocab, (a.batch, a.seq_len + 1), generator=g) for _ in range(4)]
+    if cuda:   # a copy from pageable memory waits for the device: the platform pins its batches
+        batches = [b.pin_memory() for b in batches]
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(a.steps + 1)] if cuda else []
 
-    def sync():
+    def mark(i: int) -> float:
         if cuda:
-            torch.cuda.synchronize(dev)
+            marks[i].record()
+        return time.perf_counter()
 
     times, t_last = [], None
-    sync()
-    t_last = time.perf_counter()
+    if cuda:
+        torch.cuda.synchronize(dev)
+    t_last = mark(0)
     for step in range(a.steps):
         x = batches[step % len(batches)].to(dev, non_blocking=True)
         with torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None):
@@ -75,10 +82,12 @@ def main() -> None:
             loss.backward()
             opt.step()
         opt.zero_grad(set_to_none=True)
-        sync()
-        now = time.perf_counter()
+        now = mark(step + 1)
         times.append(now - t_last)
         t_last = now
+    if cuda:   # the device's own step times, read once at the end
+        torch.cuda.synchronize(dev)
+        times = [marks[i].elapsed_time(marks[i + 1]) / 1e3 for i in range(a.steps)]
     steady = sorted(times[a.warmup:])
     med = statistics.median(steady)
     tokens_per_s = a.batch * a.seq_len * len(steady) / sum(steady)
