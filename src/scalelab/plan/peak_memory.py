@@ -64,7 +64,7 @@ def _late_moment(terms: Terms) -> float:
     if layout.schedule != "none" or m.kind != "gpt":
         return st.grads_bytes + max(terms.recompute_per_rank) - st.copies_gone_in_backward
     own, stored = act_mod.recompute_backward_bytes(m, layout, terms.precision,
-                                                   weights_16bit=terms.strategy.family == "deepspeed")
+                                                   weights_16bit=terms.weights_16bit)
     per = st.grads_bytes / m.n_params                     # gradient bytes per model parameter here
     h, L = m.hidden, m.n_layers
     head = (0 if tied(m) else m.vocab * h) + 2 * h         # the head and the final LayerNorm

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 from . import activations as act_mod
 from . import flops as flops_mod
-from .comm import Collective, by_op, collectives
+from .comm import Collective, _wrapped_by_fsdp2, by_op, collectives
 from .hardware import Hardware, load_hardware
 from .model_states import ModelStates, bytes_per_param, model_states, zero3_kept_gathered
 from .peak_memory import device_total_bytes, fits, fits_host, host_node_bytes
@@ -64,6 +64,7 @@ class Terms:
     receive_per_rank: tuple = ()      # of which each pipeline rank's resident receive buffers
     recompute_per_rank: tuple = ()    # full recompute's pipeline-stage bound, gradients aside (0: none)
     loss_transient_bytes: float = 0.0  # of the activations: the head's cross-entropy backward
+    weights_16bit: bool = False       # the Blocks run in 16-bit throughout (sixteen_bit_blocks)
 
 
 def _host_optimizer_bytes(terms: Terms, hw: Hardware) -> float:
@@ -106,8 +107,8 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
         check_sequence_length(model, layout.tp, layout.world, strat.name)
     ran = as_applied(strat, layout.dp)      # nd at dp 1 applies no FSDP (Terms keeps the configured one)
     states = model_states(model, ran, layout, prec, opt)
-    per_rank = act_mod.activation_bytes_per_rank(model, layout, prec, ckpt, weights_16bit=ran.family == "deepspeed",
-                                                 loss_transient=True)
+    w16 = sixteen_bit_blocks(ran, layout, prec, device)
+    per_rank = act_mod.activation_bytes_per_rank(model, layout, prec, ckpt, weights_16bit=w16, loss_transient=True)
     acts = max(per_rank)
     colls = collectives(model, ran, layout, prec, device)
     samples = layout.global_batch
@@ -123,10 +124,25 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
     return Terms(model, strat, layout, prec, opt, ckpt, states, acts, colls,
                  flops_mod.model_flops(model, samples), hw_flops, bubble, traffic_acts, dev, host,
                  threads or 0, tuple(per_rank),
-                 tuple(act_mod.pipeline_receive_bytes(model, layout, prec, ran.family == "deepspeed")),
-                 tuple(act_mod.recompute_peak_per_rank(model, layout, prec, ckpt, ran.family == "deepspeed")),
+                 tuple(act_mod.pipeline_receive_bytes(model, layout, prec, w16)),
+                 tuple(act_mod.recompute_peak_per_rank(model, layout, prec, ckpt, w16)),
                  act_mod.loss_backward_bytes(model.seq_len, layout.micro_batch, model.vocab)
-                 / (layout.tp if act_mod.uses_paper_formula(model) else 1))
+                 / (layout.tp if act_mod.uses_paper_formula(model) else 1), w16)
+
+
+def sixteen_bit_blocks(ran: Strategy, layout, precision: str, device: str) -> bool:
+    """Whether the Blocks save their activations as a 16-bit model does (activations.py's
+    weights_16bit: the residual stream and LayerNorms 16-bit, one LayerNorm output for q, k, v):
+    DeepSpeed runs a mixed-precision job with the module itself in 16-bit; FSDP2's
+    MixedPrecisionPolicy (bf16-mixed) casts the weights and each Block's input, and on CPU, where
+    autocast runs layer_norm in its input's dtype, the Blocks are then 16-bit throughout. Measured
+    with saved_tensors_hooks (tests/unit/test_plan_saved_tensors.py, fsdp): the 16-bit formula within
+    0.5 % over four shapes, the autocast one 1.20-1.23x over. On CUDA autocast runs layer_norm in
+    fp32 (its input saved as an fp32 copy, its output cast per matmul): the autocast formula
+    (comm.tp_element_bytes says the same of the LayerNorm outputs; not yet measured on a GPU)."""
+    if ran.family == "deepspeed":
+        return True
+    return precision == "bf16-mixed" and device == "cpu" and _wrapped_by_fsdp2(ran, layout)
 
 
 def rank_threads(terms: Terms, hw: Hardware) -> int:
