@@ -131,7 +131,7 @@ def table(hand: dict, recs: list[dict], plans: dict) -> tuple[str, list[dict]]:
     single = next((r for r in recs if r["strategy"] == "single"), None)
     rows, lines = [], []
     head = ("| run | status | step ms | plan ms | plan/meas | device GiB | plan GiB | plan/meas | MFU % "
-            "| tokens/s | / hand loop | / single | device busy ms | idle ms | host RSS GiB | syncs/step |")
+            "| tokens/s | / hand loop | / single | device busy ms | idle ms (step - busy) | host RSS GiB | syncs/step |")
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     if hand:
         lines.append(f"| hand-written loop | completed | {_fmt(hand['step_s_median'], '.1f', 1e3)} | | | "
@@ -153,7 +153,10 @@ def table(hand: dict, recs: list[dict], plans: dict) -> tuple[str, list[dict]]:
                "plan_bytes": p_mem, "mem_ratio": p_mem / dev if p_mem and dev else None,
                "mfu": (r.get("mfu") or {}).get("value"), "tokens_per_s": tok,
                "vs_hand": tok / hand["tokens_per_s"] if tok and hand else None,
-               "busy_s": anat.get("busy_s"), "idle_s": anat.get("idle_s"), "rss_bytes": rss,
+               # idle: the steady median step less the device's busy time; the profiled step's own
+               # idle_s carries the profiler's per-op host cost, largest where more ops run (fsdp, zero)
+               "busy_s": anat.get("busy_s"), "idle_s": step - anat["busy_s"] if step and anat.get("busy_s") else None,
+               "rss_bytes": rss,
                "syncs_per_step": syncs, "sync_origins": ((r.get("device_syncs") or [None])[0] or {}).get("origins"),
                "vs_single": tok / single["throughput"]["tokens_per_s"] if tok and single and
                single.get("status") == "completed" else None, "error": r.get("error")}
