@@ -6,32 +6,18 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from scalelab.models.gpt import GPT, GPTConfig
 from scalelab.strategies.fsdp import apply_fsdp
 
 
-def saved_bytes(cfg: GPTConfig, batch: int, mesh) -> int:
-    from tests.unit.test_plan_saved_tensors import _from_parameter
+def fsdp_saved_bytes(cfg: GPTConfig, batch: int, mesh) -> int:
+    from tests.unit.test_plan_saved_tensors import saved_bytes
 
     torch.manual_seed(0)
     model = apply_fsdp(GPT(cfg).train(), mesh, "bf16-mixed")
-    params = {p.to_local().untyped_storage().data_ptr() for p in model.parameters()}
-    storages: dict[int, int] = {}
-
-    def pack(t):
-        key = t.untyped_storage().data_ptr()
-        if key not in params and key not in storages and not _from_parameter(t):
-            storages[key] = t.untyped_storage().nbytes()
-        return t
-
     tokens = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len + 1))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
-    loss.backward()
-    return sum(storages.values())
+    return saved_bytes(model, tokens, torch.autocast("cpu", dtype=torch.bfloat16))
 
 
 if __name__ == "__main__":
@@ -43,6 +29,6 @@ if __name__ == "__main__":
     out = []
     for L, h, a, s, b in zip(*[iter(vals)] * 5):
         cfg = GPTConfig(n_layers=L, d_model=h, n_heads=a, seq_len=s, vocab_size=256, mlp_ratio=4, dropout=0.0)
-        out.append(saved_bytes(cfg, b, mesh))
+        out.append(fsdp_saved_bytes(cfg, b, mesh))
     print(json.dumps(out))
     dist.destroy_process_group()

@@ -43,7 +43,15 @@ def measure_saved_bytes(cfg: GPTConfig, batch: int, precision: str) -> int:
     model = GPT(cfg).train()
     if precision == "bf16-weights":
         model = model.to(torch.bfloat16)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    tokens = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len + 1))
+    return saved_bytes(model, tokens, PRECISIONS[precision]())
+
+
+def saved_bytes(model: torch.nn.Module, tokens: torch.Tensor, autocast) -> int:
+    """Bytes autograd saves for forward + the LitModule's loss of MODEL on TOKENS under AUTOCAST,
+    each storage once, parameters (a sharded DTensor's local shard) and functions of them aside."""
+    params = {(p.to_local() if hasattr(p, "to_local") else p).untyped_storage().data_ptr()
+              for p in model.parameters()}
     storages: dict[int, int] = {}
 
     def pack(t):
@@ -52,8 +60,7 @@ def measure_saved_bytes(cfg: GPTConfig, batch: int, precision: str) -> int:
             storages[key] = t.untyped_storage().nbytes()
         return t
 
-    tokens = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len + 1))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), PRECISIONS[precision]():
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
         logits = model(tokens[:, :-1])                       # as LitModule.loss
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
     loss.backward()                                          # the graph was complete and usable
