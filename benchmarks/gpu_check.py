@@ -155,7 +155,8 @@ def table(hand: dict, recs: list[dict], plans: dict) -> tuple[str, list[dict]]:
                "vs_hand": tok / hand["tokens_per_s"] if tok and hand else None,
                # idle: the steady median step less the device's busy time; the profiled step's own
                # idle_s carries the profiler's per-op host cost, largest where more ops run (fsdp, zero)
-               "busy_s": anat.get("busy_s"), "idle_s": step - anat["busy_s"] if step and anat.get("busy_s") else None,
+               "busy_s": anat.get("busy_s"),
+               "idle_s": max(0.0, step - anat["busy_s"]) if step and anat.get("busy_s") else None,
                "rss_bytes": rss,
                "syncs_per_step": syncs, "sync_origins": ((r.get("device_syncs") or [None])[0] or {}).get("origins"),
                "vs_single": tok / single["throughput"]["tokens_per_s"] if tok and single and
@@ -236,6 +237,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     hand = None
+    if (out / "sweep").exists() and any((out / "sweep").iterdir()):   # before the hand loop's device time
+        _stop(f"{out / 'sweep'} holds an earlier sweep: give a new --out (or remove it)")
     if not a.no_hand:
         hand = hand_loop(s, out)
         print(f"[gpu_check] hand-written loop: {hand['step_s_median'] * 1e3:.1f} ms/step on {hand['device_name']} "

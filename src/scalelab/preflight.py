@@ -237,16 +237,19 @@ def _refuse_unknown_flags(args: list[str]) -> None:
 def _refuse_a_sweep_run_once(cfg, job: list[str]) -> None:
     """An experiment that is a sweep (hydra.sweeper.params) given without -m: Hydra runs one job of
     it, its first values nowhere, and exits 0 (`scalelab-train experiment=strategy_scaling` ran ddp
-    at 1 rank of its 4 jobs, without a word: found by review). A comma list without -m is refused
-    likewise (one job of a sweep is `-m` with one value per key)."""
+    at 1 rank of its 4 jobs, without a word: found by review). Where the command gives every swept
+    key a value it is one job of the sweep, as the SLURM launcher runs each job (python -m
+    scalelab.train experiment=X strategy=... without -m) and `slurm render`/`k8s render` take it."""
     params = OmegaConf.to_container(cfg.hydra.sweeper, resolve=False).get("params") or {}
-    if not params:
+    given = {o.split("=", 1)[0].lstrip("+~") for o in job}
+    params = {k: v for k, v in params.items() if k not in given}
+    if not params:   # every swept key pinned: one job of it (a SLURM launcher's job, `slurm render`)
         return
     named = [o for o in job if o.split("=", 1)[0].lstrip("+") == "experiment"]
     what = named[-1] if named else "this config"
     listed = " ".join(f"{k}={v}" for k, v in params.items())
-    raise ConfigError(f"{what} is a sweep ({listed}): run it with -m (scalelab-train -m {' '.join(job)}); "
-                      "without -m Hydra runs one job of it")
+    raise ConfigError(f"{what} is a sweep ({listed}): run it with -m (scalelab-train -m {' '.join(job)}), or "
+                      "give each of those keys one value; without -m Hydra runs one job of it")
 
 
 def preflight(args: list[str], data: bool = True, elsewhere: bool = False) -> int:

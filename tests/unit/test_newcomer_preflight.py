@@ -197,3 +197,14 @@ def test_an_unknown_flag_is_refused_before_any_data_is_prepared(args, needed, tm
     assert needed in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "cache").exists()
     assert preflight(["--cfg", "job", "strategy=ddp"], data=True) == 0      # Hydra's flags still pass
+
+
+def test_one_job_of_an_experiment_with_every_swept_key_given_passes():
+    """The SLURM launcher runs each job of `-m experiment=X` as `python -m scalelab.train
+    experiment=X strategy=... trainer.devices=...` (no -m; slurm/run.sbatch.template), and `slurm
+    render` / `k8s render` take one job so: every swept key given is one job, not a sweep run once."""
+    job = ["launcher=srun", "trainer.num_nodes=1", "experiment=strategy_scaling", "strategy=ddp", "trainer.devices=1"]
+    assert preflight(job, data=False, elsewhere=True) == 1
+    # one swept key left to the experiment: still a sweep run once
+    _refused(["experiment=strategy_scaling", "strategy=ddp"], "experiment=strategy_scaling is a sweep "
+             "(trainer.devices=1,2): run it with -m")

@@ -51,13 +51,36 @@ def test_sgd_without_momentum_has_no_optimizer_state():
     assert optimizer_of_run(run) == "sgd_nomomentum"
     assert optimizer_of_run({"optimizer": "sgd", "config": {"optim": {"optimizer": {"momentum": 0.9}}}}) == "sgd"
     assert optimizer_of_run({"optimizer": "adamw"}) == "adamw"
+    # the key deleted (~optim.optimizer.momentum): torch's default 0; no config block at all: as recorded
+    assert optimizer_of_run({"optimizer": "sgd", "config": {"optim": {"optimizer": {"lr": 0.1}}}}) == "sgd_nomomentum"
+    assert optimizer_of_run({"optimizer": "sgd"}) == "sgd"
+    # the flag form's same job runs the optimizer planned
+    flags = _plan_json("--model", "gpt_nano", "--strategy", "ddp", "--devices", "2", "--hardware", "this_cpu",
+                       "--optimizer", "sgd_nomomentum")
+    assert flags["memory"]["optimizer_bytes_per_device"] == 0
+    assert "optim=sgd" in flags["train_command"] and "optim.optimizer.momentum=0" in flags["train_command"]
+
+
+def test_the_override_form_on_the_other_kind_of_device_is_planned_for_it():
+    """`plan strategy=fsdp ... --hardware h100_sxm` of a CPU job kept the CPU's 16-bit Blocks (only the
+    collectives were redone): it must equal the same job with hardware_profile=h100_sxm and the flag form."""
+    job = ["strategy=fsdp", "model=gpt_nano", "trainer.precision=bf16-mixed", "trainer.devices=2",
+           "data.global_batch_size=16"]
+    other = _plan_json(*job, "--hardware", "h100_sxm")["memory"]["activations_bytes_per_device"]
+    named = _plan_json(*job, "hardware_profile=h100_sxm")["memory"]["activations_bytes_per_device"]
+    flags = _plan_json("--model", "gpt_nano", "--strategy", "fsdp", "--devices", "2", "--global-batch", "16",
+                       "--precision", "bf16-mixed", "--hardware", "h100_sxm")["memory"]["activations_bytes_per_device"]
+    cpu = _plan_json(*job, "trainer.accelerator=cpu")["memory"]["activations_bytes_per_device"]
+    assert other == named == flags and cpu < other
 
 
 def test_fp16_amp_on_cpu_is_refused_before_any_rank_starts():
     want = "error: trainer.precision=16-mixed on CPU: Lightning runs it as bf16-mixed there"
+    # trainer.accelerator=cpu: on a host with a GPU, auto is the GPU (where 16-mixed runs)
     train = subprocess.run([sys.executable, "-m", "scalelab.train", "strategy=ddp", "trainer.precision=16-mixed",
-                            "hydra.run.dir=/nonexistent/never-made"], capture_output=True, text=True, timeout=120)
-    plan = _cli("plan", "strategy=single", "model=gpt_nano", "trainer.precision=16-mixed")
+                            "trainer.accelerator=cpu", "hydra.run.dir=/nonexistent/never-made"],
+                           capture_output=True, text=True, timeout=120)
+    plan = _cli("plan", "strategy=single", "model=gpt_nano", "trainer.precision=16-mixed", "trainer.accelerator=cpu")
     flags = _cli("plan", "--model", "gpt_nano", "--strategy", "ddp", "--precision", "fp16", "--hardware", "this_cpu")
     for proc in (train, plan, flags):
         assert proc.returncode == 2, proc.stderr

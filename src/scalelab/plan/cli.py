@@ -246,10 +246,9 @@ def _plan(a, job_terms=None) -> int:
     overrides (scalelab.plan_job: the training config code, which plan/ does not import)."""
     from .alternatives import SAME_STRATEGY_AND_DEVICES, nearest_fitting
     from .hardware import devices_per_node_warning, load_hardware
-    from .comm import collectives
-    from .step_time import build_terms, plan_terms
+    from .step_time import build_terms, for_device, plan_terms
     from .spec import normalize_precision
-    from .strategies import as_applied, trainer_refuses
+    from .strategies import trainer_refuses
     names = _strategies(a.strategy)
     plans = []                                          # (terms, hardware, train command)
     built = None                                        # flag form: the count of the GPT the trainer builds
@@ -266,10 +265,8 @@ def _plan(a, job_terms=None) -> int:
                 refused.append(_refused(name, exc, len(names)))
                 continue
             hw = load_hardware(a.hardware or hardware)
-            # for the hardware planned on (--hardware may name another kind than the job's profile):
-            # autocast's LayerNorm dtype, hence the TP collectives' bytes, differ on CPU and GPU
-            terms = replace(terms, colls=collectives(terms.model, as_applied(terms.strategy, terms.layout.dp),
-                                                     terms.layout, terms.precision, hw.kind))
+            # for the hardware planned on (--hardware may name another kind than the job's profile)
+            terms = for_device(terms, hw.kind)
             if terms.layout.nodes > 1 and not any(o.lstrip("+").startswith("launcher=") for o in overrides):
                 # the trainer refuses num_nodes > 1 under its default local launcher (config.validate)
                 overrides = overrides + ["launcher=srun"]

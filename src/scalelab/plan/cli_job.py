@@ -7,7 +7,7 @@ import shlex
 
 import yaml
 
-from .spec import ModelSpec, PlanError, conf_dir, get_strategy
+from .spec import SGD_NO_MOMENTUM, ModelSpec, PlanError, conf_dir, get_strategy
 
 
 def trainer_default(group: str, key: str):
@@ -101,6 +101,8 @@ def train_command(a, terms, hardware: str) -> str | None:
         ov.append(f"strategy.split={L.split}")
     if terms.checkpointing != "none":
         ov.append(f"model.arch.activation_checkpointing={terms.checkpointing}")
+    if terms.optimizer == SGD_NO_MOMENTUM:          # planned without a momentum buffer
+        ov.append("optim.optimizer.momentum=0")
     if getattr(a, "dropout", None) is not None:     # --dropout P: the model planned is not the config's
         ov.append(f"model.arch.dropout={m.dropout:g}")
     return "scalelab-train " + " ".join(map(shlex.quote, ov))

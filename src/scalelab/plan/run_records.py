@@ -89,7 +89,8 @@ def optimizer_of_run(run: dict) -> str:
     name = run.get("optimizer", "adam")
     cfg = run.get("config") if isinstance(run.get("config"), dict) else {}
     opt = ((cfg.get("optim") or {}).get("optimizer") or {}) if isinstance(cfg.get("optim"), dict) else {}
-    if name == "sgd" and isinstance(opt, dict) and not opt.get("momentum", 0.9):
+    # a config block without the key: torch's default, 0 (`~optim.optimizer.momentum`)
+    if name == "sgd" and isinstance(opt, dict) and opt and not opt.get("momentum"):
         return SGD_NO_MOMENTUM
     return name
 

@@ -65,6 +65,7 @@ class Terms:
     recompute_per_rank: tuple = ()    # full recompute's pipeline-stage bound, gradients aside (0: none)
     loss_transient_bytes: float = 0.0  # of the activations: the head's cross-entropy backward
     weights_16bit: bool = False       # the Blocks run in 16-bit throughout (sixteen_bit_blocks)
+    device: str = "gpu"               # the kind of device planned for (build_terms' device)
 
 
 def _host_optimizer_bytes(terms: Terms, hw: Hardware) -> float:
@@ -127,7 +128,24 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
                  tuple(act_mod.pipeline_receive_bytes(model, layout, prec, w16)),
                  tuple(act_mod.recompute_peak_per_rank(model, layout, prec, ckpt, w16)),
                  act_mod.loss_backward_bytes(model.seq_len, layout.micro_batch, model.vocab)
-                 / (layout.tp if act_mod.uses_paper_formula(model) else 1), w16)
+                 / (layout.tp if act_mod.uses_paper_formula(model) else 1), w16, device)
+
+
+def for_device(terms: Terms, device: str) -> Terms:
+    """The same job planned for another kind of device (`plan KEY=VALUE --hardware` of the other
+    kind): what autocast saves and sends differs on CPU and GPU (sixteen_bit_blocks,
+    comm.tp_element_bytes), and torch's CPU SDPA runs dropout > 0 with the math kernel. Patching
+    the collectives alone planned an fsdp job's activations for the job's own device."""
+    if terms.device == device:
+        return terms
+    L, m = terms.layout, terms.model
+    if m.kind == "gpt":     # the override form's kernel is always SDPA's choice (run_records.model_from_run)
+        m = replace(m, attention="math" if device == "cpu" and m.dropout > 0 else "flash")
+    return build_terms(m, terms.strategy, devices=L.devices_per_node, nodes=L.nodes, tp=L.tp, pp=L.pp,
+                       micro_batch=L.micro_batch, global_batch=L.global_batch, micro_batches=L.micro_batches,
+                       precision=terms.precision, optimizer=terms.optimizer,
+                       activation_checkpointing=terms.checkpointing, threads=terms.threads or None,
+                       sequence_parallel=L.sequence_parallel, device=device)
 
 
 def sixteen_bit_blocks(ran: Strategy, layout, precision: str, device: str) -> bool:

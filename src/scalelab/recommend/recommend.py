@@ -352,8 +352,8 @@ def _say_ranking(doc: dict, say) -> None:
     # searched, but no layout fits (ddp at 7B on 80 GB devices): left out of the table without a word
     for name, least in s.get("fits_nowhere", {}).items():
         say(f"fits nowhere: {name}: " + (f"its smallest layout needs {fmt_bytes(least)} per device"
-                                         if least else "the planner refused every layout (recommendation.json "
-                                         "search.pruned)"))
+                                         if least else "no layout fits the node's host memory or the planner "
+                                         "refused each (recommendation.json search.pruned says which)"))
     for note in ((doc.get("tie") or {}).get("note"), (doc.get("budget") or {}).get("note")):
         if note:
             say(note)

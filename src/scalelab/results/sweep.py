@@ -151,8 +151,8 @@ def aggregate(sweep_dir: Path | str, write: bool = True, problems: list[str] | N
     return summary
 
 
-NO_RECORD_WHY = ("no run.json: its launcher was killed before it recorded (kill -9, the OOM killer), or it is "
-                 "still running; its ranks.log says how far it got")
+NO_RECORD_WHY = ("no run.json: its launcher was killed before it recorded (kill -9, the OOM killer), it was "
+                 "refused before its ranks started, or it is still running; its train.log and ranks.log say which")
 # What a job folder holds from its start (the launcher writes them before any rank runs)
 _JOB_MARKS = ("config_resolved.yaml", ".hydra")
 
