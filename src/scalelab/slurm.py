@@ -198,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
         # composed only for a job that left no record of its own (a Hydra compose per array task)
         meta = functools.partial(_submitted, args.overrides + (sets[i] if sets else []), nodes, devices,
                                  f"{root.name}/{i}" if sets else root.name, str(root) if sets else None)
-        recs.append(finalize(d, states.get(jid, {"state": "UNKNOWN"}), jid, meta))
+        recs.append(finalize(d, states.get(jid, {"state": "UNKNOWN"}), jid, meta,
+                             Path(args.log_dir).resolve() / f"{args.job_name}-{jid}.out"))
     from scalelab.results.record import read_records
 
     if sets:

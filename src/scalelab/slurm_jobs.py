@@ -127,10 +127,11 @@ def _say_pending(queued: list[str], pending: dict, quiet_s: float = 10.0) -> Non
         pending[jid] = (reason, since, said)
 
 
-def finalize(job_dir: Path, st: dict, job_id: str, meta=None) -> dict:
+def finalize(job_dir: Path, st: dict, job_id: str, meta=None, log: Path | None = None) -> dict:
     """Put the job's final SLURM state on its run.json; a job that ended before writing one (a
     crashed batch step, cancelled, timed out) gets a failed record naming the state and reason,
-    with what META (a dict, or a callable giving one: only called then) says of the job."""
+    with what META (a dict, or a callable giving one: only called then) says of the job. LOG: the
+    job's sbatch output file, named in the error where the job failed."""
     from scalelab.results.record import RUN_FILE, write_json
 
     path = job_dir / RUN_FILE
@@ -156,7 +157,7 @@ def finalize(job_dir: Path, st: dict, job_id: str, meta=None) -> dict:
                "job": {"name": meta.get("name", job_dir.name), "dir": str(job_dir),
                        "sweep_dir": meta.get("sweep_dir")},   # its sweep's efficiency (results.sweep) finds it
                "error": f"SLURM job {job_id} ended {st.get('state_detail') or st['state']} (reason {st.get('reason')}, "
-                        f"exit {st.get('exit_code')}) without a run record; see the job's sbatch log"}
+                        f"exit {st.get('exit_code')}) without a run record; see {log or 'the job sbatch log'}"}
         task = str(job_id).partition("_")[2]
         rec["slurm"] = {"job_id": str(job_id), **({"array_task_id": int(task)} if task.isdigit() else {})}
     if st["state"] != "COMPLETED" and rec.get("status") == "completed":
@@ -166,9 +167,24 @@ def finalize(job_dir: Path, st: dict, job_id: str, meta=None) -> dict:
                                                                   ("state", "exit_code", "reason", "node_list")}}
     if rec["status"] != "completed" and st["state"] not in rec.get("error", ""):
         rec["error"] = f"SLURM {st['state']} ({st.get('reason')}): {rec.get('error')}"
+    if rec["status"] != "completed":
+        rec["error"] = _final_word(str(rec.get("error")), st["state"], job_id, log)
     job_dir.mkdir(parents=True, exist_ok=True)
     write_json(path, rec)
     return rec
+
+
+def _final_word(error: str, state: str, job_id: str, log: Path | None) -> str:
+    """The failed job's error as its end makes it: the ranks' SIGTERM line said "SLURM ends or
+    requeues job N itself (a requeued job resumes from it)", which a CANCELLED or TIMEOUT job is not
+    (found by review: `scancel` of a sweep's job read as if it would come back); then its log."""
+    head, sep, _ = error.partition(f"; SLURM ends or requeues job {job_id} itself")
+    if sep and state in ("CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "FAILED"):
+        error = (f"{head}; SLURM ended the job ({state}), so it is not requeued: the same command (a sweep: "
+                 "with hydra.sweep.dir set to its folder) goes on from that checkpoint")
+    if log is not None and str(log) not in error:
+        error += f"; log: {log}"
+    return error
 
 
 def _meta_from(job_dir: Path) -> dict:

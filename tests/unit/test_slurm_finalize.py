@@ -29,3 +29,24 @@ def test_the_sweep_comes_from_the_saved_config_when_no_meta_is_given(tmp_path):
     single = tmp_path / "solo"
     single.mkdir()
     assert slurm_jobs.finalize(single, STATE, "101")["job"]["sweep_dir"] is None     # nothing saved: no sweep named
+
+
+def test_a_cancelled_job_is_not_said_to_come_back_and_its_log_is_named(tmp_path):
+    """`scancel 22` of a sweep's job: its ranks' SIGTERM line said "SLURM ends or requeues job 22
+    itself (a requeued job resumes from it)", and the launcher, knowing it CANCELLED, passed it on."""
+    job = tmp_path / "1"
+    job.mkdir()
+    (job / "run.json").write_text(json.dumps({
+        "status": "failed", "strategy": "fsdp", "slurm": {"job_id": "22"},
+        "error": "stopped by SIGTERM: checkpoint saved at step 8; SLURM ends or requeues job 22 itself (a requeued "
+                 "job resumes from it)"}))
+    log = tmp_path / "slurm" / "scalelab-22.out"
+    rec = slurm_jobs.finalize(job, {"state": "CANCELLED", "reason": "CANCELLED by 0"}, "22", log=log)
+    assert rec["error"] == ("SLURM CANCELLED (CANCELLED by 0): stopped by SIGTERM: checkpoint saved at step 8; SLURM "
+                            "ended the job (CANCELLED), so it is not requeued: the same command (a sweep: with "
+                            f"hydra.sweep.dir set to its folder) goes on from that checkpoint; log: {log}")
+    # a job that left no record names its log where it said "see the job's sbatch log"
+    solo = tmp_path / "solo"
+    solo.mkdir()
+    bare = slurm_jobs.finalize(solo, STATE, "23", log=tmp_path / "scalelab-23.out")
+    assert bare["error"].endswith(f"without a run record; see {tmp_path / 'scalelab-23.out'}")

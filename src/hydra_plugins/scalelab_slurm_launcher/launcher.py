@@ -107,7 +107,8 @@ class ScalelabSlurmLauncher(Launcher):
             meta = {"strategy": str(cfg.strategy.name), "world_size": int(cfg.trainer.devices) * int(cfg.trainer.num_nodes),
                     "global_batch_size": int(cfg.data.global_batch_size), "name": f"{sweep_dir.name}/{num}",
                     "sweep_dir": str(sweep_dir)}
-            rec = slurm_jobs.finalize(job_dir, st, job_id, meta)
+            rec = slurm_jobs.finalize(job_dir, st, job_id, meta,
+                                      sweep_dir / "slurm" / f"{self.params.get('job_name', 'scalelab')}-{job_id}.out")
             if rec.get("status") != "completed":
                 launch.FAILED_JOBS.append(f"{meta['name']} (SLURM job {job_id}): {scrub(rec.get('error'))}")
                 log.error(f"[scalelab] job {meta['name']} (SLURM job {job_id}) FAILED: {scrub(rec.get('error'))}")
