@@ -89,12 +89,21 @@ def end_bar_line() -> None:
         _BAR["open"] = False
 
 
+# Where the launcher's console is no terminal (SLURM's .out, a file, a pipe): one line per this many
+# seconds instead of a line rewritten in place twice a second (a 20-step job's .out held its 20
+# updates as one 1,400-character line joined by \r: found by review)
+LOG_EVERY_S = 30.0
+
+
 class StepProgressBar(ProgressBar):
     """One line on rank 0, rewritten in place: `step N/max_steps | tokens/s | loss`, updated once
-    per optimizer step (plain text: it reads the same in a terminal, a log file and SLURM's .out)."""
+    per optimizer step at most every `every_s`; where the launcher's console is no terminal
+    (SCALELAB_CONSOLE_TTY=0, launch.rank_env), a line of its own every LOG_EVERY_S and at the end."""
 
     def __init__(self, tokens_per_sample: int | None, global_batch: int, every_s: float = 0.5):
         super().__init__()
+        self._tty = os.environ.get("SCALELAB_CONSOLE_TTY", "1") != "0"
+        every_s = every_s if self._tty else max(every_s, LOG_EVERY_S)
         self.tokens_per_sample, self.global_batch, self.every_s = tokens_per_sample, global_batch, every_s
         self._enabled = True
         self._t0 = self._last_print = 0.0
@@ -135,6 +144,9 @@ class StepProgressBar(ProgressBar):
         # data-parallel ranks, which would need a collective per print)
         which = "rank-0 loss" if trainer.world_size > 1 else "loss"
         text = f"step {step}/{last} | {speed}" + (f" | {which} {loss:.4f}" if loss is not None else "")
-        sys.stdout.write("\r" + text.ljust(60) + ("\n" if step >= last else ""))
-        _BAR["open"] = step < last
+        if self._tty:
+            sys.stdout.write("\r" + text.ljust(60) + ("\n" if step >= last else ""))
+        else:
+            sys.stdout.write(text + "\n")
+        _BAR["open"] = self._tty and step < last
         sys.stdout.flush()

@@ -101,7 +101,9 @@ def rank_env(cache_dir: Path, threads: int, job_dir: Path, verbose: bool = False
                TORCH_EXTENSIONS_DIR=env.get("TORCH_EXTENSIONS_DIR", str(cache_dir / "torch_extensions")),
                WANDB_DIR=str(job_dir), WANDB_CACHE_DIR=str(cache_dir / "wandb-cache"),
                WANDB_CONFIG_DIR=str(cache_dir / "wandb-config"), WANDB_DATA_DIR=str(cache_dir / "wandb-data"),
-               WANDB_SILENT="true", WANDB_CONSOLE="off")
+               WANDB_SILENT="true", WANDB_CONSOLE="off",
+               # the step line is rewritten in place only where this command's console is a terminal
+               SCALELAB_CONSOLE_TTY="1" if sys.stdout.isatty() else "0")
     return env
 
 
@@ -325,6 +327,9 @@ def with_parent_death_signal(cmd: list[str]) -> list[str]:
     return [sys.executable, "-c", _DEATHSIG, str(os.getpid()), *cmd]
 
 
+_LONE_CR = re.compile(rb"\r(?!\n)")
+
+
 def _run_ranks(cmd, env, log_path, timeout_s, on_start, console, start_by, grace: float = KILL_WAIT_S) -> int:
     cmd = with_parent_death_signal(cmd)
     with open(log_path, "ab", buffering=0) as log:  # unbuffered: the log is live while ranks run
@@ -341,7 +346,8 @@ def _run_ranks(cmd, env, log_path, timeout_s, on_start, console, start_by, grace
             ready, _, _ = select.select([fd], [], [], wait)
             chunk = os.read(fd, 65536) if ready else b""  # raw chunks keep progress bars (\r) live
             if chunk:
-                log.write(chunk)
+                # ranks.log: a line per step update (a terminal's \r-rewritten line was one long line)
+                log.write(_LONE_CR.sub(b"\n", chunk))
                 tee(console.feed(chunk) if console is not None else chunk)
             return chunk if chunk or not ready else None   # None: EOF
 

@@ -35,6 +35,11 @@ def test_console_is_quiet_and_counts_steps(short_job):
         assert noise not in console, noise
     assert "step 6/6" in console and "tokens/s" in console
     assert console.count("step 6/6") == 1               # rank 0 alone draws the bar
+    # captured, not a terminal: step lines of their own (SLURM's .out held them as one \r-joined
+    # line), and ranks.log a line per update whatever the console
+    job, _ = short_job
+    assert "\r" not in console and "\nstep 6/6 | " in console
+    assert "\r" not in (job / "ranks.log").read_text()
     # 2 ranks: the bar's loss is rank 0's own batch, not the table's mean over ranks: it says so
     assert "rank-0 loss " in console.split("step 6/6", 1)[1].splitlines()[0]
 
