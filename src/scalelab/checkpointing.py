@@ -403,6 +403,19 @@ def read_curve(ckpt: Path | str | None, rank: int) -> dict | None:
         return None
 
 
+def mean_curve(ckpt: Path | str, world: int) -> list[list] | None:
+    """The run record's loss curve up to checkpoint CKPT ([[step, loss], ...]: the mean over the
+    ranks per step, as run_summary.summarize takes it) from the curves kept beside it; None where
+    a rank's is missing (another node's folder, an older checkpoint)."""
+    import statistics
+
+    curves = [read_curve(ckpt, r) for r in range(world)]
+    if not curves or any(c is None for c in curves):
+        return None
+    n = min(len(c["losses"]) for c in curves)
+    return [[curves[0]["global_steps"][i], statistics.fmean(c["losses"][i] for c in curves)] for i in range(n)]
+
+
 def _remove(p: Path) -> None:
     if p.is_dir():
         shutil.rmtree(p, ignore_errors=True)

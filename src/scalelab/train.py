@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from scalelab import job_dir as job_dir_check
 from scalelab import launch, requeue, run_end, same_job, spawn, timing
-from scalelab.checkpointing import (PROGRESS, RESTARTS, RESUMED, goes_on_from, read_restarts,
+from scalelab.checkpointing import (PROGRESS, RESTARTS, RESUMED, goes_on_from, mean_curve, read_restarts,
                                     set_aside_damaged)
 from scalelab.errors import ConfigError
 from scalelab.job_outcome import RERUN_MARK, collect, failed_on_node, mark_attempt, node_record, one_line
@@ -206,6 +206,12 @@ def run_job(cfg: DictConfig) -> dict:
                 stop = requeue.stopped_at(job_dir)   # the step the ranks saved and stopped at
                 if stop is not None:
                     record["steps"] = stop[0]
+                    # its loss so far, from the curves its checkpoint keeps (a cancelled job's row read
+                    # "-" everywhere, its 8 losses beside the checkpoint); a pipeline's is its last stage's
+                    curve = None if hasattr(spec.plan, "training_step") else mean_curve(
+                        job_dir / "checkpoints" / f"step-{stop[0]:08d}.ckpt", spec.run.world_size)
+                    if curve:
+                        record["loss"] = {"first": curve[0][1], "final": curve[-1][1], "curve": curve}
                     if record.get("resumed_at_step"):
                         record["steps_this_attempt"] = stop[0] - record["resumed_at_step"]
                 write_json(job_dir / RUN_FILE, scrub(record))

@@ -50,3 +50,15 @@ def test_a_cancelled_job_is_not_said_to_come_back_and_its_log_is_named(tmp_path)
     solo.mkdir()
     bare = slurm_jobs.finalize(solo, STATE, "23", log=tmp_path / "scalelab-23.out")
     assert bare["error"].endswith(f"without a run record; see {tmp_path / 'scalelab-23.out'}")
+
+
+def test_a_stopped_jobs_loss_so_far_is_the_mean_of_its_ranks_kept_curves(tmp_path):
+    """A cancelled job's record had steps 8 and no loss, its 8 losses beside its checkpoint; the
+    record's curve is the mean over ranks per step: (5.0 + 6.0) / 2 = 5.5, (4.0 + 5.0) / 2 = 4.5."""
+    from scalelab.checkpointing import curve_path, mean_curve
+
+    ckpt = tmp_path / "step-00000002.ckpt"
+    for rank, losses in enumerate(([5.0, 4.0], [6.0, 5.0])):
+        curve_path(ckpt, rank).write_text(json.dumps({"global_steps": [1, 2], "losses": losses}))
+    assert mean_curve(ckpt, 2) == [[1, 5.5], [2, 4.5]]
+    assert mean_curve(ckpt, 3) is None          # a rank's curve missing: no figure rather than a partial mean
