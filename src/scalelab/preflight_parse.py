@@ -93,6 +93,9 @@ def compose_job(overrides: list[str], hydra_cfg: bool = False):
         if missing:
             raise ConfigError(missing) from e
         lines = [ln.strip().rstrip(".") for ln in str(e).split("Config search path:")[0].splitlines() if ln.strip()]
+        cause = str(e.__cause__ or "").strip().splitlines()
+        if len(lines) == 1 and cause:   # "Error merging override K=abc": why is in its cause (a type's
+            lines.append(cause[0].rstrip("."))   # "could not be converted to Integer"; found by review)
         raise ConfigError("; ".join(lines[:2])) from e
     except ValueError as e:   # Hydra's own check of an override's type, a traceback before
         raise ConfigError(f"the overrides are not valid: {str(e).splitlines()[0] if str(e) else e!r}") from e

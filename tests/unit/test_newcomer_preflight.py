@@ -208,3 +208,9 @@ def test_one_job_of_an_experiment_with_every_swept_key_given_passes():
     # one swept key left to the experiment: still a sweep run once
     _refused(["experiment=strategy_scaling", "strategy=ddp"], "experiment=strategy_scaling is a sweep "
              "(trainer.devices=1,2): run it with -m")
+
+
+def test_a_launcher_key_of_the_wrong_type_says_why():
+    """`hydra.launcher.cpus_per_task=abc` read "Error merging override ..." and nothing more."""
+    _refused(["-m", "hydra/launcher=slurm", "hydra.launcher.cpus_per_task=abc", "strategy=ddp"],
+             "hydra.launcher.cpus_per_task=abc", "Value 'abc' of type 'str' could not be converted to Integer")
