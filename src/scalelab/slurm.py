@@ -212,12 +212,23 @@ def run(args: argparse.Namespace) -> int:
         from scalelab.results.table import render as table
 
         print(table(read_records([root])))
+    rec_of = dict(zip(dirs, recs))
     for jid, st in states.items():
         print(f"SLURM job {jid}: {st['state']}" + (f" ({st['reason']}, exit {st['exit_code']})"
-                                                    if st["state"] != "COMPLETED" else ""))
+                                                    if st["state"] != "COMPLETED" else "") + _requeued(rec_of.get(jid)))
     # the records too: a job SLURM calls COMPLETED whose run failed (or wrote none) is no success
     ok = all(r.get("status") == "completed" for r in recs)
     return 0 if ok and all(st["state"] == "COMPLETED" for st in states.values()) and len(states) == len(dirs) else 1
+
+
+def _requeued(rec: dict | None) -> str:
+    """'; requeued 1x, resumed at step 9' for a job that was requeued (its record says; --wait said
+    only COMPLETED: found by review)."""
+    n = int(((rec or {}).get("slurm") or {}).get("requeues") or 0)
+    if not n:
+        return ""
+    at = (rec or {}).get("resumed_at_step")
+    return f"; requeued {n}x" + (f", resumed at step {at}" if at else "")
 
 
 def _unquoted(value: str) -> str:

@@ -62,3 +62,11 @@ def test_a_stopped_jobs_loss_so_far_is_the_mean_of_its_ranks_kept_curves(tmp_pat
         curve_path(ckpt, rank).write_text(json.dumps({"global_steps": [1, 2], "losses": losses}))
     assert mean_curve(ckpt, 2) == [[1, 5.5], [2, 4.5]]
     assert mean_curve(ckpt, 3) is None          # a rank's curve missing: no figure rather than a partial mean
+
+
+def test_wait_says_a_job_was_requeued():
+    from scalelab.slurm import _requeued
+
+    assert _requeued({"slurm": {"requeues": 1}, "resumed_at_step": 9}) == "; requeued 1x, resumed at step 9"
+    assert _requeued({"slurm": {"requeues": 2}}) == "; requeued 2x"
+    assert _requeued({"slurm": {"requeues": 0}}) == _requeued(None) == ""
