@@ -43,8 +43,9 @@ def test_plain_table_row_of_a_multi_line_error_is_one_line():
 
 
 def test_plain_table_cuts_the_joined_error_at_60_characters():
+    """At a word's end with "...": cut at 60 it read "...line 3, in" (a SLURM error: "SIGTERM: checkp")."""
     last = render([_rec(0, "ddp", 1, 16, 100.0), _failed()], "table").splitlines()[-1]
-    assert last.endswith('failed: ' + 'Traceback (most recent call last): | File "w.py", line 3, in <module> | '[:60])
+    assert last.endswith('failed: Traceback (most recent call last): | File "w.py", line 3...')
 
 
 def test_markdown_row_of_a_multi_line_error_is_one_line():
@@ -77,7 +78,7 @@ def test_html_run_table_cell_is_one_line_and_escaped_and_hover_has_the_whole_err
     recs = read_records([tmp_path])
     assert recs[0]["error"] == ERROR                                 # run.json keeps the whole error
     summary, _ = tables(recs)
-    assert '<td>failed: Traceback (most recent call last): | File &quot;w.py&quot;, line 3, in</td>' in summary
+    assert '<td>failed: Traceback (most recent call last): | File &quot;w.py&quot;, line 3...</td>' in summary
     assert ('title="Traceback (most recent call last):\n  File &quot;w.py&quot;, line 3, in &lt;module&gt;\n'
             'ValueError: bad &lt;shape&gt;\n"') in summary
 

@@ -36,7 +36,7 @@ COLUMNS = [  # (header, getter, format)
     ("MFU %", lambda r: _pct(_sub(r, "mfu").get("value")), "{:.1f}"),
     ("comm %", lambda r: _pct(_sub(r, "breakdown").get("comm_fraction")), "{:.0f}"),
     ("efficiency", lambda r: r.get("scaling_efficiency"), "{:.2f}"),     # " (vs N)": baseline world N > 1
-    ("status", lambda r: r.get("status") if r.get("status") == "completed" else f"{r.get('status')}: {one_line(r.get('error', ''))[:60]}", "{}"),
+    ("status", lambda r: r.get("status") if r.get("status") == "completed" else f"{r.get('status')}: {_clip(one_line(r.get('error', '')))}", "{}"),
 ]
 
 
@@ -48,6 +48,17 @@ def one_line(text) -> str:
     if text.splitlines() != [text]:   # "\n", "\r", "\r\n" and the other line breaks str.splitlines knows
         text = " | ".join(ln.strip() for ln in text.splitlines() if ln.strip())
     return text.replace("\t", " ")
+
+
+def _clip(text: str, width: int = 60) -> str:
+    """TEXT cut to WIDTH at a word's end, "..." where cut (an error in the status cell was cut
+    mid-word: "...stopped by SIGTERM: checkp"; the whole error is printed under the table)."""
+    if len(text) <= width:
+        return text
+    cut = text[:width - 3]
+    if text[width - 3] != " " and " " in cut:   # in a word: back to the word before it
+        cut = cut.rsplit(" ", 1)[0]
+    return cut.rstrip(" ,;:|") + "..."
 
 
 def _micro_split(r: dict) -> str:
