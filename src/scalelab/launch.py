@@ -276,6 +276,17 @@ def tee(data: bytes) -> None:
     sys.stdout.flush()
 
 
+_LONE_CR = re.compile(rb"\r(?!\n)")
+
+
+def pass_on(log, chunk: bytes, console: TracebackFilter | None) -> None:
+    """A chunk of the ranks' output (both launch paths: spawn's watch, _run_ranks): to ranks.log a
+    line per step update (a terminal's \r-rewritten line was one long line there), to the console
+    as the filter lets it (raw \r: the bar stays live)."""
+    log.write(_LONE_CR.sub(b"\n", chunk))
+    tee(console.feed(chunk) if console is not None else chunk)
+
+
 def end_open_line() -> None:
     """A newline where the ranks left a line open: a job's FAILED line (a timeout, a killed rank)
     was glued to the progress bar's `step 1/8 | ...`."""
@@ -327,9 +338,6 @@ def with_parent_death_signal(cmd: list[str]) -> list[str]:
     return [sys.executable, "-c", _DEATHSIG, str(os.getpid()), *cmd]
 
 
-_LONE_CR = re.compile(rb"\r(?!\n)")
-
-
 def _run_ranks(cmd, env, log_path, timeout_s, on_start, console, start_by, grace: float = KILL_WAIT_S) -> int:
     cmd = with_parent_death_signal(cmd)
     with open(log_path, "ab", buffering=0) as log:  # unbuffered: the log is live while ranks run
@@ -346,9 +354,7 @@ def _run_ranks(cmd, env, log_path, timeout_s, on_start, console, start_by, grace
             ready, _, _ = select.select([fd], [], [], wait)
             chunk = os.read(fd, 65536) if ready else b""  # raw chunks keep progress bars (\r) live
             if chunk:
-                # ranks.log: a line per step update (a terminal's \r-rewritten line was one long line)
-                log.write(_LONE_CR.sub(b"\n", chunk))
-                tee(console.feed(chunk) if console is not None else chunk)
+                pass_on(log, chunk, console)
             return chunk if chunk or not ready else None   # None: EOF
 
         try:

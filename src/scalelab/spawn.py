@@ -222,8 +222,7 @@ def _watch(procs, read_fd: int, keep_open: int, log_path: Path, deadline: float,
             ready, _, _ = select.select([read_fd], [], [], wait)
             chunk = os.read(read_fd, 65536) if ready else b""
             if chunk:
-                log.write(chunk)
-                launch.tee(console.feed(chunk) if console is not None else chunk)
+                launch.pass_on(log, chunk, console)
             return bool(chunk)
 
         try:
