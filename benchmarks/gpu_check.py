@@ -91,13 +91,18 @@ def job_overrides(s: dict, extra: list[str] = ()) -> list[str]:
             "trainer.enable_progress_bar=false", "trainer.count_device_syncs=true", *extra]
 
 
+def refuse_earlier_sweep(out: Path) -> None:
+    """Exit 2 where OUT/sweep holds a sweep: the trainer keeps a job whose folder holds its
+    completed record ("nothing to run") and refuses one whose folder holds another config's, and
+    this script then reported an earlier run's figures as this one's, next to fresh plans (found
+    by review)."""
+    if (out / "sweep").exists() and any((out / "sweep").iterdir()):
+        _stop(f"{out / 'sweep'} holds an earlier sweep: give a new --out (or remove it)")
+
+
 def sweep(s: dict, strategies: list[str], out: Path, extra: list[str] = ()) -> list[dict]:
     sweep_dir = out / "sweep"
-    if sweep_dir.exists() and any(sweep_dir.iterdir()):
-        # the trainer keeps a job whose folder holds its completed record ("nothing to run"), and
-        # refuses one whose folder holds another config's: this script then reported an earlier
-        # run's figures as this one's, next to fresh plans (found by review)
-        _stop(f"{sweep_dir} holds an earlier sweep: give a new --out (or remove it)")
+    refuse_earlier_sweep(out)
     cmd = [sys.executable, "-m", "scalelab.train", "-m", f"strategy={','.join(strategies)}", *job_overrides(s, extra),
            f"hydra.sweep.dir={sweep_dir}"]
     proc = _run(cmd, out / "sweep.log", left(900))
@@ -237,8 +242,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     hand = None
-    if (out / "sweep").exists() and any((out / "sweep").iterdir()):   # before the hand loop's device time
-        _stop(f"{out / 'sweep'} holds an earlier sweep: give a new --out (or remove it)")
+    refuse_earlier_sweep(out)   # before the hand loop's device time
     if not a.no_hand:
         hand = hand_loop(s, out)
         print(f"[gpu_check] hand-written loop: {hand['step_s_median'] * 1e3:.1f} ms/step on {hand['device_name']} "

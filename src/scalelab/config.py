@@ -209,18 +209,18 @@ def smoke_warmup(cfg: DictConfig, given: bool) -> str | None:
 
 def warmup_when_longer(cfg) -> int:
     """The warm-up a longer run of CFG excludes: its own, or, where smoke_warmup lowered the default
-    to max_steps - 1, the default (conf/trainer/default.yaml) that applies again once max_steps
+    to max_steps - 1, the trainer's default (conf/trainer/) that applies again once max_steps
     exceeds it. The short-run hint said 'max_steps >= 7' after 3 steps, and 7 steps said '>= 10'."""
     warm, steps = int(OmegaConf.select(cfg, WARMUP_KEY) or 0), int(OmegaConf.select(cfg, "trainer.max_steps") or 0)
     if warm != steps - 1:
         return warm
+    import yaml
+
+    from scalelab.plan.cli_job import trainer_default
+
     try:
-        import yaml
-
-        from scalelab.paths import conf_dir
-
-        default = int((yaml.safe_load((conf_dir() / "trainer" / "default.yaml").read_text()) or {})["warmup_steps"])
-    except (OSError, KeyError, TypeError, ValueError):
+        default = int(trainer_default("trainer", "warmup_steps"))
+    except (OSError, TypeError, ValueError, yaml.YAMLError):   # unreadable, or no such default: its own
         return warm
     return max(warm, default)
 

@@ -55,6 +55,9 @@ __all__ = ["PREEMPTED", "SIGNALLED", "STOPPED_EXIT", "completed_earlier", "EARLY
 PREEMPTED = ".preempted"  # JOB_DIR/.preempted: "STEP SIGNAL" of a rank stop this attempt
 SIGNALLED = ".signalled"  # JOB_DIR/.signalled: the batch step got USR1 before the ranks could (this attempt)
 STOPPED_EXIT = 143  # a rank outside SLURM that saved and stopped for SIGTERM: interrupted, resumable
+# How a SIGTERM'd SLURM job's line leaves its end to SLURM (slurm_jobs.finalize rewrites it once
+# SLURM has said: a cancelled or timed-out job is not requeued)
+SLURM_DECIDES = "; SLURM ends or requeues job {job} itself"
 _SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
@@ -311,8 +314,8 @@ def after_ranks(job_dir: Path, got: list[int], finished: bool = False) -> str | 
     # tasks, and `scontrol requeue` of that requeued (and killed) every task of the array
     job = info.get("job_id") or os.environ.get("SLURM_JOB_ID", "")
     if signal.SIGTERM in got or name == "SIGTERM":
-        return (f"SIGTERM: checkpoint saved at step {step}; SLURM ends or requeues job {info.get('job_id')} "
-                f"itself (a requeued job resumes from it)")
+        return (f"SIGTERM: checkpoint saved at step {step}{SLURM_DECIDES.format(job=info.get('job_id'))} "
+                "(a requeued job resumes from it)")
     proc = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
     if proc.returncode != 0:
         return (f"{name}: checkpoint saved at step {step}, but `scontrol requeue {job}` failed: "

@@ -178,7 +178,9 @@ def _final_word(error: str, state: str, job_id: str, log: Path | None) -> str:
     """The failed job's error as its end makes it: the ranks' SIGTERM line said "SLURM ends or
     requeues job N itself (a requeued job resumes from it)", which a CANCELLED or TIMEOUT job is not
     (found by review: `scancel` of a sweep's job read as if it would come back); then its log."""
-    head, sep, _ = error.partition(f"; SLURM ends or requeues job {job_id} itself")
+    from scalelab.requeue import SLURM_DECIDES
+
+    head, sep, _ = error.partition(SLURM_DECIDES.format(job=job_id))
     if sep and state in ("CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "FAILED"):
         error = (f"{head}; SLURM ended the job ({state}), so it is not requeued: the same command (a sweep: "
                  "with hydra.sweep.dir set to its folder) goes on from that checkpoint")

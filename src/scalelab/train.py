@@ -27,6 +27,7 @@ from scalelab.paths import conf_dir
 from scalelab.results.record import (RUN_FILE, BadRecord, install_log_redaction, load_record,
                                      redact_text, register_override_secrets, scrub, scrub_file, write_json)
 from scalelab.run_end import job_timeout, results_line, timed_out
+from scalelab.scaling.run_summary import loss_fields
 from scalelab.slurm_request import srun_cpus_per_task, srun_crowded
 
 # Light imports only at the top: main() starts the ranks' fork server before anything imports
@@ -211,7 +212,7 @@ def run_job(cfg: DictConfig) -> dict:
                     curve = None if hasattr(spec.plan, "training_step") else mean_curve(
                         job_dir / "checkpoints" / f"step-{stop[0]:08d}.ckpt", spec.run.world_size)
                     if curve:
-                        record["loss"] = {"first": curve[0][1], "final": curve[-1][1], "curve": curve}
+                        record["loss"] = loss_fields(curve)
                     if record.get("resumed_at_step"):
                         record["steps_this_attempt"] = stop[0] - record["resumed_at_step"]
                 write_json(job_dir / RUN_FILE, scrub(record))

@@ -23,7 +23,8 @@ import yaml
 from .cli_job import _micro_batch, default_global_batch, default_precision, train_command  # noqa: F401 (importers)
 from .cli_measured import TOLERANCE_HELP, refuse_unused, tolerance
 from .report import fmt_bytes, fmt_time, render, render_alternatives, render_rows
-from .spec import ATTENTION, CHECKPOINTING, STRATEGIES, ModelSpec, PlanError, conf_dir, get_strategy, strategy_names
+from .spec import (ATTENTION, CHECKPOINTING, STRATEGIES, ModelSpec, PlanError, conf_dir, get_strategy, sdpa_kernel,
+                   strategy_names)
 
 DEFAULT_HARDWARE = "h100_sxm"
 DEFAULT_VOCAB, DEFAULT_SEQ = 50257, 2048
@@ -277,10 +278,10 @@ def _plan(a, job_terms=None) -> int:
             raise PlanError(f"--strategy is required; valid: {', '.join(strategy_names())} (or a comma list, or all)")
         model = _model_from_args(a)
         hw = load_hardware(a.hardware or DEFAULT_HARDWARE)
-        if not getattr(a, "attention", None) and model.dropout > 0 and hw.kind == "cpu":
-            # as the run is planned (run_records.model_from_run): torch's CPU SDPA runs dropout > 0
-            # with the math kernel; the flag form planned it as flash, 0.72x the override form's
-            model = replace(model, attention="math")
+        if not getattr(a, "attention", None):
+            # as the run is planned (run_records.model_from_run): the flag form planned CPU dropout
+            # as flash, 0.72x the override form's activations
+            model = replace(model, attention=sdpa_kernel(hw.kind, model.dropout))
         # --params with a whole shape plans that count: a model the trainer does not build (no same job)
         built = model.n_params if model.kind != "gpt" else ModelSpec.trainer_gpt_params(
             model.n_layers, model.hidden, model.vocab, model.seq_len, model.ffn)

@@ -4,11 +4,11 @@ from __future__ import annotations
 from pathlib import Path
 
 
-
 def _calls(n: float) -> str:
     """Calls per step: a count, or a mean to 2 decimals (ZeRO-3's fetches of layers not kept
     gathered: 2.82653 printed as 6 digits of a guess)."""
     return f"{n:.0f}" if float(n).is_integer() else f"{n:.2f}"
+
 
 def fmt_bytes(n) -> str:
     if n is None:

@@ -19,7 +19,7 @@ from scalelab.results.record import other_node_part
 from scalelab.scaling.run_summary import MIN_MEASURED_STEPS
 
 from .hardware import Hardware
-from .spec import SGD_NO_MOMENTUM, ModelSpec, PlanError, get_strategy
+from .spec import SGD_NO_MOMENTUM, ModelSpec, PlanError, get_strategy, sdpa_kernel
 from .peak_memory import peak_states_and_activations
 from .step_time import Terms, build_terms, rank_threads
 
@@ -74,10 +74,8 @@ def model_from_run(run: dict) -> ModelSpec:
     cfg = run.get("config") if isinstance(run.get("config"), dict) else {}
     arch = (cfg.get("model") or {}).get("arch") or {}            # the run's resolved model config
     dropout = float(arch.get("dropout") or m.get("dropout") or 0.0)
-    # scalelab's GPT calls SDPA: flash / memory-efficient kernels, except that torch runs
-    # dropout > 0 on CPU with the math kernel (s x s scores and mask stored).
     cpu = (run.get("hardware") or {}).get("accelerator") == "cpu"
-    attention = m.get("attention") or ("math" if cpu and dropout > 0 else "flash")
+    attention = m.get("attention") or sdpa_kernel("cpu" if cpu else "gpu", dropout)
     return ModelSpec(n, layers, hidden, int(m.get("n_heads") or 1), int(m.get("vocab_size") or 1),
                      int(m.get("seq_len") or 1), int(m.get("ffn_hidden") or 0), kind="gpt",
                      attention=attention, dropout=dropout)

@@ -18,7 +18,7 @@ __all__ = ["PlanError", "conf_dir", "STRATEGIES", "Strategy", "_strategy_config"
            "PRECISIONS", "normalize_precision", "compute_dtype", "activation_bytes", "OPTIMIZERS",
            "normalize_optimizer", "CHECKPOINTING", "normalize_checkpointing", "ATTENTION", "ModelSpec", "Layout",
            "resolve_layout", "tp_indivisible", "padded_vocab", "check_tp_splits", "check_sequence_length",
-           "pipeline_schedule_refusal"]
+           "pipeline_schedule_refusal", "sdpa_kernel"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -55,8 +55,9 @@ def activation_bytes(precision: str) -> int:
 
 
 OPTIMIZERS = ("adam", "sgd")
-#: SGD with momentum 0: torch keeps no state for it. Not a flag value: the override form and
-#: --validate read it from the run's optim.optimizer.momentum (run_records.optimizer_of_run).
+#: SGD with momentum 0: torch keeps no state for it. The override form and --validate read it from
+#: the run's optim.optimizer.momentum (run_records.optimizer_of_run); as --optimizer, its same job
+#: sets the momentum to 0 (cli_job.train_command). Not listed among the flag's values.
 SGD_NO_MOMENTUM = "sgd_nomomentum"
 
 
@@ -83,6 +84,13 @@ def normalize_checkpointing(c) -> str:
 
 
 ATTENTION = ("flash", "math")
+
+
+def sdpa_kernel(device: str, dropout: float) -> str:
+    """The kernel scalelab's GPT gets from scaled_dot_product_attention: flash / memory-efficient,
+    except that torch runs dropout > 0 on CPU with the math kernel (s x s scores and mask stored).
+    One rule for a run's record, the flag form and a job planned on another device kind."""
+    return "math" if device == "cpu" and dropout > 0 else "flash"
 
 
 # --------------------------------------------------------------------------------------------

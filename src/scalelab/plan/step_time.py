@@ -38,7 +38,7 @@ from .model_states import ModelStates, bytes_per_param, model_states, zero3_kept
 from .peak_memory import device_total_bytes, fits, fits_host, host_node_bytes
 from .strategies import as_applied
 from .spec import (PlanError, Layout, ModelSpec, Strategy, compute_dtype, get_strategy, normalize_checkpointing,
-                   normalize_optimizer, normalize_precision, resolve_layout, check_sequence_length)
+                   normalize_optimizer, normalize_precision, resolve_layout, check_sequence_length, sdpa_kernel)
 
 
 @dataclass
@@ -140,7 +140,7 @@ def for_device(terms: Terms, device: str) -> Terms:
         return terms
     L, m = terms.layout, terms.model
     if m.kind == "gpt":     # the override form's kernel is always SDPA's choice (run_records.model_from_run)
-        m = replace(m, attention="math" if device == "cpu" and m.dropout > 0 else "flash")
+        m = replace(m, attention=sdpa_kernel(device, m.dropout))
     return build_terms(m, terms.strategy, devices=L.devices_per_node, nodes=L.nodes, tp=L.tp, pp=L.pp,
                        micro_batch=L.micro_batch, global_batch=L.global_batch, micro_batches=L.micro_batches,
                        precision=terms.precision, optimizer=terms.optimizer,

@@ -98,6 +98,7 @@ def recommend(req: Request, *, objective: str, tokens=None, budget_s=None, verif
     t0 = time.perf_counter()
     smallest: dict[str, float] = {}
     cands, pruned = enumerate_candidates(req, smallest)
+    excluded = unrunnable(req)
     ranked = rank(cands, objective, req.hardware, tokens, budget_s)
     # the tie over every strategy's best the trainer accepts, then cut for display: cut first, the
     # answer depended on --top ("strategies shown": --top 1 gave zero3, --top 3 zero1, the default ddp)
@@ -109,7 +110,7 @@ def recommend(req: Request, *, objective: str, tokens=None, budget_s=None, verif
            "search": {"built": len(cands) + sum(pruned.values()), "fitting": len(cands),
                       "pruned_total": sum(pruned.values()), "pruned": pruned, "strategies_fitting":
                       len(best_per_strategy(ranked)), "seconds": round(time.perf_counter() - t0, 2),
-                      "excluded": unrunnable(req), "fits_nowhere": _fits_nowhere(req, cands, smallest)},
+                      "excluded": excluded, "fits_nowhere": _fits_nowhere(req, cands, smallest, excluded)},
            "ranking": [{**candidate_doc(c, ov, req, objective, tokens, budget_s), "predicted_rank": r,
                         "tied": bool(tie) and c.strategy in tie["strategies"]}
                        for (c, ov), r in zip(shown, predicted_rank)],
@@ -361,10 +362,10 @@ def _say_ranking(doc: dict, say) -> None:
         say(f"refused by the trainer: {r['layout']}: {r['error']}")
 
 
-def _fits_nowhere(req: Request, cands, smallest: dict) -> dict:
+def _fits_nowhere(req: Request, cands, smallest: dict, excluded: dict) -> dict:
     """{strategy: its least device memory of a layout too big (None: none was built)} of each
-    strategy searched that has no layout that fits."""
-    fitting, excluded = {c.strategy for c in cands}, unrunnable(req)
+    strategy searched (not EXCLUDED: unrunnable) that has no layout that fits."""
+    fitting = {c.strategy for c in cands}
     return {n: smallest.get(n) for n in req.strategies if n not in fitting and n not in excluded}
 
 

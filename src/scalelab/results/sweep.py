@@ -217,37 +217,42 @@ def attach_efficiency(records: list[dict], summary: dict) -> None:
     on its own runs only: keyed by job name, a sweep `A/sw` showed `B/sw`'s efficiency for its job
     "sw/1". Only where one side has no folder (a record not read from a file, an older summary) is
     a run matched by job name."""
-    by_dir: dict[str, tuple] = {}
-    by_name: dict[str, tuple] = {}      # every run
-    no_dir: dict[str, tuple] = {}       # runs without a folder
-    weak_dir: dict[str, float] = {}
-    weak_name: dict[str, float] = {}
-    weak_no_dir: dict[str, float] = {}
-    for g in sorted(summary["groups"], key=lambda g: g["kind"] != "weak"):  # strong written last wins
-        for run in g["runs"]:
-            figures = (run["scaling_efficiency"], g["baseline_world_size"], g["kind"], bool(g.get("baseline_short_run")))
-            by_name[run["job"]] = figures
-            key = run_key(summary, run.get("dir"))
-            if key:
-                by_dir[key] = figures
-            else:
-                no_dir[run["job"]] = figures
-            if g["kind"] == "weak":
-                weak_name[run["job"]] = run["scaling_efficiency"]
-                (weak_dir if key else weak_no_dir)[key or run["job"]] = run["scaling_efficiency"]
+    strong_last = sorted(summary["groups"], key=lambda g: g["kind"] != "weak")  # strong written last wins
+    figures_of = _run_lookup(summary, [(run, (run["scaling_efficiency"], g["baseline_world_size"], g["kind"],
+                                              bool(g.get("baseline_short_run"))))
+                                       for g in strong_last for run in g["runs"]])
+    weak_of = _run_lookup(summary, [(run, run["scaling_efficiency"]) for g in summary["groups"] if g["kind"] == "weak"
+                                    for run in g["runs"]])
     for r in records:
-        key, name = job_key(r), (r.get("job") or {}).get("name")
-        figures = (by_dir.get(key) or no_dir.get(name)) if key else by_name.get(name)
+        figures = figures_of(r)
         if figures:
             (r["scaling_efficiency"], r["scaling_baseline_world"], r["scaling_kind"],
              r["scaling_baseline_short"]) = figures
-        weak = (weak_dir.get(key) or weak_no_dir.get(name)) if key else weak_name.get(name)
+        weak = weak_of(r)
         if weak is not None:
             # its weak figure too (JSON, CSV, --sort/--where): the table's column is the strong one,
             # and a weak group's runs are nearly all in a strong group (review: sweep.json only)
             r["weak_scaling_efficiency"] = weak
 
 
+def _run_lookup(summary: dict, pairs: list[tuple[dict, object]]):
+    """record -> the value paired with its run in SUMMARY (later pairs win), matched as
+    attach_efficiency says: by job folder, by job name only where one side has no folder."""
+    by_dir: dict[str, object] = {}
+    by_name: dict[str, object] = {}     # every run
+    no_dir: dict[str, object] = {}      # runs without a folder
+    for run, value in pairs:
+        by_name[run["job"]] = value
+        key = run_key(summary, run.get("dir"))
+        (by_dir if key else no_dir)[key or run["job"]] = value
+
+    def find(r: dict):
+        key, name = job_key(r), (r.get("job") or {}).get("name")
+        if not key:
+            return by_name.get(name)
+        return by_dir[key] if key in by_dir else no_dir.get(name)
+
+    return find
 
 
 def has_job_section(rec: dict) -> bool:

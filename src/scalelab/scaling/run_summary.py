@@ -28,6 +28,11 @@ def steady_slice(n_steps: int, warmup_steps: int, profiled_steps: int) -> tuple[
     return start, end
 
 
+def loss_fields(curve: list) -> dict:
+    """A record's `loss` from its curve ([[step, loss], ...]): first, final and the curve."""
+    return {"first": curve[0][1] if curve else None, "final": curve[-1][1] if curve else None, "curve": curve}
+
+
 def summarize(per_rank: list[dict], global_batch: int, tokens_per_sample: int | None,
               warmup_steps: int, loss_ranks: list[int] | None = None, profiled_steps: int = 0) -> dict:
     """Combine per-rank summaries into the run record's measured fields.
@@ -76,8 +81,7 @@ def summarize(per_rank: list[dict], global_batch: int, tokens_per_sample: int | 
             **({"peak_device_bytes_by_phase_per_rank": [r["peak_device_bytes_by_phase"] for r in per_rank]}
                if all(r.get("peak_device_bytes_by_phase") for r in per_rank) else {}),
         },
-        "loss": {"first": curve[0][1] if curve else None, "final": curve[-1][1] if curve else None,
-                 "curve": curve},
+        "loss": loss_fields(curve),
         **({"host_speed": {
             "matmul_flops_per_rank": [statistics.fmean(r["host_flops"]) for r in per_rank],
             "flops": statistics.fmean(f for r in per_rank for f in r["host_flops"]),
