@@ -35,6 +35,13 @@ def test_a_dead_server_is_started_again_as_the_command_starts_it():
         "os.kill(first, signal.SIGKILL); time.sleep(0.5)\n"
         "spawn.start_server({'SCALELAB_TEST': '1'})\n"
         "second = forkserver._forkserver._forkserver_pid\n"
+        # ensure_running returns before the new server has exec'd: until then /proc/PID/environ is
+        # the forked launcher's original block (a race under load; CI read it once)
+        # (the server's command line: `... from multiprocessing.forkserver import main ...`, built here so
+        # that this script's own command line, the forked child's before its exec, does not hold it)
+        "t, mark = time.time(), b'forkserver' + b' import main'\n"
+        "while mark not in open(f'/proc/{second}/cmdline', 'rb').read() and time.time() - t < 30:\n"
+        "    time.sleep(0.05)\n"
         "env = open(f'/proc/{second}/environ', 'rb').read().split(b'\\0')\n"
         "print(first != second, b'SCALELAB_FORK_SERVER=1' in env, b'OMP_NUM_THREADS=1' in env)\n"
         "spawn.stop_server()\n")
