@@ -38,7 +38,8 @@ def _lrs(max_steps, warmup, decay, min_ratio=0.1):
 
 def test_linear_warmup_then_constant():
     lrs = _lrs(10, 4, "constant")
-    assert lrs[:5] == pytest.approx([0.25, 0.4375, 0.625, 0.8125, 1.0])
+    # step k < 4 trains at (k + 1) / 5 of the peak (nanoGPT's ramp), step 4 on at the peak
+    assert lrs[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
     assert lrs[4:] == pytest.approx([1.0] * 6)
 
 
@@ -46,5 +47,67 @@ def test_warmup_as_fraction_then_cosine_to_min():
     lrs = _lrs(20, 0.25, "cosine")  # 5 warm-up steps
     assert lrs[4] < lrs[5] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(lrs[5:], lrs[6:]))  # decays monotonically
-    t = 3  # cosine: eta_min + (1 - eta_min) * (1 + cos(pi t / T)) / 2, T = 15
-    assert lrs[5 + t] == pytest.approx(0.1 + 0.9 * (1 + math.cos(math.pi * t / 15)) / 2)
+    t = 3  # cosine: eta_min + (1 - eta_min) * (1 + cos(pi t / T)) / 2, T = 20 - 5 - 1 = 14
+    assert lrs[5 + t] == pytest.approx(0.1 + 0.9 * (1 + math.cos(math.pi * t / 14)) / 2)
+    # the last step trains at min_lr_ratio (T = 15 left it at 0.1 + 0.9 (1 + cos(14 pi / 15)) / 2 = 0.1098)
+    assert lrs[-1] == pytest.approx(0.1)
+
+
+def test_a_fraction_warms_up_at_least_one_step_rounded_half_up():
+    # 0.1 of 4 steps rounded to 0 and the first step trained at the full LR; 1 step: half of it
+    assert _lrs(4, 0.1, "constant") == pytest.approx([0.5, 1.0, 1.0, 1.0])
+    # 0.1 x 25 = 2.5 -> 3 steps (round() made it 2, half to even): 1/4, 2/4, 3/4, then the peak
+    assert _lrs(25, 0.1, "constant")[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    # 0.1 x 10 = 1 step, then a cosine over steps 1..9 to 0.2 at the last: T = 8
+    lrs = _lrs(10, 0.1, "cosine", min_ratio=0.2)
+    assert lrs[:2] == pytest.approx([0.5, 1.0])
+    assert lrs[5] == pytest.approx(0.2 + 0.8 * (1 + math.cos(math.pi * 4 / 8)) / 2)  # = 0.6
+    assert lrs[-1] == pytest.approx(0.2)
+
+
+def test_no_warmup_cosine_ends_at_min_on_the_last_step():
+    lrs = _lrs(5, 0, "cosine", min_ratio=0.0)  # T = 4: 1, (1 + cos(pi/4))/2, 1/2, (1 - cos(pi/4))/2, 0
+    c = math.cos(math.pi / 4)
+    assert lrs == pytest.approx([1.0, (1 + c) / 2, 0.5, (1 - c) / 2, 0.0], abs=1e-12)
+
+
+def test_lr_is_logged_once_per_optimizer_step_under_accumulation(tmp_path):
+    """Lightning's LearningRateMonitor logs before every micro-batch: 4 accumulated micro-batches
+    wrote 4 identical lr rows per step into metrics.csv and W&B."""
+    import lightning as L
+    from lightning.pytorch.loggers import Logger
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from scalelab.scaling.metrics import HostLRMonitor
+
+    class Rows(Logger):
+        name, version = "rows", 0
+        rows: list = []
+
+        def log_metrics(self, metrics, step=None):
+            if any(k.startswith("lr-") for k in metrics):
+                self.rows.append((step, dict(metrics)))
+
+        def log_hyperparams(self, params, *args, **kwargs):
+            pass
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, i):
+            return self.lin(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=1.0)
+            return [opt], [{"scheduler": build_scheduler(opt, 3, 2, "constant", 1.0), "interval": "step"}]
+
+    logger = Rows()
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=3, accumulate_grad_batches=4, logger=logger,
+                        log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=str(tmp_path), callbacks=[HostLRMonitor("step")])
+    trainer.fit(Tiny(), train_dataloaders=DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=2))
+    # 3 optimizer steps of 4 micro-batches: 3 rows, warm-up 1/3, 2/3, then the peak
+    assert [step for step, _ in logger.rows] == [0, 1, 2]
+    assert [m["lr-SGD"] for _, m in logger.rows] == pytest.approx([1 / 3, 2 / 3, 1.0])

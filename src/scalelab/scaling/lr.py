@@ -6,8 +6,9 @@
                                             Malladi et al. 2022, "On the SDEs and Scaling Rules
                                             for Adaptive Gradient Algorithms")
 B is the global batch, B0 = lr_scaling.base_batch_size, base_lr = optim.lr.
-Schedule: linear warmup from ~0 over warmup steps, then constant or cosine decay to
-min_lr_ratio * lr at max_steps, built from torch.optim.lr_scheduler parts.
+Schedule: linear warmup over n warmup steps (step k < n trains at lr * (k + 1) / (n + 1), as
+nanoGPT's), then constant, or cosine decay that the last step (max_steps - 1) trains at
+min_lr_ratio * lr, built from torch.optim.lr_scheduler parts.
 """
 from __future__ import annotations
 
@@ -32,10 +33,12 @@ def scaled_lr(base_lr: float, base_batch: int, global_batch: int, rule: str) -> 
 
 
 def warmup_steps(warmup: float | int, max_steps: int) -> int:
-    """warmup >= 1 is a step count; 0 < warmup < 1 is a fraction of max_steps."""
+    """warmup >= 1 is a step count; 0 < warmup < 1 is a fraction of max_steps, rounded half up and
+    at least 1 step (a fraction asks for a warm-up: 0.1 of 4 steps rounded to 0 trained the first
+    step at the full scaled LR)."""
     if warmup < 0:
         raise ConfigError(f"lr_scaling.warmup_steps={warmup} must be >= 0 (steps, or a fraction < 1)")
-    return int(round(warmup * max_steps)) if 0 < warmup < 1 else int(warmup)
+    return max(1, int(warmup * max_steps + 0.5)) if 0 < warmup < 1 else int(warmup)
 
 
 def build_scheduler(optimizer: Optimizer, max_steps: int, warmup: float | int, decay: str,
@@ -45,10 +48,14 @@ def build_scheduler(optimizer: Optimizer, max_steps: int, warmup: float | int, d
     n_warm = min(warmup_steps(warmup, max_steps), max_steps)
     parts, milestones = [], []
     if n_warm > 0:
-        # Step 0 trains at lr / n_warm; the factor rises linearly to 1 at step n_warm.
-        parts.append(LinearLR(optimizer, start_factor=1.0 / n_warm, end_factor=1.0, total_iters=n_warm))
+        # Step k < n_warm trains at lr * (k + 1) / (n_warm + 1), step n_warm at lr: a 1-step
+        # warm-up is half the LR (start_factor 1 / n_warm made it the full LR: no warm-up at all).
+        parts.append(LinearLR(optimizer, start_factor=1.0 / (n_warm + 1), end_factor=1.0,
+                              total_iters=n_warm))
         milestones.append(n_warm)
-    rest = max(max_steps - n_warm, 1)
+    # The cosine reaches its minimum at the last step that trains (max_steps - 1), so lr_final is
+    # min_lr_ratio * lr as documented (T = max_steps - n_warm put it one step after the run).
+    rest = max(max_steps - n_warm - 1, 1)
     if decay == "cosine":
         base = optimizer.param_groups[0]["lr"] if not n_warm else optimizer.param_groups[0]["initial_lr"]
         parts.append(CosineAnnealingLR(optimizer, T_max=rest, eta_min=base * min_lr_ratio))

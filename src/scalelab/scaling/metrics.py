@@ -303,6 +303,12 @@ class HostLRMonitor(LearningRateMonitor):
     `torch.tensor(lr, device=root_device)` every logged step, a blocking host->device copy (a
     stream sync) on CUDA."""
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx, *args, **kwargs) -> None:
+        # Once per optimizer step: Lightning's logs it before every micro-batch, so k accumulated
+        # micro-batches wrote k identical rows per step into metrics.csv and W&B.
+        if batch_idx % max(1, trainer.accumulate_grad_batches) == 0:
+            super().on_train_batch_start(trainer, pl_module, batch, batch_idx, *args, **kwargs)
+
     def _extract_stats(self, trainer, interval: str) -> dict[str, float]:
         return super()._extract_stats(_OnHost(trainer), interval)
 
