@@ -325,18 +325,20 @@ def predictions(records: list[dict], cache: str | Path | None = None) -> tuple[l
         try:
             if (name, run_cache) not in profiles:
                 profiles[(name, run_cache)] = load_hardware(name, run_cache)
-            modelled.append((dict(r), terms_from_run(r), profiles[(name, run_cache)]))   # a copy: smoothed below
+            # a copy (smoothed below), named now: LABELS is keyed by id() of the original, and the
+            # copy's own name was the short one two sweeps share (their runs became one bar of sums)
+            modelled.append((job_name(r, labels), dict(r), terms_from_run(r), profiles[(name, run_cache)]))
         except PlanError as exc:
             skipped.append((job_name(r, labels), str(exc).splitlines()[0]))
     # the host speed plan --validate predicts at: the median probe of the sweep's neighbouring jobs
     # (one run's own probe is noisier than its step time: the chart and --validate differed by 64%)
-    smooth_host_speeds([(None, run, terms) for run, terms, _ in modelled])
+    smooth_host_speeds([(None, run, terms) for _, run, terms, _ in modelled])
     rows = []
-    for r, terms, hw in modelled:
+    for job, r, terms, hw in modelled:
         try:
             pred_step = step_time(terms, hw)["step_s"] / speed_factor(r, terms, hw)
         except PlanError as exc:
-            skipped.append((job_name(r, labels), str(exc).splitlines()[0]))
+            skipped.append((job, str(exc).splitlines()[0]))
             continue
         mem = r.get("memory") or {}
         device = mem.get("peak_device_bytes_per_rank") or []
@@ -345,7 +347,7 @@ def predictions(records: list[dict], cache: str | Path | None = None) -> tuple[l
         else:       # CPU: host and device are one RAM (plan --validate's comparison)
             meas_mem = max_of(mem.get("peak_rss_bytes_per_rank"))
             pred_mem = predicted_rss(terms, hw)
-        rows.append({"job": job_name(r, labels), "hardware": hw.name, "measured_step_s": float(r["step_time_s"]["median"]),
+        rows.append({"job": job, "hardware": hw.name, "measured_step_s": float(r["step_time_s"]["median"]),
                      "predicted_step_s": pred_step, "measured_bytes": meas_mem, "predicted_bytes": float(pred_mem),
                      "memory_kind": "device" if device else "RSS"})
     return rows, skipped
