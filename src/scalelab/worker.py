@@ -319,8 +319,20 @@ def main() -> int:
         return run(job_dir, marks)
     except BaseException as exc:
         (job_dir / f"error-rank{global_rank()}.txt").write_text(traceback.format_exc())
+        _close_wandb_as_failed(exc)
         requeue.end_by_sigterm(exc)
         raise
+
+
+def _close_wandb_as_failed(exc: BaseException) -> None:
+    """Rank 0's W&B run ends failed with what it logged so far; not on SIGTERM (a preemption: the
+    requeued attempt resumes the run, and its service is gone with the signal anyway)."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from scalelab.results.wandb_logger import finish_failed_run
+
+    if not isinstance(exc, SIGTERMException):
+        finish_failed_run()
 
 
 def rank_entry(job_dir: Path) -> int:
@@ -333,6 +345,7 @@ def rank_entry(job_dir: Path) -> int:
     except BaseException as exc:
         (job_dir / f"error-rank{global_rank()}.txt").write_text(traceback.format_exc())
         traceback.print_exc()
+        _close_wandb_as_failed(exc)
         requeue.end_by_sigterm(exc)
         return 1
 

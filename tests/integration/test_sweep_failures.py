@@ -101,3 +101,21 @@ def test_the_rank_that_raised_is_named_not_the_peer_that_lost_it(tmp_path, launc
     rec = json.loads((job / "run.json").read_text())
     assert proc.returncode == 1 and "injected rank crash at step 3" in rec["error"], rec["error"]
     assert (rec["resumed_at_step"], rec["steps"], rec["steps_this_attempt"]) == (2, 3, 1)
+
+
+def test_a_failed_job_s_wandb_run_has_its_steps_and_ends_failed(tmp_path):
+    """Rank 0's W&B run of a job whose rank raised: a forked rank ends by os._exit, past W&B's
+    atexit hook, so the offline run was its 7-byte header alone (no config, history or exit), and
+    `wandb sync` refused it ('transactionlog: error getting next record: EOF')."""
+    from scalelab.results.wandb_offline import find_runs, read_run
+
+    job = tmp_path / "job"
+    proc = train([*FAST, "strategy=ddp", "strategy._target_=tests.slurm.crash.CrashingDDP", "trainer.devices=2",
+                  "trainer.max_steps=8", "logger=wandb", f"hydra.run.dir={job}"], tmp_path, check=False)
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    runs = find_runs(job)
+    assert len(runs) == 1, runs                                  # one W&B run: rank 0's
+    run = read_run(runs[0])
+    assert run["exit_code"] == 1 and run["config"].get("world_size") == 2, run["config"]
+    steps = sorted({h["trainer/global_step"] for h in run["history"] if "train/loss" in h})
+    assert steps[:3] == [0, 1, 2], steps                         # rank 1 raised in step 3

@@ -45,6 +45,21 @@ def _forget_the_service() -> None:
         pass                         # its exit status (-15 after SIGTERM) comes back as sys.exit
 
 
+def finish_failed_run() -> None:
+    """Close this process's W&B run, if it has one, as failed (exit code 1). A rank whose fit raised
+    ends by os._exit (forked ranks) without W&B's atexit hook: its offline run stayed a 7-byte
+    header, no config, history or exit, which `wandb sync` refused ('transactionlog: EOF')."""
+    import sys
+
+    wandb = sys.modules.get("wandb")
+    if wandb is None or getattr(wandb, "run", None) is None:
+        return
+    try:
+        wandb.finish(exit_code=1)
+    except _service_errors():   # the service is gone: what it received is in the run's file
+        _forget_the_service()
+
+
 class TolerantWandbLogger(WandbLogger):
     """WandbLogger whose calls into a W&B service that has gone away warn once and do nothing."""
 

@@ -40,10 +40,11 @@ def _payloads(data: bytes):
 
 
 def read_run(path: Path | str) -> dict:
-    """{'config': {...}, 'history': [{key: value}], 'summary': {...}, 'run': {group, job_type, ...}}"""
+    """{'config': {...}, 'history': [{key: value}], 'summary': {...}, 'run': {group, job_type, ...},
+    'exit_code': the run's exit code (None: never finished)}"""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    out: dict = {"config": {}, "history": [], "summary": {}, "run": {}}
+    out: dict = {"config": {}, "history": [], "summary": {}, "run": {}, "exit_code": None}
     for payload in _payloads(Path(path).read_bytes()):
         rec = pb.Record()
         rec.ParseFromString(payload)
@@ -54,6 +55,8 @@ def read_run(path: Path | str) -> dict:
             out["summary"].update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update})
         elif kind == "config":
             out["config"].update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.config.update})
+        elif kind == "exit":
+            out["exit_code"] = rec.exit.exit_code
         elif kind == "run":
             r = rec.run
             out["run"] = {"run_id": r.run_id, "group": r.run_group, "job_type": r.job_type,
