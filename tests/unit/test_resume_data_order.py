@@ -150,10 +150,11 @@ def test_a_run_trained_longer_follows_its_own_lr_schedule(prepared, tmp_path):
     (ckpt,) = (tmp_path / "job" / "checkpoints").glob("step-*.ckpt")
     resumed = fit_lm(prepared, tmp_path / "job", 40, ckpt=str(ckpt))
     assert sorted(resumed) == list(range(13, 41))
-    # by hand: step s >= 5 trains at 0.1 + 0.9 (1 + cos(pi (s - 5) / 36)) / 2
+    # by hand: step s >= 5 trains at 0.1 + 0.9 (1 + cos(pi (s - 5) / 35)) / 2 (the last, 40, at 0.1)
     import math
     for s in (13, 23, 40):
-        assert fresh[s] == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * (s - 5) / 36)))
+        assert fresh[s] == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * (s - 5) / 35)))
+    assert fresh[40] == pytest.approx(0.1)
     assert [resumed[s] for s in range(13, 41)] == pytest.approx([fresh[s] for s in range(13, 41)])
 
 

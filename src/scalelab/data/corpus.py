@@ -125,12 +125,13 @@ def hub_documents(name: str, split: str, text_column: str, config: str | None = 
     return list(iter_hub_documents(name, split, text_column, config))
 
 
-def iter_hub_documents(name: str, split: str, text_column: str, config: str | None = None
-                       ) -> Iterator[tuple[str, bytes]]:
+def iter_hub_documents(name: str, split: str, text_column: str, config: str | None = None,
+                       info: dict | None = None) -> Iterator[tuple[str, bytes]]:
     """The non-empty `text_column` values of a hub dataset (`config`: its configuration name, as
     load_dataset's second argument, e.g. wikitext's wikitext-2-raw-v1), of a folder written by
     save_to_disk, or of local data files (tables.py: a .jsonl/.json/.csv/.parquet file, a folder of
-    them), as (name/row, UTF-8 bytes)."""
+    them), as (name/row, UTF-8 bytes). `info` (optional) receives a folder's files left out
+    (tables.data_files)."""
     import datasets
 
     if hub_kind(name) == "local":
@@ -138,7 +139,7 @@ def iter_hub_documents(name: str, split: str, text_column: str, config: str | No
         if config is not None:
             raise ConfigError(f"data.hub_config={config!r} names a configuration of a hub dataset; {name} is a local "
                               "path (set data.hub_config=null)")
-        fmt, files = ("", []) if tables.is_saved_dataset(path) else tables.data_files(str(name), split)
+        fmt, files = ("", []) if tables.is_saved_dataset(path) else tables.data_files(str(name), split, info)
         if files:
             ds = tables.load_files(str(name), fmt, files)
         else:
@@ -152,6 +153,10 @@ def iter_hub_documents(name: str, split: str, text_column: str, config: str | No
                 if split not in ds:
                     raise ConfigError(f"data.hub_split={split!r} is not in {name}: choose one of {', '.join(ds)}")
                 ds = ds[split]
+            elif split != "train" and str(ds.split) != split:   # it was read whole, whatever the split said
+                raise ConfigError(f"data.hub_split={split!r}: {name} is one dataset written by Dataset.save_to_disk "
+                                  f"(split {ds.split or 'not named'}), not a DatasetDict of splits: leave "
+                                  "data.hub_split=train")
     else:
         import logging
         import sys
@@ -177,7 +182,8 @@ def iter_hub_documents(name: str, split: str, text_column: str, config: str | No
             raise ConfigError(f"{key}={value!r}: {type(e).__name__}: {str(e).splitlines()[0][:300]}{hint}"
                               + ("" if reachable else " (the Hub is not reachable from here and the dataset is "
                                  "not in the Hugging Face cache: a dataset written by save_to_disk loads "
-                                 "offline, data.hub_name=/path/to/it)")) from e
+                                 "offline, data.hub_name=/path/to/it; there is no file or folder "
+                                 f"{name!r} in {Path.cwd()})")) from e
         finally:
             hub_log.setLevel(level)
     if text_column not in ds.column_names:
@@ -335,7 +341,7 @@ def iter_documents(cfg: dict, info: dict | None = None) -> Iterator[tuple[str, b
         docs = iter_file_documents(list(cfg.get("files") or []), info)
     elif source == "hub":
         docs = iter_hub_documents(cfg["hub_name"], cfg.get("hub_split", "train"), cfg.get("text_column", "text"),
-                                  cfg.get("hub_config"))
+                                  cfg.get("hub_config"), info)
     else:
         raise ConfigError(f"data.source={source!r} is not known: choose one of stdlib, files, hub")
     if cfg.get("max_documents"):

@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from scalelab.data import corpus
+from scalelab.data import corpus, tables
 from scalelab.errors import ConfigError
 
 META_FILE = "meta.json"
+TMP_PREFIX = ".tmp-"
 
 
 def prepared_dir(cfg: dict, seq_len: int, cache_root: Path) -> Path:
@@ -54,6 +55,8 @@ def prepare(cfg: dict, seq_len: int, cache_root: Path, progress: bool = True) ->
     """Return the folder holding `train/` and `val/` Arrow datasets of (seq_len+1)-byte blocks."""
     out = prepared_dir(cfg, seq_len, cache_root)
     if (out / META_FILE).exists():
+        if progress and out not in _announced:   # what the cache holds, once a command (a hit was silent)
+            _announce(read_meta(out), out, cached=True)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     block = seq_len + 1
@@ -72,7 +75,9 @@ def prepare(cfg: dict, seq_len: int, cache_root: Path, progress: bool = True) ->
             "train_blocks": len(train), "val_blocks": len(val), "val_fraction": val_fraction,
             "split": "by token block: the round(blocks x val_fraction) (>= 1 if > 0) blocks of smallest "
                      "splitmix64(index ^ split_seed); split_seed from the data config", "split_seed": seed, **info}
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
+    # named HOST-PID: a prepare killed (SIGKILL, the OOM killer) left its .tmp- folder, up to the
+    # corpus's size, for good; the next prepare on this host removes those whose process is gone
+    tmp = Path(tempfile.mkdtemp(dir=tables.clear_stale(out.parent, TMP_PREFIX), prefix=tables.tmp_prefix(TMP_PREFIX)))
     # mkdtemp makes it 0700, which the rename keeps: a cache shared by a team (data.cache_dir on a
     # group-writable file system) would be unreadable to everyone but its first user
     umask = os.umask(0)
@@ -90,12 +95,22 @@ def prepare(cfg: dict, seq_len: int, cache_root: Path, progress: bool = True) ->
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if progress:
-        skipped = info.get("skipped_files") or {}
-        note = ", ".join(f"{v} {k} files skipped" for k, v in skipped.items() if v)
-        print(f"[scalelab] data: {meta['documents']} documents, {meta['bytes']:,} bytes -> {meta['train_blocks']} "
-              f"train + {meta['val_blocks']} val blocks of {block} bytes{' (' + note + ')' if note else ''} "
-              f"-> {out}", flush=True)
+        _announce(meta, out, cached=False)
     return out
+
+
+_announced: set[Path] = set()
+
+
+def _announce(meta: dict, out: Path, cached: bool) -> None:
+    """The data line: what the corpus gave, the files not read and why, where it is cached."""
+    _announced.add(out)
+    skipped = meta.get("skipped_files") or {}
+    notes = [f"{v} {k} files skipped" for k, v in skipped.items() if v]
+    notes += [f"{v} file(s) {k} not read" for k, v in (meta.get("left_out") or {}).items() if v]
+    print(f"[scalelab] data: {meta['documents']} documents, {meta['bytes']:,} bytes -> {meta['train_blocks']} "
+          f"train + {meta['val_blocks']} val blocks of {meta['block_bytes']} bytes"
+          f"{' (' + '; '.join(notes) + ')' if notes else ''} -> {out}{' (cached)' if cached else ''}", flush=True)
 
 
 def data_identity(prepared: str | Path) -> str | None:

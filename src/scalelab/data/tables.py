@@ -56,12 +56,12 @@ def refuse_twins(key: str, files: list[Path]) -> None:
                           "compressed copy: every row read twice): keep one of them")
 
 
-_SAVED_MARKERS = ("dataset_dict.json", "state.json")   # what save_to_disk writes (DatasetDict, Dataset)
-
-
 def is_saved_dataset(path: Path) -> bool:
-    """A folder written by Dataset.save_to_disk or DatasetDict.save_to_disk."""
-    return path.is_dir() and any((path / m).is_file() for m in _SAVED_MARKERS)
+    """A folder written by DatasetDict.save_to_disk (dataset_dict.json) or Dataset.save_to_disk
+    (state.json beside its dataset_info.json: a data folder's own state.json, a training job's
+    say, made notes.jsonl beside it unreadable as 'not a dataset written by save_to_disk')."""
+    return path.is_dir() and ((path / "dataset_dict.json").is_file()
+                              or ((path / "state.json").is_file() and (path / "dataset_info.json").is_file()))
 
 
 def is_pattern(name: str) -> bool:
@@ -84,12 +84,14 @@ def local_paths(name: str) -> list[Path]:
     return [path] if path.exists() else glob_files(name)
 
 
-def data_files(name: str, split: str) -> tuple[str, list[Path]]:
+def data_files(name: str, split: str, info: dict | None = None) -> tuple[str, list[Path]]:
     """(format, files of `split`) of a local data file, of the files a glob pattern matches, or of
     the data files under a folder; ('', []) when a folder holds none. A folder's files are split by
     name as `datasets` splits them (train.jsonl, data/test-00000.parquet, ...; all 'train' where no
     name says otherwise); a file, or a pattern's files, are the split 'train'. A file of another
-    kind, a folder or pattern mixing formats or a split that no file makes is a ConfigError."""
+    kind, a folder or pattern mixing formats or a split that no file makes is a ConfigError. `info` (optional) receives `left_out`: a folder's
+    files not read, {what: count} (other splits', compressed ones beside plain ones), for prepare's
+    data line."""
     from scalelab.data.text_files import _folder_files
 
     path = Path(str(name)).expanduser()
@@ -110,10 +112,10 @@ def data_files(name: str, split: str) -> tuple[str, list[Path]]:
                               "data.files=[...])")
         splits = {"train": [path]}
     else:
-        files = [f for f in _folder_files(path)[0] if data_ext(f) in FOLDER_EXTS]
+        found = [f for f in _folder_files(path)[0] if data_ext(f) in FOLDER_EXTS]
         # compressed ones only in a folder of them: beside plain data files (which alone were read before:
         # a stray stats.csv.gz, a file's .gz copy) they are passed over, as they always were
-        files = [f for f in files if f.suffix.lower() not in COMPRESSED] or files
+        files = [f for f in found if f.suffix.lower() not in COMPRESSED] or found
         by_format: dict[str, list[str]] = {}
         for f in files:
             by_format.setdefault(FORMATS[data_ext(f)], []).append(f.name)
@@ -125,6 +127,11 @@ def data_files(name: str, split: str) -> tuple[str, list[Path]]:
             return "", []
         fmt = next(iter(by_format))
         splits = _split_by_name(path, files)
+        if info is not None:   # nothing said they were not read (a test-logs.jsonl is the split 'test')
+            left = {f"of the split {k} (data.hub_split={k} reads it)": len(v) for k, v in splits.items() if k != split}
+            if len(files) < len(found):
+                left["compressed, beside plain ones"] = len(found) - len(files)
+            info["left_out"] = left
     if is_pattern(name):   # the files it matches are all read: not a file and its compressed copy
         refuse_twins(f"data.hub_name={str(name)!r}", [f for fs in splits.values() for f in fs])
     if split not in splits:
@@ -152,14 +159,19 @@ def _split_by_name(folder: Path, files: list[Path]) -> dict[str, list[Path]]:
 _TMP_PREFIX = "scalelab-tables-"
 
 
-def _clear_stale(folder: Path) -> Path:
-    """`folder`, made, without the copies of earlier prepares on this host whose process is gone
-    (killed, or ended by os._exit on Ctrl-C / SIGTERM: no finalizer ran). Named HOST-PID: a copy
-    another host or a live process is reading is left alone (a cache shared by a team)."""
+def tmp_prefix(prefix: str = _TMP_PREFIX) -> str:
+    """PREFIX-HOST-PID-: the name of a temporary folder clear_stale can tell is abandoned."""
+    return f"{prefix}{socket.gethostname()}-{os.getpid()}-"
+
+
+def clear_stale(folder: Path, prefix: str = _TMP_PREFIX) -> Path:
+    """`folder`, made, without the temporary folders (tmp_prefix) of earlier processes on this host
+    that are gone (killed, or ended by os._exit on Ctrl-C / SIGTERM: no finalizer ran). A folder
+    another host or a live process is writing or reading is left alone (a cache shared by a team)."""
     folder.mkdir(parents=True, exist_ok=True)
     host = socket.gethostname()
-    for old in folder.glob(f"{_TMP_PREFIX}{host}-*-*"):
-        pid = old.name[len(_TMP_PREFIX) + len(host) + 1:].split("-")[0]
+    for old in folder.glob(f"{prefix}{host}-*-*"):
+        pid = old.name[len(prefix) + len(host) + 1:].split("-")[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
     return folder
@@ -192,8 +204,8 @@ def load_files(name: str, fmt: str, files: list[Path]):
     ds_log = logging.getLogger("datasets")
     level = ds_log.level
     ds_log.setLevel(logging.CRITICAL)   # a parse error is logged as well as raised: the one line below instead
-    tmp = tempfile.TemporaryDirectory(prefix=f"{_TMP_PREFIX}{socket.gethostname()}-{os.getpid()}-",
-                                      dir=_clear_stale(cache_dir() / "tmp"), ignore_cleanup_errors=True)
+    tmp = tempfile.TemporaryDirectory(prefix=tmp_prefix(), dir=clear_stale(cache_dir() / "tmp"),
+                                      ignore_cleanup_errors=True)
     try:
         ds = datasets.load_dataset(fmt, data_files=[str(f) for f in files], split="train", cache_dir=tmp.name)
     except Exception as e:  # noqa: BLE001 - a file its reader cannot parse: one line
@@ -212,6 +224,8 @@ def _bad_file(name: str, fmt: str, e: Exception) -> ConfigError:
     while cause.__cause__ is not None and cause.__cause__ is not cause:   # DatasetGenerationError wraps it
         cause = cause.__cause__
     text = " ".join(str(cause).split())[:300]
+    if isinstance(cause, StopIteration) and not text:   # datasets' reader of a file with no rows
+        text = "no rows: an empty file?"
     return ConfigError(f"data.hub_name={name!r}: its {fmt} data could not be read ({type(cause).__name__}: {text})")
 
 

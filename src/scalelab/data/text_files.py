@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from scalelab.data.tables import COMPRESSED, compressed_copies
+from scalelab.data.tables import COMPRESSED, compressed_copies, is_pattern, refuse_twins
 from scalelab.errors import ConfigError
 
 _BINARY_PROBE = 8192
@@ -85,8 +85,14 @@ def iter_file_documents(paths: list[str], info: dict | None = None) -> Iterator[
         if info is not None:
             info.update(files=docs, skipped_files={**skipped, **({"duplicate": duplicates} if duplicates else {})})
 
+    # two named files, one the other's compressed copy: every row read twice (a folder reads the file alone)
+    refuse_twins("data.files", [Path(str(raw)).expanduser() for raw in paths])
     for raw in paths:
         p = Path(str(raw)).expanduser()
+        if not p.exists() and is_pattern(str(raw)):
+            raise ConfigError(f"data.files: {raw!r} is a pattern: data=text_files reads files and folders (give "
+                              "the folder: its text files are read, recursively); data=hub data.hub_name takes a "
+                              "pattern of .jsonl/.csv/.parquet files")
         if not p.exists():
             raise ConfigError(f"data.files: {raw!r} does not exist (give existing text files or folders)")
         if not p.is_dir():   # named: read, or said why not (a folder's empty and binary files are skipped)
