@@ -51,18 +51,28 @@ def valid_checkpoints(ckpt_dir: Path) -> tuple[list[tuple[int, Path]], list[str]
         m = _NAME.match(p.name)
         if not m:
             continue
-        want = _manifest(p).get("files")
-        if want is None:
+        if _manifest(p).get("files") is None:
             problems.append(f"{p}: no manifest (a save that did not finish)")
             continue
-        have = _files(p)
-        bad = [f"{name or p.name}: {have.get(name, 'missing')} of {size} bytes" for name, size in want.items()
-               if have.get(name) != size]
+        bad = size_problem(p)
         if bad:
-            problems.append(f"{p} is truncated or partial ({'; '.join(bad[:3])})")
+            problems.append(bad)
             continue
         good.append((int(m.group(1)), p))
     return good, problems
+
+
+def size_problem(path: Path) -> str | None:
+    """'PATH is truncated or partial (...)' where its files' sizes are not those its manifest
+    (NAME.manifest.json beside it) recorded when it was saved; None where they are, or where it
+    has no manifest (saved elsewhere: not judged)."""
+    want = _manifest(path).get("files")
+    if want is None:
+        return None
+    have = _files(path)
+    bad = [f"{name or path.name}: {have.get(name, 'missing')} of {size} bytes" for name, size in want.items()
+           if have.get(name) != size]
+    return f"{path} is truncated or partial ({'; '.join(bad[:3])})" if bad else None
 
 
 def find_resume(job_dir: Path, below: int | None = None, slurm_job: str | None = None

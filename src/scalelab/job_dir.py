@@ -30,12 +30,19 @@ REFUSED: list[str] = []
 FREE = (*NODE_OWN, "job", "checkpoint.", "trainer.max_restarts", "trainer.max_steps")
 
 
-def _job_values(cfg: dict, keep_free: tuple[str, ...] = ()) -> dict[str, Any]:
+# What a run measures, not what it trains: free between a run and its continuation to another
+# trainer.max_steps, whose attempt measures its own steps (a 5-step run's warm-up, lowered to 4 by
+# config.smoke_warmup, refused the same job continued to 10 steps: 'trainer.warmup_steps: 4 vs 5')
+MEASURED = ("trainer.warmup_steps", "trainer.profile_steps")
+
+
+def _job_values(cfg: dict, keep_free: tuple[str, ...] = (), also_free: tuple[str, ...] = ()) -> dict[str, Any]:
     """The config's values that make the job (dotted keys), secrets redacted as saved."""
     from scalelab.results.record import scrub
     from scalelab.results.table import flatten
 
-    return {k: v for k, v in flatten(scrub(cfg)).items() if not k.startswith(FREE) or k in keep_free}
+    free = FREE + also_free
+    return {k: v for k, v in flatten(scrub(cfg)).items() if not k.startswith(free) or k in keep_free}
 
 
 def earlier_config(job_dir: Path) -> dict | None:
@@ -49,10 +56,10 @@ def earlier_config(job_dir: Path) -> dict | None:
     return cfg if isinstance(cfg, dict) else None
 
 
-def differences(a: dict, b: dict, keep_free: tuple[str, ...] = ()) -> list[str]:
+def differences(a: dict, b: dict, keep_free: tuple[str, ...] = (), also_free: tuple[str, ...] = ()) -> list[str]:
     """`KEY: A vs B` for every job value that differs (`-` where one config has no such key); a
     config group chosen differently (strategy=single vs ddp) is one entry, not each of its keys."""
-    va, vb = _job_values(a, keep_free), _job_values(b, keep_free)
+    va, vb = _job_values(a, keep_free, also_free), _job_values(b, keep_free, also_free)
     out, groups = [], set()
     for k in sorted(set(va) | set(vb)):
         if va.get(k) == vb.get(k) or k.split(".", 1)[0] in groups:
@@ -76,7 +83,8 @@ def refusal(job_dir: Path, cfg: dict) -> str | None:
     if earlier is None:
         return None
     left = [name for name in ("run.json", "checkpoints") if (job_dir / name).exists()]
-    diff = differences(earlier, cfg) if left else []
+    was, now = _lengths(earlier, cfg)
+    diff = differences(earlier, cfg, also_free=MEASURED if was != now else ()) if left else []
     if not diff:
         return _shorter(job_dir, earlier, cfg) or _longer(job_dir, earlier, cfg)
     return (f"{job_dir} holds another job's run ({' and '.join(left)}; there vs now: {'; '.join(diff)[:300]}): this "

@@ -3,11 +3,12 @@ zip file or a sharded checkpoint's folder) of the same kind of strategy and mode
 run goes past its step. The ranks would only fail on any of these, after the queue wait."""
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Any
 
-from scalelab.checkpointing import _NAME, checkpoint_step, saved_by
+from scalelab.checkpointing import _NAME, checkpoint_step, saved_by, size_problem
 
 # Strategy classes whose checkpoints another class loads as its own (else each class has its own
 # format): single and ddp both save Lightning's full checkpoint (checked: single's resumed by ddp
@@ -102,6 +103,23 @@ def _ints(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+_noted: set[tuple[str, str]] = set()   # data-order notes said already (a config is validated several times)
+
+
+def _damaged_once(path: Path) -> str | None:
+    """checkpointing.damaged, read once a process per file as it is now (a config is validated
+    several times; damaged reads the whole file)."""
+    st = path.stat()
+    return _damaged_cached(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _damaged_cached(path: str, size: int, mtime_ns: int) -> str | None:
+    from scalelab.checkpointing import damaged
+
+    return damaged(Path(path))
+
+
 def check_resume_from(c: dict) -> None:
     """checkpoint.resume_from of a resolved config, before any rank: it exists, is a checkpoint,
     was saved by a run the ranks can load it in, and is before trainer.max_steps. Each problem is
@@ -114,17 +132,24 @@ def check_resume_from(c: dict) -> None:
     path, what = Path(str(resume)).expanduser(), f"checkpoint.resume_from={resume!r}"
     if not path.exists():
         raise ConfigError(f"{what} does not exist: give a checkpoint (file or folder) saved by a run of the same "
-                          "kind of strategy (ZeRO: stage and world size) and model shape, or null")
+                          "kind of strategy (ZeRO: stage, world size and gradient clip), model shape and optimizer, "
+                          "or null")
     not_one = folder_problem(path) or file_problem(path) or weights_only_problem(path)
     if not_one:
         raise ConfigError(f"{what} {not_one}")
+    # its files as its manifest recorded them, and a file's zip members against their CRCs (a
+    # flipped byte loaded and trained on, silently: what the job folder's own are checked for)
+    bad = size_problem(path) or _damaged_once(path)
+    if bad:
+        raise ConfigError(f"{what}: {bad}; give another checkpoint")
     differs = resume_mismatch(path, c)
     if differs:   # a load traceback in the ranks (or another model's weights loaded)
         raise ConfigError(f"{what} was saved by another kind of run ({differs}): resume it with the same kind of "
                           "strategy (ZeRO: stage, world size and gradient clip), model shape and optimizer, or "
                           "start without it")
     other = resume_mismatch(path, c, noted=True)
-    if other:   # loads, but is not the saved run's continuation: said, not refused
+    if other and (str(path), other) not in _noted:   # loads, but is not the saved run's continuation: said once
+        _noted.add((str(path), other))
         print(f"[scalelab] note: {what} was saved with another data order ({other}): the steps after it train "
               "on other batches than the saved run would have", file=sys.stderr)
     max_steps, at = (c.get("trainer") or {}).get("max_steps"), checkpoint_step(path)

@@ -38,7 +38,7 @@ class Field:
         if self.choices is not None:
             return "is not valid: choose one of " + ", ".join([*map(str, self.choices), *extra])
         noun = {"int": "an integer", "float": "a number", "bool": "a boolean (true or false)",
-                "str": "a string", "list": "a list", "any": "a value"}[self.kind]
+                "str": "a non-empty string", "list": "a list", "any": "a value"}[self.kind]
         rng = []
         if self.lo is not None:
             rng.append(f"{'>' if self.lo_open else '>='} {_num(self.lo)}")
@@ -92,7 +92,7 @@ def _num(x: float) -> str:
 
 def _plural(f: Field) -> str:
     return f.what().removeprefix("must be ").replace("an integer", "integers").replace("a number", "numbers") \
-        .replace("a string", "strings").replace("a boolean", "booleans")
+        .replace("a non-empty string", "non-empty strings").replace("a boolean", "booleans")
 
 
 def Int(desc: str = "", lo: int | None = None, hi: int | None = None, **kw: Any) -> Field:

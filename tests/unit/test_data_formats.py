@@ -228,7 +228,7 @@ def test_hub_config_with_a_local_path_is_an_error(tmp_path):
 def test_the_schema_knows_hub_config():
     schema.check({"data": {"source": "hub", "hub_name": "wikitext", "hub_config": "wikitext-2-raw-v1"}})
     schema.check({"data": {"source": "hub", "hub_name": "wikitext", "hub_config": None}})
-    with pytest.raises(ConfigError, match=r"^data.hub_config=3 must be a string or null"):
+    with pytest.raises(ConfigError, match=r"^data.hub_config=3 must be a non-empty string or null"):
         schema.check({"data": {"source": "hub", "hub_name": "wikitext", "hub_config": 3}})
 
 

@@ -186,3 +186,20 @@ def test_a_longer_rerun_that_names_its_checkpoint_or_is_a_node_s_record_is_not_r
     assert job_dir.refusal(tmp_path, _cfg(trainer__max_steps=25, checkpoint__resume_from=str(last))) is None
     (tmp_path / "run.json").write_text(json.dumps({"status": "completed", "record_on_node": 0}))
     assert job_dir.refusal(tmp_path, _cfg(trainer__max_steps=25)) is None
+
+
+def test_a_continued_run_may_measure_with_another_warm_up(tmp_path):
+    """A 5-step run's warm-up is lowered to 4 (config.smoke_warmup); the same job continued to 10
+    steps has the default 5 and was refused over it ('trainer.warmup_steps: 4 vs 5'), a value the
+    user never set. What a run measures is free between lengths; at one length it is still the job."""
+    short = _cfg(trainer__max_steps=5)
+    short["trainer"].update(warmup_steps=4, profile_steps=0)
+    _occupy(tmp_path, short, checkpoints=True)
+    longer = _cfg(trainer__max_steps=10)
+    longer["trainer"].update(warmup_steps=5, profile_steps=3)
+    assert job_dir.refusal(tmp_path, longer) is None
+    same_length = copy.deepcopy(short)
+    same_length["trainer"]["warmup_steps"] = 2
+    assert "trainer.warmup_steps: 4 vs 2" in job_dir.refusal(tmp_path, same_length)
+    # what it trains is still compared between lengths
+    assert "optim.lr: 0.1 vs 0.2" in job_dir.refusal(tmp_path, {**longer, "optim": {"name": "sgd", "lr": 0.2}})

@@ -282,3 +282,39 @@ def test_a_failing_rank_0_notes_how_far_it_got(tmp_path):
     assert read_mark(tmp_path / PROGRESS) == 1
     cb.on_exception(trainer, None, RuntimeError("Timed out waiting 8000ms for recv operation"))
     assert read_mark(tmp_path / PROGRESS) == 2
+
+
+# -- 4. checkpoint.resume_from damaged or partial (review 2026-12-03) ------------------------------
+
+def test_resume_from_a_file_damaged_at_its_full_size_is_one_line(tmp_path):
+    """A flipped byte in a resume_from file loaded and trained on, silently (the loss at step 8:
+    6.27 against 4.07 unresumed); the job folder's own checkpoints were CRC-checked, it was not."""
+    ckpt, _ = _saved(tmp_path, "ddp", "ddp", "scalelab.strategies.ddp.DDP", stage=None)
+    args = ["model=gpt_nano", "strategy=ddp", "trainer.devices=2", f"checkpoint.resume_from={ckpt}"]
+    assert preflight(args, data=False) == 1
+    _flip_mid_member(ckpt, "last/data/0")
+    with pytest.raises(ConfigError) as e:
+        preflight(args, data=False)
+    assert str(e.value) == (f"checkpoint.resume_from='{ckpt}': {ckpt} is damaged (its member last/data/0 fails its "
+                            "CRC check); give another checkpoint")
+
+
+def test_resume_from_a_sharded_folder_missing_a_shard_is_one_line(tmp_path):
+    """A sharded checkpoint copied without one rank's file crashed rank 1 in its load
+    (FileNotFoundError); its manifest beside it lists every file and its size."""
+    _, cfg = _saved(tmp_path, "fsdp", "fsdp", "scalelab.strategies.fsdp.FSDP", stage=None)
+    folder = tmp_path / "fsdp" / "checkpoints" / "step-00000006.ckpt"
+    folder.mkdir()
+    for name, size in ((".metadata", 10), ("__0_0.distcp", 100), ("__1_0.distcp", 100)):
+        (folder / name).write_bytes(b"x" * size)
+    folder.with_name(folder.name + MANIFEST).write_text(json.dumps(
+        {"step": 6, "files": {".metadata": 10, "__0_0.distcp": 100, "__1_0.distcp": 100}}))
+    from scalelab.resume_checks import check_resume_from
+
+    c = {**cfg, "checkpoint": {"resume_from": str(folder)}, "trainer": {**cfg["trainer"], "max_steps": 20}}
+    check_resume_from(c)                                              # whole: no problem
+    (folder / "__1_0.distcp").unlink()
+    with pytest.raises(ConfigError) as e:
+        check_resume_from(c)
+    assert str(e.value) == (f"checkpoint.resume_from='{folder}': {folder} is truncated or partial (__1_0.distcp: "
+                            "missing of 100 bytes); give another checkpoint")
