@@ -370,11 +370,7 @@ class PeriodicCheckpoint:
         trainer.strategy.barrier()
         trainer.save_checkpoint(str(tmp), weights_only=False)   # the whole state: resumable
         if self.curve_of is not None:
-            # every rank's, into its own node's job folder: with a folder per node (scalelab k8s
-            # --pvc, torchrun nodes given their own hydra.run.dir) only rank 0's has checkpoints/ yet
-            path = curve_path(final, trainer.global_rank)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(self.curve_of()))
+            write_curve(final, trainer.global_rank, self.curve_of())
         trainer.strategy.barrier()   # every rank's part is on disk
         if trainer.is_global_zero:
             _remove(final)
@@ -398,6 +394,15 @@ class PeriodicCheckpoint:
 
 def curve_path(ckpt: Path, rank: int | str) -> Path:
     return Path(ckpt).with_name(Path(ckpt).name + f".curve-rank{rank}.json")
+
+
+def write_curve(ckpt: Path, rank: int, curve: dict) -> None:
+    """This rank's loss curve so far beside checkpoint `ckpt`, into its own node's job folder: with a
+    folder per node (scalelab k8s --pvc, torchrun nodes given their own hydra.run.dir) only rank 0's
+    has checkpoints/ yet."""
+    path = curve_path(ckpt, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(curve))
 
 
 def read_curve(ckpt: Path | str | None, rank: int) -> dict | None:

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from scalelab import timing  # noqa: E402
 from scalelab.checkpointing import (RESUMED, checkpoint_step, note_restart, periodic_checkpoint, read_curve, resume_point,
-                                    write_step)
+                                    write_curve, write_step)
 from scalelab.config import validate, warmup_when_longer
 from scalelab.console import StepProgressBar, quiet_rank
 from scalelab.data.datamodule import ByteCorpusDataModule, ValidationCurve, validation_trainer_args
@@ -140,6 +140,8 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         # ... which its record starts with; a node's ranks keep theirs in their own node's folder
         metrics.prior = (read_curve(resume, rank) or read_curve(job_dir / "checkpoints" / Path(resume).name, rank)
                          or metrics.prior)
+    elif resume and Path(resume).resolve().parent == (job_dir / "checkpoints").resolve():
+        metrics.prior = read_curve(resume, rank) or metrics.prior   # resume_from this job's own last.ckpt
     window = _profile_window(cfg, spec, resumed=resume is not None)
     syncs = None
     if cfg.trainer.get("count_device_syncs", False):
@@ -198,9 +200,13 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         # must not take it for a completed run; an elastic restart resumes from the save)
         return 0 if slurm else requeue.STOPPED_EXIT
     if cfg.checkpoint.save:
-        trainer.save_checkpoint(str(job_dir / "checkpoints" / "last.ckpt"), weights_only=False)
+        last = job_dir / "checkpoints" / "last.ckpt"
+        trainer.save_checkpoint(str(last), weights_only=False)
         if rank == 0:
-            write_step(job_dir / "checkpoints" / "last.ckpt", trainer.global_step)
+            write_step(last, trainer.global_step)
+        # its loss curve, as beside a periodic save: the run continued from it (resume_from, as the
+        # longer-run refusal says) kept a record whose curve and loss.first began after it
+        write_curve(last, rank, metrics.curve_so_far())
     if cfg.checkpoint.export_consolidated:
         state = plan.consolidated_state_dict(trainer, module)  # collective: all ranks call it
         if rank == 0:

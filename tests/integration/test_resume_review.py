@@ -85,3 +85,20 @@ def test_a_damaged_newest_checkpoint_is_passed_over_and_stale_tmp_removed(tmp_pa
     rec = json.loads((tmp_path / "d" / "run.json").read_text())
     assert rec["resumed_at_step"] == 15 and rec["steps"] == 17
     assert (rec["optimizer_settings"]["momentum"], rec["optimizer_settings"]["weight_decay"]) == (0.5, 0.01)
+
+
+def test_a_run_continued_from_its_own_last_ckpt_keeps_its_whole_curve(tmp_path):
+    """The longer-run refusal says checkpoint.resume_from=JOB/checkpoints/last.ckpt; the continued
+    run's record began at step 7 (loss.first 3.55 where the run's first loss was 5.54): last.ckpt
+    kept no curve beside it, and resume_from's curve was never read."""
+    job = tmp_path / "job"
+    args = [*FAST, "strategy=single", "trainer.devices=1", "logger=none", "checkpoint.save=true",
+            f"hydra.run.dir={job}"]
+    train([*args, "trainer.max_steps=6"], tmp_path)
+    first = json.loads((job / "run.json").read_text())
+    assert (job / "checkpoints" / "last.ckpt.curve-rank0.json").is_file()
+    train([*args, "trainer.max_steps=10", f"checkpoint.resume_from={job / 'checkpoints' / 'last.ckpt'}"], tmp_path)
+    rec = json.loads((job / "run.json").read_text())
+    assert (rec["resumed_at_step"], rec["steps"]) == (6, 10)
+    assert [s for s, _ in rec["loss"]["curve"]] == list(range(1, 11))
+    assert rec["loss"]["curve"][:6] == first["loss"]["curve"] and rec["loss"]["first"] == first["loss"]["first"]
