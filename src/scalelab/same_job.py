@@ -37,6 +37,18 @@ def shared_overrides(overrides: list[str]) -> dict[str, str]:
     return out
 
 
+def shared_config(cfg: dict) -> dict[str, str]:
+    """KEY -> JSON value of the resolved config every node must share: all of it but a node's own
+    keys and its job fields (its folder, cores, prepared data's path). Nodes with the same overrides
+    composed their own conf/ (another checkout, an edited yaml, SCALELAB_CONF_DIR): one node at
+    optim.lr 0.3 beside 0.003 completed, its replicas apart, and run.json named node 0's LR."""
+    from scalelab.results.record import scrub
+    from scalelab.results.table import flatten
+
+    return {k: json.dumps(v, sort_keys=True, default=str) for k, v in flatten(scrub(cfg)).items()
+            if not k.startswith((*NODE_OWN, "job."))}
+
+
 def rdzv_id(endpoint: str, num: int) -> str:
     """The same id on every node of a job: node 0's port and the job's number in its sweep. Not
     its host: node 0 may name itself localhost while node 1 reaches it as node0 or by address."""
@@ -52,7 +64,8 @@ def difference(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:
 
 def check(overrides: list[str], node_rank: int, timeout_s: float, environ=None,
           resume: tuple[str | None, int | None] = (None, None),
-          accelerator: str | None = None, data: str | None = None) -> tuple[str | None, int | None]:
+          accelerator: str | None = None, data: str | None = None,
+          config: dict | None = None) -> tuple[str | None, int | None]:
     """Post this rank's overrides to the rendezvous store, wait for every rank's, and raise one line
     (RuntimeError) when any node's differ from global rank 0's. The ranks' torchrun environment
     (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) names the store.
@@ -63,6 +76,7 @@ def check(overrides: list[str], node_rank: int, timeout_s: float, environ=None,
     `data`: the data this rank prepared (prepare.data_identity): each node read its own files, and
     the same override (data.files=notes.txt) on nodes whose disks hold other files trained each node's
     replicas on other data, silently; every node stops instead, in one line.
+    `config`: this rank's resolved config (shared_config: what its conf/ files made of the overrides).
     Returns global rank 0's `resume` (checkpoint path, step): every rank goes on from the one rank
     0 chose. Each node found its own in its own job folder, where only node 0's has checkpoints:
     node 0 resumed and the others started over (a hang, or replicas apart; found by review)."""
@@ -76,17 +90,25 @@ def check(overrides: list[str], node_rank: int, timeout_s: float, environ=None,
     store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=wait)
     prefix = f"scalelab/same_job/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
     store.set(f"{prefix}{rank}", json.dumps([int(node_rank), shared_overrides(overrides), list(resume),
-                                             accelerator, socket.gethostname(), data]))
+                                             accelerator, socket.gethostname(), data,
+                                             None if config is None else shared_config(config)]))
     keys = [f"{prefix}{r}" for r in range(world)]
     store.wait(keys, wait)
-    every = [json.loads(store.get(k)) + [None, None, None] for k in keys]   # (a rank that posted fewer)
-    node0, ref, chosen, acc0, host0, data0 = every[0][:6]
+    every = [json.loads(store.get(k)) + [None, None, None, None] for k in keys]   # (a rank that posted fewer)
+    node0, ref, chosen, acc0, host0, data0, config0 = every[0][:7]
     for node, theirs, *_ in every:
         diff = difference(ref, theirs)
         if diff:
             raise RuntimeError(f"node {node} runs another command than node {node0} (node {node0} vs node {node}: "
                                f"{'; '.join(diff)[:400]}): every node must run the same scalelab-train overrides, "
                                "with its own launcher.node_rank")
+    for node, _, _, _, host, _, theirs, *_ in every:
+        diff = difference(config0, theirs) if theirs is not None and config0 is not None else []
+        if diff:
+            raise RuntimeError(f"node {node} (host {host}) composed another config than node {node0} (host {host0}) "
+                               f"from the same overrides (node {node0} vs node {node}: {'; '.join(diff)[:400]}): "
+                               "every node must run the same ScaleLab checkout and conf/ files (SCALELAB_CONF_DIR "
+                               "too)")
     for node, _, _, acc, host, *_ in every:
         if acc is not None and acc0 is not None and acc != acc0:
             cpu_node = node if acc == "cpu" else node0   # where CUDA did not come up, as a rule

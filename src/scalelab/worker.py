@@ -83,7 +83,8 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         # the same accelerator on every node (each node's launcher resolved trainer.accelerator=auto itself)
         resume, resumed_at = same_job.check(list(cfg.job.overrides), int(cfg.launcher.node_rank),
                                             timeout_s, resume=(resume, resumed_at), accelerator=spec.run.accelerator,
-                                            data=data_identity(cfg.job.data_prepared))
+                                            data=data_identity(cfg.job.data_prepared),
+                                            config=OmegaConf.to_container(cfg, resolve=True))
     plan = spec.plan
     inexact = plan.resume_note(spec.run.world_size) if resume else None
     if inexact and rank == 0:

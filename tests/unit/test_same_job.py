@@ -25,7 +25,7 @@ def test_the_rendezvous_id_is_node_0s_port_and_the_job_number():
 
 
 def _two_ranks(overrides: list[list[str]], resumes=((None, None), (None, None)), returned: list | None = None,
-               accelerators=("cpu", "cpu")) -> list[BaseException | None]:
+               accelerators=("cpu", "cpu"), configs=(None, None)) -> list[BaseException | None]:
     """Each rank's error (None: it passed); `returned` gets what check returned to each."""
     port = free_port()
     master = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
@@ -36,7 +36,7 @@ def _two_ranks(overrides: list[list[str]], resumes=((None, None), (None, None)),
         env = {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         try:
             returned[r] = same_job.check(overrides[r], node_rank=r, timeout_s=30, environ=env, resume=resumes[r],
-                                         accelerator=accelerators[r])
+                                         accelerator=accelerators[r], config=configs[r])
         except BaseException as e:  # noqa: BLE001
             errors[r] = e
 
@@ -89,3 +89,20 @@ def test_a_node_on_another_accelerator_stops_every_node_naming_it():
         assert isinstance(e, RuntimeError), errors
         assert str(e).startswith("node 1 (host ") and " runs on cpu but node 0 (host " in str(e), str(e)
         assert str(e).count("\n") == 0 and "check node 1's GPUs" in str(e)
+
+
+def test_the_same_overrides_composed_into_another_config_stop_every_node_naming_the_keys():
+    """Node 1's conf/ said optim.lr 0.3 (another checkout, an edited yaml): its overrides were node
+    0's, so the job completed with its replicas apart and run.json named node 0's LR."""
+    cfg = {"optim": {"lr": 0.003, "name": "adamw"}, "seed": 1, "launcher": {"node_rank": 0}, "cache_dir": "/a",
+           "job": {"dir": "/jobs/a", "host_cores": 16}, "logger": {"api_key": "s3cret"}}
+    node1 = {**cfg, "launcher": {"node_rank": 1}, "cache_dir": "/b", "job": {"dir": "/jobs/a/node1", "host_cores": 8},
+             "logger": {"api_key": "other"}}
+    assert _two_ranks([["strategy=ddp"], ["strategy=ddp"]], configs=(cfg, node1)) == [None, None]  # a node's own
+    errors = _two_ranks([["strategy=ddp"], ["strategy=ddp"]], configs=(cfg, {**node1, "optim": {"lr": 0.3,
+                                                                                               "name": "adamw"}}))
+    for e in errors:
+        assert isinstance(e, RuntimeError)
+        assert str(e).startswith("node 1 (host ") and "composed another config than node 0" in str(e)
+        assert "from the same overrides (node 0 vs node 1: optim.lr: 0.003 vs 0.3): every node must run the same " \
+               "ScaleLab checkout and conf/ files" in str(e), str(e)
