@@ -144,11 +144,14 @@ def error_message(job_dir: Path, rc: int) -> str:
         return f"rank {cause} failed first: {cause_line}"
     if torchrun:
         return torchrun
-    tail = [ln for ln in text.splitlines() if ln.strip()][-1:]
+    # not one of scalelab's own notes (a killed launcher's log ended with the GLOO_SOCKET_IFNAME one,
+    # quoted as the cause)
+    tail = [ln for ln in text.splitlines() if ln.strip() and not _OWN_NOTE.match(ln)][-1:]
     signal_note = f" (killed by signal {-rc if rc < 0 else rc - 128})" if rc < 0 or rc > 128 else ""
     return f"ranks exited with code {rc}{signal_note}" + (f": {tail[0][:300]}" if tail else "")
 
 
+_OWN_NOTE = re.compile(r"\s*(\[rank\d+\]:\s*)?\[scalelab\] (?!error)")
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):(.*?)(?:\n={8,}|\Z)", re.S)
 
 

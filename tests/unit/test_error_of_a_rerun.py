@@ -20,3 +20,17 @@ def test_an_earlier_run_s_failure_is_not_this_run_s(tmp_path):
 def test_a_slurm_attempt_is_marked_as_before(tmp_path):
     (tmp_path / "ranks.log").write_text(f"{EARLIER}{ATTEMPT_MARK} 77 requeue 1\nrank 0: step 3\n")
     assert _error_message(tmp_path, 1) == "ranks exited with code 1: rank 0: step 3"
+
+
+def test_a_killed_launcher_s_error_is_not_one_of_scalelab_s_own_notes(tmp_path):
+    """torchrun killed (SIGKILL) with its ranks: no error file, no Root Cause block; the error quoted
+    the log's last line, the worker's GLOO_SOCKET_IFNAME note, as the cause."""
+    (tmp_path / "ranks.log").write_text(
+        "step 3/20 | 812 tokens/s | loss 5.1\n"
+        "[scalelab] GLOO_SOCKET_IFNAME=eth0 (the default route's interface): MASTER_ADDR=127.0.0.1 routes ...\n"
+        "[rank1]: [scalelab] data: 10 documents\n")
+    assert _error_message(tmp_path, -9) == "ranks exited with code -9 (killed by signal 9): step 3/20 | 812 tokens/s | loss 5.1"
+    (tmp_path / "ranks.log").write_text("[scalelab] GLOO_SOCKET_IFNAME=eth0\n")
+    assert _error_message(tmp_path, -9) == "ranks exited with code -9 (killed by signal 9)"
+    (tmp_path / "ranks.log").write_text("[scalelab] error: something broke\n")      # its errors still are
+    assert _error_message(tmp_path, 1) == "ranks exited with code 1: [scalelab] error: something broke"
