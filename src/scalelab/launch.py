@@ -196,10 +196,15 @@ class TracebackFilter:
     # multiprocessing/api.py:1028] Sending process 29651 closing signal SIGTERM`, `E... failed (exitcode:
     # 1) local_rank: 1 ...`): how it ended its children, which the job's error line says (found by review)
     _ELASTIC_LOG = re.compile(rb"^[WEI]\d{4} [\d:.]+ +\d+ +\S*torch/distributed/elastic/\S+\] ")
+    # c10d's C++ warnings while it retries a store connection (`[W1203 11:39:44.618000 29647
+    # socket.cpp:764] [c10d] The IPv6 network addresses of (host, 29500) cannot be retrieved (gai
+    # error: -2 ...)`): one a second until launcher.rdzv_timeout_s; each message once (its cause)
+    _C10D_LOG = re.compile(rb"^\[[WEI]\d{4} [\d:.]+ +\d+ +\S+\.cpp:\d+\] ")
 
     def __init__(self) -> None:
         self.pending, self.skipping, self.dropped = b"", False, 0
-        self.logs_dropped = 0   # torchrun's log lines (_ELASTIC_LOG)
+        self.logs_dropped = 0   # torchrun's log lines (_ELASTIC_LOG) and c10d's repeated ones (_C10D_LOG)
+        self.c10d_seen: set[bytes] = set()
         self.box_rules = -1   # inside the box: the '=' rules seen so far
         # where the console's line is a progress bar's (its line ends only with the run): the
         # dropped count then, to tell a traceback's exception that follows it (another rank's)
@@ -226,6 +231,12 @@ class TracebackFilter:
         if self._ELASTIC_LOG.match(body):
             self.logs_dropped += 1
             return b""
+        if (c10d := self._C10D_LOG.match(body)):
+            said = re.sub(rb"\d+ms|\d+ seconds", b"N", body[c10d.end():])   # (an elapsed time apart)
+            if said in self.c10d_seen:
+                self.logs_dropped += 1
+                return b""
+            self.c10d_seen.add(said)
         if body.startswith(self._BOX) or self.box_rules >= 0:
             self.box_rules += 1 if body.startswith(b"=====") or body.startswith(self._BOX) else 0
             self.box_rules = -1 if self.box_rules >= 2 else self.box_rules   # its closing rule
@@ -301,9 +312,11 @@ def console_end(console: TracebackFilter, log_path: Path) -> None:
     tee(console.flush())
     if console.dropped or console.logs_dropped:
         end_open_line()
-        logs = f" (and {console.logs_dropped} of torchrun's log line(s))" if console.logs_dropped else ""
-        sys.stdout.write(f"[scalelab] {console.dropped} traceback line(s) not shown here{logs}: {log_path} has "
-                         "them (verbose=true shows them)\n")
+        # (after a restart that succeeded: '0 traceback line(s) not shown here (and 1 of ...)')
+        what = [f"{console.dropped} traceback line(s)"] if console.dropped else []
+        what += [f"{console.logs_dropped} of torchrun's and c10d's log line(s)"] if console.logs_dropped else []
+        sys.stdout.write(f"[scalelab] {' and '.join(what)} not shown here: {log_path} has them (verbose=true shows "
+                         "them)\n")
     sys.stdout.flush()
 
 

@@ -89,3 +89,16 @@ def test_torchruns_own_log_lines_stay_in_ranks_log():
     assert out == (b"[rank1]: RuntimeError: injected rank crash at step 3\n"
                    b"W1203 11:39:44.700000 29648 torch/utils/data/loader.py:12] a rank's own warning\n")
     assert f.logs_dropped == 2 and f.dropped == 0
+
+
+def test_c10d_s_retry_warnings_show_once_each():
+    """A node given an endpoint that does not resolve printed c10d's warning once a second (12
+    lines in 15 s; ~990 over the default launcher.rdzv_timeout_s): each message once, its cause."""
+    f = TracebackFilter()
+    gai = (b"[W1203 16:01:%02d.118000 2964 torch/csrc/distributed/c10d/socket.cpp:764] [c10d] The IPv6 network "
+           b"addresses of (nosuchhost.invalid, 29500) cannot be retrieved (gai error: -2 - Name or service not known).\n")
+    store = b"[W1203 16:01:%02d.5 2964 TCPStore.cpp:340] [c10d] TCP client failed to connect after %dms; retrying\n"
+    out = b"".join(f.feed(gai % i) + f.feed(store % (i, 1000 * i)) for i in range(12))
+    assert out == (gai % 0) + (store % (0, 0))
+    assert f.logs_dropped == 22
+    assert f.feed(b"[W1203 16:02:00.1 2964 socket.cpp:1] [c10d] another message\n").endswith(b"another message\n")
