@@ -182,5 +182,7 @@ def failed_on_node(record: dict, job_dir: Path, layout: dict) -> None:
     if not any(job_dir.glob("error-rank*.txt")):
         record["error"] = rendezvous_error(job_dir, layout) or record.get("error")
     elif launch.PEER_GONE.search(str(record.get("error"))):
+        # this node's first failure only lost its connection: not the job's first ("rank 0 failed first")
+        record["error"] = re.sub(r"^rank (\d+) failed first", r"rank \1 failed on this node", str(record["error"]))
         record["error"] += (" (a peer's connection ended: the rank that failed first may be on another node, "
                             "whose ranks.log says why)")

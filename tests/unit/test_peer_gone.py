@@ -18,3 +18,17 @@ from scalelab.launch import PEER_GONE
 ])
 def test_a_peer_gone_is_told_apart(error, gone):
     assert bool(PEER_GONE.search(error)) is gone
+
+
+def test_a_node_whose_rank_lost_its_peer_does_not_say_it_failed_first(tmp_path):
+    """Node 1 killed: node 0's error read 'rank 0 failed first (exit code 1): ... Connection closed by
+    peer', while the first failure was on node 1 (the hint after it said so)."""
+    from scalelab.job_outcome import failed_on_node
+
+    (tmp_path / "error-rank0.txt").write_text("RuntimeError: Connection closed by peer [127.0.0.1]:22473\n")
+    record = {"error": "rank 0 failed first (exit code 1): RuntimeError: Connection closed by peer [127.0.0.1]:22473",
+              "resumed_at_step": None}
+    failed_on_node(record, tmp_path, {"node_rank": 0, "endpoint": "127.0.0.1:29500"})
+    assert record["error"] == ("rank 0 failed on this node (exit code 1): RuntimeError: Connection closed by peer "
+                               "[127.0.0.1]:22473 (a peer's connection ended: the rank that failed first may be on "
+                               "another node, whose ranks.log says why)")
