@@ -110,7 +110,9 @@ def gloo_interface(num_nodes: int, environ=None) -> str | None:
             return None
     name, how = outward_interface()
     addr = env.get("MASTER_ADDR")
-    why = ("no MASTER_ADDR" if not addr else f"MASTER_ADDR={addr} does not resolve here" if found.get(addr) is None
+    why = ("no MASTER_ADDR" if not addr
+           else f"MASTER_ADDR={addr} is IPv6 (the interface is chosen among IPv4 ones)" if ":" in addr
+           else f"MASTER_ADDR={addr} does not resolve here" if found.get(addr) is None
            else f"MASTER_ADDR={addr} routes via loopback on this node") + \
         (" (as does every node of SLURM_JOB_NODELIST)" if nodes else "")
     if name is None:

@@ -52,7 +52,10 @@ def manifest(nodes: int, devices: int, image: str, overrides: list[str], name: s
     threads = [] if not (cpu and gpus) or any(o.lstrip("+").startswith("trainer.threads_per_rank=")
                                                for o in overrides) else \
         [f"trainer.threads_per_rank={max(1, int(_cores(cpu)) // devices)}"]
-    command = ["scalelab-train", *[o for o in overrides if not o.startswith(_LAYOUT_KEYS)], *cpu_only, *threads,
+    # Kubernetes expands $(VAR) in a command and makes $$ one $, shell or not: a user's $ doubled
+    # reaches scalelab-train as written ('a$$b' arrived as 'a$b'); NODE_DIR's $(RANK) is meant
+    command = ["scalelab-train", *[o.replace("$", "$$") for o in overrides if not o.startswith(_LAYOUT_KEYS)],
+               *cpu_only, *threads,
                "launcher=torchrun",
                f"trainer.num_nodes={nodes}", f"trainer.devices={devices}",
                *([f"launcher.rdzv_timeout_s={rdzv_timeout_s}"] if rdzv_timeout_s else []),

@@ -103,3 +103,13 @@ def test_interface_to_reads_the_route_and_the_interfaces(monkeypatch):
     assert gloo_net.interface_to("node0") == "lo"
     assert gloo_net.interface_to("node1") == "eth0"
     assert gloo_net.interface_to("nowhere") is None
+
+
+def test_an_ipv6_master_is_said_to_be_ipv6_not_unresolvable(monkeypatch):
+    """launcher.rdzv_endpoint="[::1]:29632" completed, but its line said 'MASTER_ADDR=::1 does not
+    resolve here': the interface choice reads IPv4 interfaces only."""
+    _host(monkeypatch, [LO, ("eth0", "10.1.2.3", UP)], {"default": "10.1.2.3"}, {})
+    env = {"MASTER_ADDR": "::1"}
+    line = gloo_net.gloo_interface(2, env)
+    assert line == ("[scalelab] GLOO_SOCKET_IFNAME=eth0 (the default route's interface): MASTER_ADDR=::1 is IPv6 "
+                    "(the interface is chosen among IPv4 ones); set GLOO_SOCKET_IFNAME to choose another")

@@ -100,7 +100,8 @@ def test_render_round_trips_and_the_command_is_a_list():
         assert c["image"] == "reg.example.com/scalelab:1.0"
         cmd = c["command"]
         assert isinstance(cmd, list) and all(isinstance(a, str) for a in cmd)
-        assert cmd[0] == "scalelab-train" and NASTY in cmd  # unchanged, one argument
+        # unchanged, one argument, once the kubelet has made each $$ one $ (its $(VAR) expansion)
+        assert cmd[0] == "scalelab-train" and NASTY in [a.replace("$$", "$") for a in cmd]
         assert "trainer.devices=4" not in cmd  # the layout comes from --nodes/--devices
         assert cmd[-4:] == ["launcher=torchrun", "trainer.num_nodes=3", "trainer.devices=8",
                             "launcher.rdzv_timeout_s=600"]
@@ -167,7 +168,7 @@ def test_cli_render_validates_and_prints(tmp_path):
     ok = run("--nodes", "2", "--devices", "2", "--image", "img", "--cpu", "strategy=ddp", NASTY)
     assert ok.returncode == 0, ok.stderr
     cmd = yaml.safe_load(ok.stdout)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-    assert NASTY in cmd["command"]
+    assert NASTY in [a.replace("$$", "$") for a in cmd["command"]]
     bad = run("--nodes", "2", "--devices", "3", "--image", "img", "strategy=fsdp_tp", "data.global_batch_size=12")
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "devices per node" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
@@ -209,3 +210,13 @@ def test_pods_get_the_grace_the_save_needs(overrides, grace):
     m = k8s.manifest(2, 1, "img", overrides, gpus=False)
     for spec in m["spec"]["pytorchReplicaSpecs"].values():
         assert spec["template"]["spec"]["terminationGracePeriodSeconds"] == grace
+
+
+def test_a_dollar_in_an_override_reaches_the_pod_as_written():
+    """Kubernetes expands $(VAR) in a container command and makes $$ one $ (no shell needed):
+    'logger.project=a$$b' rendered as given reached scalelab-train as 'a$b', and $(HOME) as a path."""
+    cmd = yaml.safe_load(k8s.render(2, 1, "img", ["logger.project=a$$b", "+tag=$(HOME)", "x='${oc.env:FOO}'"]))
+    cmd = cmd["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
+    ran = [a.replace("$$", "$") for a in cmd]   # what the kubelet runs: each $$ one $, no $(VAR) left
+    assert ["logger.project=a$$b", "+tag=$(HOME)", "x='${oc.env:FOO}'"] == ran[1:4]
+    assert cmd[1:4] == ["logger.project=a$$$$b", "+tag=$$(HOME)", "x='$${oc.env:FOO}'"]
