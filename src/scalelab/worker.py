@@ -241,10 +241,15 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
             st, since = record["step_time_s"], resumed_at or 0
             ran = f"steps {since + 1}-{cfg.trainer.max_steps} after the resume" if since else \
                 f"max_steps {cfg.trainer.max_steps}"
+            # a longer run goes on from this job's newest checkpoint, not from this attempt's start
+            # (the hint counted from `since`: 25 after a resume at 15, then 30 after one at 20, ...)
+            every = int(cfg.checkpoint.get("every_n_steps") or 0)
+            goes_on = max(since, cfg.trainer.max_steps // every * every) if every and since else since
             print(f"[scalelab] warning: only {st['measured_steps']} measured step(s) ({ran} - warm-up "
                   f"{st['warmup_steps_excluded']} - profiled {st['profiled_steps_excluded']}): step time and "
                   f"throughput are not steady-state; use trainer.max_steps >= "
-                  f"{since + warmup_when_longer(cfg) + profiled + MIN_MEASURED_STEPS}", flush=True)
+                  f"{goes_on + warmup_when_longer(cfg) + profiled + MIN_MEASURED_STEPS}"
+                  + (f" (a longer run resumes from step {goes_on})" if goes_on else ""), flush=True)
         # the launcher's count (job.host_cores) where it gave one: MFU's peak where ranks share cores
         record["hardware"]["host_cores"] = int(cfg.job.get("host_cores") or host_cores())
         record["mfu"] = compute_mfu(record, spec.run.model_arch,

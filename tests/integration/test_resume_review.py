@@ -102,3 +102,17 @@ def test_a_run_continued_from_its_own_last_ckpt_keeps_its_whole_curve(tmp_path):
     assert (rec["resumed_at_step"], rec["steps"]) == (6, 10)
     assert [s for s, _ in rec["loss"]["curve"]] == list(range(1, 11))
     assert rec["loss"]["curve"][:6] == first["loss"]["curve"] and rec["loss"]["first"] == first["loss"]["first"]
+
+
+def test_the_short_run_hint_after_a_resume_counts_from_where_a_longer_run_resumes(tmp_path):
+    """A 20-step job (a checkpoint every 5) cut after its last save resumes at 15; the hint said
+    'max_steps >= 22' (15 + FAST's 2 warm-up + 5 measured), and 22 then resumed at 20 and said
+    '>= 27'. A longer run goes on from the newest checkpoint, step 20: 20 + 2 + 5 = 27."""
+    job = tmp_path / "job"
+    args = [*FAST, "strategy=single", "trainer.devices=1", "logger=none", "checkpoint.every_n_steps=5",
+            "trainer.max_steps=20", f"hydra.run.dir={job}"]
+    train(args, tmp_path)
+    (job / "run.json").unlink()                                 # cut between its last save and its record
+    proc = train(args, tmp_path)
+    assert "resuming from" in proc.stdout and "(step 15" in proc.stdout, proc.stdout[-2000:]
+    assert "use trainer.max_steps >= 27 (a longer run resumes from step 20)" in proc.stdout, proc.stdout[-2000:]
