@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from scalelab import launch, requeue, spawn
-from scalelab.checkpointing import PROGRESS, RESUMED, read_mark
+from scalelab.checkpointing import DAMAGED, PROGRESS, RESUMED, read_mark
 from scalelab.results.record import RUN_FILE, base_record
 
 ATTEMPT_MARK = "[scalelab] SLURM attempt: job"
@@ -105,6 +105,13 @@ def collect(job_dir: Path, rc: int, resolved: dict, spec, threads: int, since: f
     record["resumed_at_step"] = resumed_at
     if resumed_at and reached is not None:
         record["steps_this_attempt"] = max(0, reached - resumed_at)
+    ckpt = job_dir / "checkpoints" / f"step-{resumed_at or 0:08d}.ckpt"
+    if resumed_at and (reached is None or reached <= resumed_at) and ckpt.exists():
+        # a sharded checkpoint damaged at its full size (no CRC to read before) fails every rerun
+        # in its load, with an error that named no checkpoint
+        record["error"] += (f" (before its first step after resuming from {ckpt}: if that checkpoint is damaged, "
+                            f"set it aside, mv {ckpt} {ckpt}{DAMAGED}, and the job goes on from the one before "
+                            "it; or start over with checkpoint.resume=never)")
     record["slurm"] = requeue.slurm_info()
     return record
 

@@ -43,3 +43,16 @@ def test_a_failed_record_says_where_its_attempt_started(tmp_path, job, monkeypat
     monkeypatch.setenv("SLURM_JOB_PARTITION", "gpu")
     r = _failed(tmp_path, job, progress=45, resumed=40)
     assert (r["slurm"]["job_id"], r["slurm"]["requeues"], r["slurm"]["partition"]) == ("77", 2, "gpu")
+
+
+def test_a_failure_before_the_first_step_after_a_resume_names_the_checkpoint(tmp_path, job):
+    """A sharded checkpoint damaged at its full size (a flipped byte in a .distcp: nothing to check
+    it against) failed every rerun in its load, 'PytorchStreamReader failed reading zip archive',
+    naming no checkpoint and no way on."""
+    ckpt = tmp_path / "checkpoints" / "step-00000040.ckpt"
+    ckpt.mkdir(parents=True)
+    r = _failed(tmp_path, job, resumed=40)
+    assert r["error"].endswith(f" (before its first step after resuming from {ckpt}: if that checkpoint is damaged, "
+                               f"set it aside, mv {ckpt} {ckpt}.damaged, and the job goes on from the one before it; "
+                               "or start over with checkpoint.resume=never)"), r["error"]
+    assert "resuming from" not in _failed(tmp_path, job, progress=41, resumed=40)["error"]   # it trained on
