@@ -27,6 +27,7 @@ from typing import Any
 
 _NAME = re.compile(r"^step-(\d{8})\.ckpt$")
 _TMP = re.compile(r"^step-\d{8}\.ckpt(\.manifest)?\.tmp$")   # a save (or its manifest) not renamed yet
+_CURVE = re.compile(r"^(step-\d{8}\.ckpt|last\.ckpt)\.curve-rank\d+\.json$")   # curve_path's names
 MANIFEST = ".manifest.json"
 PROGRESS = ".progress"  # JOB_DIR/.progress: the last optimizer step rank 0 finished (restarts count steps redone)
 SAVE_MARK = "scalelab::checkpoint_save"  # the profiler's name for a periodic save (its barriers are no step's comm)
@@ -332,8 +333,11 @@ class PeriodicCheckpoint:
     def remove_stale(self) -> list[Path]:
         """Removes the `.tmp` saves (step-N.ckpt.tmp, a file or folder, and step-N.ckpt.manifest.tmp)
         that a run killed mid-save left in checkpoints/ (no resume takes them: valid_checkpoints
-        reads final names only); returns them."""
-        stale = sorted(p for p in self.dir.iterdir() if _TMP.match(p.name)) if self.dir.is_dir() else []
+        reads final names only), and the loss curves of checkpoints that are not there (a save cut
+        before its rename left step-N.ckpt.curve-rank{R}.json for good); returns them."""
+        stale = sorted(p for p in self.dir.iterdir() if _TMP.match(p.name)
+                       or ((m := _CURVE.match(p.name)) and not (self.dir / m.group(1)).exists())) \
+            if self.dir.is_dir() else []
         for p in stale:
             _remove(p)
         return stale

@@ -250,6 +250,11 @@ def test_rank0_removes_stale_tmp_saves_at_train_start(tmp_path):
     (ckpts / "step-00000030.ckpt.tmp" / "__0_0.distcp").write_bytes(b"x")
     (ckpts / "step-00000020.ckpt.manifest.tmp").write_text("{")                 # its manifest, not renamed
     (ckpts / "notes.tmp").write_text("not ours")
+    # the curves of a save cut before its rename (a double Ctrl-C): their checkpoint is not there
+    (ckpts / "step-00000020.ckpt.curve-rank0.json").write_text("{}")
+    (ckpts / "step-00000020.ckpt.curve-rank1.json").write_text("{}")
+    (ckpts / "step-00000015.ckpt.damaged").write_bytes(b"x")                    # set aside: kept, its curve not
+    (ckpts / "step-00000015.ckpt.curve-rank0.json").write_text("{}")
     before = sorted(p.name for p in ckpts.iterdir())
     assert valid_checkpoints(ckpts) == ([(10, kept)], []) and find_resume(tmp_path) == (kept, 10, [])
     PeriodicCheckpoint(tmp_path, every=10, keep=2).on_train_start(_trainer(1), None)   # not rank 0: nothing
@@ -257,7 +262,8 @@ def test_rank0_removes_stale_tmp_saves_at_train_start(tmp_path):
     PeriodicCheckpoint(tmp_path, every=10, keep=2).on_train_start(_trainer(0), None)
     assert sorted(p.name for p in ckpts.iterdir()) == ["notes.tmp", "step-00000010.ckpt",
                                                        "step-00000010.ckpt.curve-rank0.json",
-                                                       "step-00000010.ckpt.manifest.json"]
+                                                       "step-00000010.ckpt.manifest.json",
+                                                       "step-00000015.ckpt.damaged"]
     # no checkpoints/ yet (a first run): nothing to do
     PeriodicCheckpoint(tmp_path / "fresh", every=10, keep=2).on_train_start(_trainer(0), None)
 
