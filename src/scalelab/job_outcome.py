@@ -106,7 +106,7 @@ def collect(job_dir: Path, rc: int, resolved: dict, spec, threads: int, since: f
     if resumed_at and reached is not None:
         record["steps_this_attempt"] = max(0, reached - resumed_at)
     ckpt = job_dir / "checkpoints" / f"step-{resumed_at or 0:08d}.ckpt"
-    if resumed_at and (reached is None or reached <= resumed_at) and ckpt.exists():
+    if resumed_at and (reached is None or reached <= resumed_at) and ckpt.exists() and _LOAD_ERROR.search(record["error"]):
         # a sharded checkpoint damaged at its full size (no CRC to read before) fails every rerun
         # in its load, with an error that named no checkpoint
         record["error"] += (f" (before its first step after resuming from {ckpt}: if that checkpoint is damaged, "
@@ -158,6 +158,10 @@ def error_message(job_dir: Path, rc: int) -> str:
     return f"ranks exited with code {rc}{signal_note}" + (f": {tail[0][:300]}" if tail else "")
 
 
+# what a checkpoint's load raises where its bytes are bad (torch's zip reader, unpickling, a
+# sharded checkpoint's storage reads); not an OOM or a peer's timeout before the first step
+_LOAD_ERROR = re.compile(r"PytorchStreamReader|zip archive|unpickl|invalid load key|EOFError|\.distcp|"
+                         r"checkpoint|corrupt|CRC|truncated|UnpicklingError", re.I)
 _OWN_NOTE = re.compile(r"\s*(\[rank\d+\]:\s*)?\[scalelab\] (?!error)")
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):(.*?)(?:\n={8,}|\Z)", re.S)
 

@@ -244,7 +244,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
             # a longer run goes on from this job's newest checkpoint, not from this attempt's start
             # (the hint counted from `since`: 25 after a resume at 15, then 30 after one at 20, ...)
             every = int(cfg.checkpoint.get("every_n_steps") or 0)
-            goes_on = max(since, cfg.trainer.max_steps // every * every) if every and since else since
+            goes_on = max(since, cfg.trainer.max_steps // every * every) if every else since
             print(f"[scalelab] warning: only {st['measured_steps']} measured step(s) ({ran} - warm-up "
                   f"{st['warmup_steps_excluded']} - profiled {st['profiled_steps_excluded']}): step time and "
                   f"throughput are not steady-state; use trainer.max_steps >= "

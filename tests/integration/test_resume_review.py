@@ -116,3 +116,11 @@ def test_the_short_run_hint_after_a_resume_counts_from_where_a_longer_run_resume
     proc = train(args, tmp_path)
     assert "resuming from" in proc.stdout and "(step 15" in proc.stdout, proc.stdout[-2000:]
     assert "use trainer.max_steps >= 27 (a longer run resumes from step 20)" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_the_short_run_hint_of_a_run_that_checkpoints_counts_from_its_last_save(tmp_path):
+    """6 steps saving every 5 (4 measured after FAST's 2 warm-up): the hint said 2 + 5 = 7, and a
+    longer run resumes from step 5, short again; 5 + 2 + 5 = 12."""
+    proc = train([*FAST, "strategy=single", "trainer.devices=1", "logger=none", "checkpoint.every_n_steps=5",
+                  "trainer.max_steps=6", f"hydra.run.dir={tmp_path / 'job'}"], tmp_path)
+    assert "use trainer.max_steps >= 12 (a longer run resumes from step 5)" in proc.stdout, proc.stdout[-2000:]

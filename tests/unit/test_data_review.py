@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from pathlib import Path
 
 import datasets
@@ -221,17 +222,21 @@ def test_a_killed_prepares_arrow_copy_is_cleared_by_the_next(tmp_path, monkeypat
     dead.wait()
     host = socket.gethostname()
     tmp = tmp_path / "cache" / "tmp"
-    gone = tmp / f"scalelab-tables-{host}-{dead.pid}-abc"
-    live = tmp / f"scalelab-tables-{host}-{os.getpid()}-def"
-    other = tmp / "scalelab-tables-otherhost-1-ghi"
-    for d in (gone, live, other):
+    gone = tmp / f"scalelab-tables-{host}+{dead.pid}+abc"
+    live = tmp / f"scalelab-tables-{host}+{os.getpid()}+def"
+    other = tmp / "scalelab-tables-otherhost+1+ghi"
+    longer = tmp / f"scalelab-tables-{host}-12+{dead.pid}+jkl"     # host HOST-12's: not this host's
+    young = tmp / f"scalelab-tables-{host}+{dead.pid}+mno"         # changed within the hour: left
+    for d in (gone, live, other, longer, young):
         (d / "x").mkdir(parents=True)
+        if d is not young:
+            os.utime(d, (time.time() - 2 * tables.STALE_AFTER_S,) * 2)
     (tmp_path / "n.jsonl").write_text('{"text": "ab"}\n')
     ds = tables.load_files("n.jsonl", "json", [tmp_path / "n.jsonl"])
     assert ds["text"] == ["ab"]
-    assert not gone.exists() and live.exists() and other.exists()
+    assert not gone.exists() and live.exists() and other.exists() and longer.exists() and young.exists()
     mine = Path(ds._scalelab_tmp.name)
-    assert mine.parent == tmp and mine.name.startswith(f"scalelab-tables-{host}-{os.getpid()}-")
+    assert mine.parent == tmp and mine.name.startswith(f"scalelab-tables-{host}+{os.getpid()}+")
     del ds
     import gc
     gc.collect()

@@ -9,6 +9,7 @@ import gzip
 import os
 import subprocess
 import sys
+import time
 
 import datasets
 import pytest
@@ -77,13 +78,14 @@ def test_a_killed_prepare_s_temporary_folder_is_removed_by_the_next(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
     host = os.uname().nodename
-    gone, other_host, live = (data / f".tmp-{host}-{dead}-abc", data / f".tmp-elsewhere-{dead}-abc",
-                              data / f".tmp-{host}-{os.getpid()}-abc")
+    gone, other_host, live = (data / f".tmp-{host}+{dead}+abc", data / f".tmp-elsewhere+{dead}+abc",
+                              data / f".tmp-{host}+{os.getpid()}+abc")
     for d in (gone, other_host, live):
         (d / "train").mkdir(parents=True)
+        os.utime(d, (time.time() - 2 * tables.STALE_AFTER_S,) * 2)   # an hour idle: no one writes there
     prepare(cfg, 63, tmp_path / "cache", progress=False)
     assert not gone.exists() and other_host.exists() and live.exists()
-    assert not list(data.glob(f".tmp-{host}-{os.getpid()}-*[!c]"))   # its own was renamed into place
+    assert not list(data.glob(f".tmp-{host}+{os.getpid()}+*[!c]"))   # its own was renamed into place
 
 
 def test_text_files_named_with_their_compressed_copy_are_refused(tmp_path):

@@ -51,7 +51,12 @@ def test_a_failure_before_the_first_step_after_a_resume_names_the_checkpoint(tmp
     naming no checkpoint and no way on."""
     ckpt = tmp_path / "checkpoints" / "step-00000040.ckpt"
     ckpt.mkdir(parents=True)
+    log = tmp_path / "ranks.log"
+    log.write_text("RuntimeError: out of memory\n")                # not a load's error: no hint
+    assert "resuming from" not in _failed(tmp_path, job, resumed=40)["error"]
+    log.write_text("RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory\n")
     r = _failed(tmp_path, job, resumed=40)
+    assert r["error"].startswith("ranks exited with code 1: RuntimeError: PytorchStreamReader failed")
     assert r["error"].endswith(f" (before its first step after resuming from {ckpt}: if that checkpoint is damaged, "
                                f"set it aside, mv {ckpt} {ckpt}.damaged, and the job goes on from the one before it; "
                                "or start over with checkpoint.resume=never)"), r["error"]

@@ -265,3 +265,22 @@ def test_a_run_trained_longer_with_a_warmup_now_resumes(prepared, tmp_path):
     (ckpt,) = (tmp_path / "job" / "checkpoints").glob("step-*.ckpt")
     resumed = fit_lm(prepared, tmp_path / "job", 40, ckpt=str(ckpt))
     assert [resumed[s] for s in range(13, 41)] == pytest.approx([fresh[s] for s in range(13, 41)])
+
+
+def test_a_checkpoint_of_the_earlier_schedule_shape_resumes_onto_this_one(prepared, tmp_path):
+    """A checkpoint saved before the schedule's shape changed (warm-up k at 1/n + ..., cosine's
+    minimum one step after the run: T = max_steps - warm-up) records the same max_steps, warm-up,
+    decay and LR: it was taken for this run's schedule and its restored state kept the old cosine
+    (a 20-step run ended at 0.107x, not 0.1x). Its shape is in the record now: it is followed."""
+    fresh = fit_lm(prepared, tmp_path / "fresh", 20)
+    fit_lm(prepared, tmp_path / "job", 20, stop_at=12)
+    (ckpt,) = (tmp_path / "job" / "checkpoints").glob("step-*.ckpt")
+    state = torch.load(ckpt, weights_only=False)
+    assert state["scalelab_schedule"].pop("schedule_version") == 2       # as an older checkpoint has it
+    cosine = state["lr_schedulers"][0]["_schedulers"][1]
+    assert cosine["T_max"] == 20 - 2 - 1                                   # 10 % warm-up: 2 steps
+    cosine["T_max"] = 20 - 2                                               # the old shape's
+    torch.save(state, ckpt)
+    resumed = fit_lm(prepared, tmp_path / "job", 20, ckpt=str(ckpt))
+    assert [resumed[s] for s in range(13, 21)] == pytest.approx([fresh[s] for s in range(13, 21)])
+    assert resumed[20] == pytest.approx(0.1)

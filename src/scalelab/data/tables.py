@@ -160,19 +160,32 @@ _TMP_PREFIX = "scalelab-tables-"
 
 
 def tmp_prefix(prefix: str = _TMP_PREFIX) -> str:
-    """PREFIX-HOST-PID-: the name of a temporary folder clear_stale can tell is abandoned."""
-    return f"{prefix}{socket.gethostname()}-{os.getpid()}-"
+    """PREFIX HOST+PID+: the name of a temporary folder clear_stale can tell is abandoned ('+' is in
+    no host name: with '-', host gpu read gpu-12's folder of pid 999999 as its own pid 12)."""
+    return f"{prefix}{socket.gethostname()}+{os.getpid()}+"
+
+
+#: a folder younger than this is never taken for abandoned: two containers of one host name in
+#: their own PID namespaces (a shared cache) cannot tell each other's live pids
+STALE_AFTER_S = 3600
 
 
 def clear_stale(folder: Path, prefix: str = _TMP_PREFIX) -> Path:
     """`folder`, made, without the temporary folders (tmp_prefix) of earlier processes on this host
-    that are gone (killed, or ended by os._exit on Ctrl-C / SIGTERM: no finalizer ran). A folder
-    another host or a live process is writing or reading is left alone (a cache shared by a team)."""
+    that are gone (killed, or ended by os._exit on Ctrl-C / SIGTERM: no finalizer ran) and were
+    last changed STALE_AFTER_S ago. A folder another host or a live process is writing or reading
+    is left alone (a cache shared by a team)."""
+    import time
+
     folder.mkdir(parents=True, exist_ok=True)
-    host = socket.gethostname()
-    for old in folder.glob(f"{prefix}{host}-*-*"):
-        pid = old.name[len(prefix) + len(host) + 1:].split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+    mine = f"{prefix}{socket.gethostname()}+"
+    for old in folder.glob(f"{glob.escape(mine)}*+*"):
+        pid = old.name[len(mine):].split("+")[0]
+        try:
+            idle = time.time() - old.stat().st_mtime
+        except OSError:
+            continue
+        if pid.isdigit() and not _alive(int(pid)) and idle > STALE_AFTER_S:
             shutil.rmtree(old, ignore_errors=True)
     return folder
 

@@ -182,7 +182,9 @@ class LitModule(L.LightningModule):
     @property
     def schedule_run(self) -> dict:
         """The LR schedule this run trains with, as its checkpoints record it."""
-        return {**self.schedule, "lr": self.lr}
+        from scalelab.scaling.lr import SCHEDULE_VERSION
+
+        return {**self.schedule, "lr": self.lr, "schedule_version": SCHEDULE_VERSION}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["scalelab_schedule"] = self.schedule_run

@@ -49,15 +49,23 @@ def finish_failed_run() -> None:
     """Close this process's W&B run, if it has one, as failed (exit code 1). A rank whose fit raised
     ends by os._exit (forked ranks) without W&B's atexit hook: its offline run stayed a 7-byte
     header, no config, history or exit, which `wandb sync` refused ('transactionlog: EOF')."""
+    import signal
     import sys
 
     wandb = sys.modules.get("wandb")
     if wandb is None or getattr(wandb, "run", None) is None:
         return
+    # the launcher's SIGTERM to the ranks left after a peer's failure (its SIGKILL follows seconds
+    # later) would end the finish midway: the run's file cut, as before
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         wandb.finish(exit_code=1)
     except _service_errors():   # the service is gone: what it received is in the run's file
         _forget_the_service()
+    except Exception as e:  # noqa: BLE001 - never in place of the rank's own error
+        print(f"[scalelab] warning: W&B could not close the failed run ({type(e).__name__}: {e})", file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 class TolerantWandbLogger(WandbLogger):

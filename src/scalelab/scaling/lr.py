@@ -20,6 +20,10 @@ from torch.optim.lr_scheduler import ConstantLR, CosineAnnealingLR, LinearLR, LR
 from scalelab.errors import ConfigError
 
 RULES = ("none", "linear", "sqrt")
+# The schedule's shape, in each checkpoint's scalelab_schedule: 2 = warm-up step k at (k+1)/(n+1),
+# cosine at its minimum on the last step (1, unversioned: k at 1/n + ..., the minimum one step after
+# the run); a checkpoint of another shape resumes onto this one (models/lit.py follow_schedule)
+SCHEDULE_VERSION = 2
 DECAYS = ("constant", "cosine")
 
 
