@@ -72,7 +72,7 @@ TRAIN_ROWS = [
     (["verbose=yes"], "verbose='yes' must be a boolean"),
     (["hardware_profile=my_cpu"], "hardware_profile='my_cpu' is not valid: choose one of auto"),
     (["logger=wandb", "logger.mode=sometimes"], "logger.mode='sometimes' is not valid: choose one of offline"),
-    (["logger=wandb", "logger.tags=fast"], "logger.tags='fast' must be a list of strings"),
+    (["logger=wandb", "logger.tags=fast"], "logger.tags='fast' must be a list of non-empty strings"),
     (["launcher=srun", "launcher.extra_args=--exclusive"], "launcher.extra_args='--exclusive' must be a list"),
     (["lr_scaling=linear", "lr_scaling.warmup_steps=1.5"], "lr_scaling.warmup_steps=1.5 must be a number >= 0"),
     (["lr_scaling=linear", "lr_scaling.warmup_steps=abc"], "lr_scaling.warmup_steps='abc' must be a number >= 0"),
