@@ -106,7 +106,8 @@ def collect(job_dir: Path, rc: int, resolved: dict, spec, threads: int, since: f
     if resumed_at and reached is not None:
         record["steps_this_attempt"] = max(0, reached - resumed_at)
     ckpt = job_dir / "checkpoints" / f"step-{resumed_at or 0:08d}.ckpt"
-    if resumed_at and (reached is None or reached <= resumed_at) and ckpt.exists() and _LOAD_ERROR.search(record["error"]):
+    loading = resumed_at and (reached is None or reached <= resumed_at) and ckpt.exists()
+    if loading and _LOAD_ERROR.search(record["error"]):
         # a sharded checkpoint damaged at its full size (no CRC to read before) fails every rerun
         # in its load, with an error that named no checkpoint
         record["error"] += (f" (before its first step after resuming from {ckpt}: if that checkpoint is damaged, "

@@ -75,9 +75,10 @@ def prepare(cfg: dict, seq_len: int, cache_root: Path, progress: bool = True) ->
             "train_blocks": len(train), "val_blocks": len(val), "val_fraction": val_fraction,
             "split": "by token block: the round(blocks x val_fraction) (>= 1 if > 0) blocks of smallest "
                      "splitmix64(index ^ split_seed); split_seed from the data config", "split_seed": seed, **info}
-    # named HOST-PID: a prepare killed (SIGKILL, the OOM killer) left its .tmp- folder, up to the
-    # corpus's size, for good; the next prepare on this host removes those whose process is gone
-    tmp = Path(tempfile.mkdtemp(dir=tables.clear_stale(out.parent, TMP_PREFIX), prefix=tables.tmp_prefix(TMP_PREFIX)))
+    # named HOST+PID+: a prepare killed (SIGKILL, the OOM killer) left its .tmp- folder, up to the
+    # corpus's size, for good; a later prepare on this host removes those whose process is gone
+    tmp = Path(tempfile.mkdtemp(dir=tables.clear_stale(out.parent, TMP_PREFIX),
+                                prefix=tables.tmp_prefix(TMP_PREFIX)))
     # mkdtemp makes it 0700, which the rename keeps: a cache shared by a team (data.cache_dir on a
     # group-writable file system) would be unreadable to everyone but its first user
     umask = os.umask(0)

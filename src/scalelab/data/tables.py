@@ -89,9 +89,9 @@ def data_files(name: str, split: str, info: dict | None = None) -> tuple[str, li
     the data files under a folder; ('', []) when a folder holds none. A folder's files are split by
     name as `datasets` splits them (train.jsonl, data/test-00000.parquet, ...; all 'train' where no
     name says otherwise); a file, or a pattern's files, are the split 'train'. A file of another
-    kind, a folder or pattern mixing formats or a split that no file makes is a ConfigError. `info` (optional) receives `left_out`: a folder's
-    files not read, {what: count} (other splits', compressed ones beside plain ones), for prepare's
-    data line."""
+    kind, a folder or pattern mixing formats or a split that no file makes is a ConfigError.
+    `info` (optional) receives `left_out`: a folder's files not read, {what: count} (other splits',
+    compressed ones beside plain ones), for prepare's data line."""
     from scalelab.data.text_files import _folder_files
 
     path = Path(str(name)).expanduser()
