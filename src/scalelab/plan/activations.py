@@ -320,7 +320,13 @@ def activation_traffic_bytes(model: ModelSpec, layout: Layout, precision: str,
     Williams et al. 2009, CACM 52(4)). It is what makes small-width models slower than their
     FLOPs say. Recomputation writes the recomputed layers' activations a second time.
     Deliberately Korthikanti's formula whatever model.attention and model.dropout say: the
-    profiles' activation_bandwidth was fitted against these bytes, so step times stay put."""
+    profiles' activation_bandwidth was fitted against these bytes, so step times stay put. On a GPU
+    it is also what the measurements say (H200, benchmarks/gpu_h200.md, single, bf16-mixed): with
+    compute_efficiency fitted on the 86M GPT (34.5 ms), these bytes predict the 1.2B GPT at 144.2 ms
+    against 137.5 measured (1.05x); flash's bytes alone (no s x s scores: 10.1 of the 86M step's
+    14.4 ms of traffic) refit the efficiency to 0.37 and predict 194.7 ms (1.42x). The score bytes
+    stand in for the attention kernel's own cost, which grows with heads at a fixed width (a
+    smaller head dimension) as they do."""
     e = 4 if precision == "32" else 2
     b, t = layout.micro_batch, layout.tp
     if model.kind == "mlp":
