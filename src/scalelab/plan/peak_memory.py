@@ -130,5 +130,10 @@ def fits_host(terms: Terms, hw: Hardware) -> bool:
     return need is None or not have or need <= float(have)
 
 
+#: the fraction of device memory `scalelab recommend` keeps free (its --memory-headroom default):
+#: the allocator's slack and fragmentation, beyond the planner's count; plan calls a fit above it tight
+HEADROOM = 0.1
+
+
 def fits(terms: Terms, hw: Hardware) -> bool:
     return device_total_bytes(terms, hw) <= hw.memory_bytes and fits_host(terms, hw)

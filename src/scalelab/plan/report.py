@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .peak_memory import HEADROOM
+
 
 def _calls(n: float) -> str:
     """Calls per step: a count, or a mean to 2 decimals (ZeRO-3's fetches of layers not kept
@@ -83,6 +85,10 @@ def render(doc: dict) -> str:
         out.append(f"  (ZeRO-3 keeps {_si(mem['zero3_kept_gathered_params'])} gathered parameters from forward to "
                    "backward: stage3_max_reuse_distance / prefetch_bucket_size; counted in buffers)")
     verdict = "fits" if mem["total_bytes_per_device"] <= mem["device_memory_bytes"] else "DOES NOT FIT"
+    free = 1 - mem["total_bytes_per_device"] / mem["device_memory_bytes"] if mem["device_memory_bytes"] else 1.0
+    if verdict == "fits" and free < HEADROOM:   # (recommend prunes it: a 99 % fit is an OOM in practice)
+        verdict = (f"fits, tight: {free:.1%} free, under the {HEADROOM:.0%} scalelab recommend keeps for the "
+                   "allocator's slack")
     out.append(f"  {'total':<36}{fmt_bytes(mem['total_bytes_per_device']):>12}  of "
                f"{fmt_bytes(mem['device_memory_bytes'])} -> {verdict}")
     if mem["offloaded_bytes_per_device"]:
@@ -139,6 +145,12 @@ def _efficiency(doc: dict) -> str:
     return f"{_kind(doc)} {doc['scaling_efficiency']:.1%} vs {base['what']}{at}"
 
 
+def _tight(mem: dict) -> bool:
+    """Fits with less than HEADROOM of device memory free."""
+    have = mem.get("device_memory_bytes") or 0
+    return bool(have) and mem["total_bytes_per_device"] > (1 - HEADROOM) * have
+
+
 def render_rows(docs: list[dict]) -> str:
     """One row per plan (e.g. per strategy): the figures a choice is made by."""
     head = ["strategy", "devices", "dp", "tp", "pp", "micro x m", "memory/device", "fits", "step",
@@ -152,7 +164,7 @@ def render_rows(docs: list[dict]) -> str:
         eff = d.get("scaling_efficiency")
         rows.append([d["inputs"]["strategy"], str(p["world_size"]), str(p["dp"]), str(p["tp"]), str(p["pp"]),
                      f"{p['micro_batch']} x {p['micro_batches_per_step']}", fmt_bytes(m["total_bytes_per_device"]),
-                     "yes" if m["fits"] else "NO", fmt_time(d["time"]["step_s"]),
+                     ("tight" if _tight(m) else "yes") if m["fits"] else "NO", fmt_time(d["time"]["step_s"]),
                      _si(d["throughput"]["tokens_per_s"]), f"{d['mfu']:.1%}",
                      "-" if eff is None else f"{eff:.1%}" + (" (strong)" if d.get("scaling_kind") == "strong" else "")])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]

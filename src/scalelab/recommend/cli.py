@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from scalelab.plan.peak_memory import HEADROOM
 from scalelab.plan.spec import PlanError
 
 from .rank import OBJECTIVES
@@ -50,8 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                        "bf16-mixed on a GPU one)")
     s.add_argument("--optimizer", default="adam", help="adam (AdamW) or sgd")
     s.add_argument("--activation-checkpointing", default="none,selective,full", help="comma list")
-    s.add_argument("--memory-headroom", type=float, default=0.1,
-                   help="fraction of device memory kept free for the allocator's slack (default 0.1)")
+    s.add_argument("--memory-headroom", type=float, default=HEADROOM,
+                   help=f"fraction of device memory kept free for the allocator's slack (default {HEADROOM})")
     s.add_argument("--top", type=int, default=10, help="strategies shown (default 10)")
     v = p.add_argument_group("verification and LR")
     v.add_argument("--verify", type=int, default=0, metavar="K", help="run the top K as short real jobs and re-rank")

@@ -20,14 +20,13 @@ from scalelab.plan.flops import megatron_flops
 from scalelab.plan.hardware import load_hardware
 from scalelab.plan.report import fmt_bytes
 from scalelab.plan.spec import ModelSpec, PlanError
-from scalelab.plan.peak_memory import device_total_bytes, fits
+from scalelab.plan.peak_memory import HEADROOM, device_total_bytes, fits   # HEADROOM: recommend's default
 from scalelab.plan.step_time import build_terms, step_time
 
 from .rank import PLANNER_MARGIN, best_per_strategy, break_ties, rank, tokens_per_s
 from .space import Candidate, Request
 
 HARDWARE = "a100_80g_nvlink"
-HEADROOM = 0.1          # as `scalelab recommend`'s default --memory-headroom
 SEQ, VOCAB = 2048, 51200
 
 # (name, heads, hidden, layers, tp, pp, GPUs, global batch, achieved TFLOP/s per GPU): Table 1.
