@@ -26,3 +26,25 @@ def test_a_fit_above_90_percent_is_said_to_be_tight():
     assert "-> fits\n" in render(roomy) + "\n" and "tight" not in render(roomy)
     fits_column = [line.split()[10] for line in render_rows([tight, roomy]).splitlines()[3:5]]
     assert fits_column == ["tight", "yes"]
+
+
+def test_the_nearest_layouts_keep_one_of_the_job_s_own_strategy_and_devices(capsys):
+    """fsdp_tp at tp 8 on 2 x 8 H100 (dp 2, micro-batch 128: 1.05 TiB) listed 128, 64 and 32 devices,
+    zero2 and zero1, all sorted by step time, and not fsdp_tp on the same 16 at a smaller micro-batch."""
+    import json
+
+    from ..conftest import run_cli
+
+    code, out = run_cli(["plan", "--layers", "32", "--hidden", "4096", "--heads", "32", "--seq-len", "4096",
+                         "--vocab", "50304", "--strategy", "fsdp_tp", "--tp", "8", "--devices", "8", "--nodes", "2",
+                         "--global-batch", "256", "--hardware", "h100_sxm", "--json"], capsys)
+    alts = json.loads(out.out)["alternatives"]
+    assert code == 1 and len(alts) == 5
+    own = [a for a in alts if a["strategy"] == "fsdp_tp" and a["world_size"] == 16]
+    assert len(own) == 1 and own[0]["change"].startswith("micro-batch ")
+    assert own[0]["micro_batch"] * own[0]["micro_batches"] * own[0]["dp"] == 256 and own[0]["dp"] == 2
+    code, out = run_cli(["plan", "--layers", "32", "--hidden", "4096", "--heads", "32", "--seq-len", "4096",
+                         "--vocab", "50304", "--strategy", "fsdp_tp", "--tp", "8", "--devices", "8", "--nodes", "2",
+                         "--global-batch", "256", "--hardware", "h100_sxm"], capsys)
+    tight = own[0]["total_bytes"] > 0.9 * 79.65 * 2**30
+    assert f"{own[0]['change']} x dp 2 = global batch 256: " in out.err and ("(tight)" in out.err) == tight

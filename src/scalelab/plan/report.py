@@ -197,5 +197,7 @@ def render_alternatives(doc: dict, alternatives: list[dict]) -> str:
     for a in alternatives:
         dp = f" x dp {a['dp']} = global batch {a['global_batch']}"
         change = f"{a['change']}{dp}" if "micro-batch" in a["change"] else f"{a['change']} ({_split(a)}{dp})"
-        out.append(f"  {change}: {fmt_bytes(a['total_bytes'])} per device, step {fmt_time(a['step_s'])}")
+        tight = " (tight)" if _tight({"total_bytes_per_device": a["total_bytes"],
+                                      "device_memory_bytes": m["device_memory_bytes"]}) else ""
+        out.append(f"  {change}: {fmt_bytes(a['total_bytes'])} per device{tight}, step {fmt_time(a['step_s'])}")
     return "\n".join(out)
