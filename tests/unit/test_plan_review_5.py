@@ -48,3 +48,16 @@ def test_the_nearest_layouts_keep_one_of_the_job_s_own_strategy_and_devices(caps
                          "--global-batch", "256", "--hardware", "h100_sxm"], capsys)
     tight = own[0]["total_bytes"] > 0.9 * 79.65 * 2**30
     assert f"{own[0]['change']} x dp 2 = global batch 256: " in out.err and ("(tight)" in out.err) == tight
+
+
+def test_a_table_of_strategies_has_the_time_and_cost_of_tokens():
+    """`plan --strategy zero3,zero1 --tokens 1e11` printed no time or cost (one plan's report does)."""
+    hw = load_hardware("h100_sxm")
+    docs = [plan(MODEL, s, hw, devices=8, global_batch=64, tokens=1e11) for s in ("zero3", "zero1")]
+    rows = render_rows(docs).splitlines()
+    assert rows[1].split()[-3:] == ["100G", "tokens", "cost"]
+    for doc, row in zip(docs, rows[3:5]):
+        secs = 1e11 / doc["throughput"]["tokens_per_s"]                  # by hand: tokens / rate
+        assert 3600 < secs < 86400                                         # hours, as the column writes them
+        cost = secs / 3600 * 8 * hw.cost_per_device_hour                   # device-hours on 8 GPUs x the price
+        assert row.split()[-3:] == [f"{secs / 3600:.3g}", "h", f"{cost:,.0f}"], row

@@ -155,10 +155,14 @@ def render_rows(docs: list[dict]) -> str:
     """One row per plan (e.g. per strategy): the figures a choice is made by."""
     head = ["strategy", "devices", "dp", "tp", "pp", "micro x m", "memory/device", "fits", "step",
             "tokens/s", "MFU", "efficiency"]
+    # --tokens: its time and cost per row (a single plan's report has them; the table dropped them)
+    train = next((d["train"] for d in docs if d.get("train")), None)
+    if train:
+        head += [f"{_si(train['tokens'])} tokens", "cost"]
     rows = []
     for d in docs:
         if "refused" in d:        # a layout the trainer refuses: no figures, its reason under the table
-            rows.append([d["inputs"]["strategy"], *["-"] * 6, "refused", *["-"] * 4])
+            rows.append([d["inputs"]["strategy"], *["-"] * 6, "refused", *["-"] * (len(head) - 8)])
             continue
         p, m = d["inputs"]["parallel"], d["memory"]
         eff = d.get("scaling_efficiency")
@@ -166,7 +170,8 @@ def render_rows(docs: list[dict]) -> str:
                      f"{p['micro_batch']} x {p['micro_batches_per_step']}", fmt_bytes(m["total_bytes_per_device"]),
                      ("tight" if _tight(m) else "yes") if m["fits"] else "NO", fmt_time(d["time"]["step_s"]),
                      _si(d["throughput"]["tokens_per_s"]), f"{d['mfu']:.1%}",
-                     "-" if eff is None else f"{eff:.1%}" + (" (strong)" if d.get("scaling_kind") == "strong" else "")])
+                     "-" if eff is None else f"{eff:.1%}" + (" (strong)" if d.get("scaling_kind") == "strong" else "")]
+                    + ([fmt_time(d["train"]["time_s"]), f"{d['train']['cost']:,.0f}"] if train else []))
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
                                    for i, (c, w) in enumerate(zip(cells, widths)))
