@@ -10,6 +10,7 @@ export SCALELAB_CACHE ?= $(CURDIR)/.cache/scalelab
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@echo "installing torch and scalelab into $(VENV): 1-2 min, once (pip -q prints only its warnings)"
 	# torch first, pinned: the CPU build is on disk here; any other resolution pulls a CUDA build.
 	$(BIN)/pip install -q "torch==2.13.0"
 	$(BIN)/pip install -q -e ".[all]"

@@ -59,6 +59,9 @@ def env() -> dict:
     # summary in-process) left its service's address in WANDB_SERVICE: a job started from here would
     # log through that service, not one of its own as a user's job does.
     e.pop("WANDB_SERVICE", None)
+    # `make test` sets them: a job's Ctrl-C line then names the make-free command (run_end._under_make)
+    e.pop("MAKELEVEL", None)
+    e.pop("MAKEFLAGS", None)
     # tests.mutations (strategy._target_=tests.mutations.X) must import in the Hydra app and the ranks
     e["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), e.get("PYTHONPATH", "")) if p)
     return e

@@ -9,6 +9,23 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+def command(name: str) -> str:
+    """How to run this environment's console script NAME (scalelab, scalelab-train) from here, for a
+    line to copy: NAME where PATH finds this one, else its path (.venv/bin/scalelab from a checkout:
+    the bare name printed after `make run` was 'command not found' without an activated venv)."""
+    import shutil
+    import sys
+
+    script = Path(sys.executable).parent / name
+    found = shutil.which(name)
+    if not script.exists() or (found and Path(found).resolve() == script.resolve()):
+        return name
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
+
+
 def conf_dir() -> Path:
     return Path(os.environ.get("SCALELAB_CONF_DIR", REPO_ROOT / "conf")).resolve()
 

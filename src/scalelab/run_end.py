@@ -11,6 +11,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from scalelab.checkpointing import find_resume, resume_point
+from scalelab.paths import command
 from scalelab.job_outcome import one_line
 from scalelab.results.record import RUN_FILE
 
@@ -37,7 +38,7 @@ def report_end(record: dict, name: str, job_dir: Path, multirun: bool, failed: l
 
 def results_line(job_dir: Path) -> str:
     """The last line of a single run: where its record is, and how to compare it with others."""
-    return f"results: {job_dir / RUN_FILE}  (compare: scalelab compare {job_dir} OTHER_RUN_OR_SWEEP ...)"
+    return f"results: {job_dir / RUN_FILE}  (compare: {command('scalelab')} compare {job_dir} OTHER_RUN_OR_SWEEP ...)"
 
 
 def timed_out(cfg: DictConfig) -> str:
@@ -65,7 +66,7 @@ def interrupted_line(job_dir: Path | None, sweep_dir: Path | None = None, signam
         if sweep_dir:
             return (f"[scalelab] interrupted ({signame}) between jobs, after {finished} ended: no job was running; "
                     f"the same command with hydra.sweep.dir={sweep_dir} keeps the jobs that completed, runs the "
-                    "others and writes the sweep's summary")
+                    f"others and writes the sweep's summary{_under_make('hydra.sweep.dir', sweep_dir)}")
         return f"[scalelab] interrupted ({signame}) after the run ended: its record is {finished / 'run.json'}"
     if job_dir is None:
         return f"[scalelab] interrupted ({signame}) before any job started"
@@ -75,10 +76,25 @@ def interrupted_line(job_dir: Path | None, sweep_dir: Path | None = None, signam
              else f"hydra.run.dir={run_dir or job_dir}")
     if saved:
         how = f"the same command with {again} goes on from its checkpoint {saved.name}"
+        how += _under_make("hydra.sweep.dir" if sweep_dir else "hydra.run.dir", sweep_dir or run_dir or job_dir)
     elif every:   # stopped before its first save
         how = f"it saved no checkpoint yet (checkpoint.every_n_steps={every})"
     else:
         how = "it saved no checkpoint (checkpoint.every_n_steps=N saves one every N steps)"
     if not saved and sweep_dir:   # what a rerun still keeps: the default folder is new each time
-        how += f"; the same command with hydra.sweep.dir={sweep_dir} keeps the jobs that completed"
+        how += (f"; the same command with hydra.sweep.dir={sweep_dir} keeps the jobs that completed"
+                + _under_make("hydra.sweep.dir", sweep_dir))
     return f"[scalelab] interrupted ({signame}) in {job_dir}: {how}"
+
+
+def _under_make(key: str, value) -> str:
+    """': CMD', the command itself, where `make run` started this one: 'the same command' is then
+    make's, which takes no hydra.sweep.dir (found by a newcomer's walkthrough); else ''."""
+    import os
+    import shlex
+    import sys
+
+    if not os.environ.get("MAKELEVEL") or not Path(sys.argv[0]).name.startswith("scalelab-train"):
+        return ""
+    args = [a for a in sys.argv[1:] if a.split("=", 1)[0].lstrip("+") != key]
+    return ": " + " ".join([command("scalelab-train"), *map(shlex.quote, args), shlex.quote(f"{key}={value}")])

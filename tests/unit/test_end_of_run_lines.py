@@ -5,15 +5,26 @@ the first line, scrolled away), and a sweep with sweep.json and report.html but 
 from __future__ import annotations
 
 import logging
+import os
+import sys
+from pathlib import Path
 
 import pytest
 
 from scalelab import train
 
 
+# the compare command to copy: this environment's scalelab by its path, PATH not finding it (`make run`
+# printed the bare `scalelab`: 'command not found' without an activated venv)
+_SCALELAB = str(Path(sys.executable).parent / "scalelab")
+
+
 @pytest.fixture
-def lines(monkeypatch):
-    """The lines train.log (the scalelab logger) gets, and the failed jobs the command lists."""
+def lines(monkeypatch, tmp_path):
+    """The lines train.log (the scalelab logger) gets, and the failed jobs the command lists. Run
+    from tmp_path without the environment's bin on PATH: the compare command is its scalelab's path."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
     got: list[str] = []
 
     class Keep(logging.Handler):
@@ -57,7 +68,7 @@ def test_a_single_run_ends_with_its_record_and_the_compare_command(lines, tmp_pa
         "status": "completed", "strategy": "ddp", "world_size": 2, "job": {"name": job.name},
         "throughput": {"samples_per_s": 10.0}, "step_time_s": {"median": 0.1}, "loss": {"final": 3.0}}
     train.report_end(rec, job.name, job, multirun=False)
-    assert lines[-1] == f"results: {job / 'run.json'}  (compare: scalelab compare {job} OTHER_RUN_OR_SWEEP ...)"
+    assert lines[-1] == f"results: {job / 'run.json'}  (compare: {_SCALELAB} compare {job} OTHER_RUN_OR_SWEEP ...)"
     assert sum("FAILED" in ln for ln in lines) == (status == "failed")
 
 
@@ -73,6 +84,9 @@ def test_a_sweep_ends_with_the_compare_command_for_its_folder(tmp_path, monkeypa
     from scalelab.results import callbacks, report
     from scalelab.results.record import write_json
 
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+
     sweep = tmp_path / "sweeps" / "2026-01-01_00-00-00"
     for num, world in enumerate((1, 2)):
         (sweep / str(num)).mkdir(parents=True)
@@ -84,5 +98,28 @@ def test_a_sweep_ends_with_the_compare_command_for_its_folder(tmp_path, monkeypa
     monkeypatch.setattr(report, "write_report", lambda path, *a, **k: path)   # the dashboard: not this test's
     callbacks.summarize_sweep(sweep)
     out = capsys.readouterr().out.rstrip().splitlines()
-    assert out[-1].startswith(f"compare: scalelab compare {sweep}"), out[-3:]
+    assert out[-1].startswith(f"compare: {_SCALELAB} compare {sweep}"), out[-3:]
     assert any(ln.startswith("sweep summary: ") for ln in out) and any(ln.startswith("report: ") for ln in out)
+
+
+def test_the_command_to_copy_is_the_one_path_finds_else_its_path(monkeypatch, tmp_path):
+    from scalelab.paths import command
+
+    bin_dir = Path(sys.executable).parent
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.chdir(bin_dir.parent.parent)                  # the checkout holding .venv
+    assert command("scalelab") == os.path.join(bin_dir.parent.name, bin_dir.name, "scalelab")   # .venv/bin/scalelab
+    monkeypatch.chdir(tmp_path)
+    assert command("scalelab") == str(bin_dir / "scalelab")
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")    # an activated venv
+    assert command("scalelab") == "scalelab"
+
+
+def test_a_cpu_sweep_s_table_says_what_cpu_figures_show():
+    from scalelab.results.callbacks import cpu_note
+
+    cpu2 = {"world_size": 2, "hardware": {"accelerator": "cpu"}}
+    assert cpu_note([{"world_size": 1, "hardware": {"accelerator": "cpu"}}, cpu2]).startswith(
+        "note: CPU ranks share one host's memory bus and caches")
+    assert cpu_note([{"world_size": 1, "hardware": {"accelerator": "cpu"}}]) is None        # one rank: nothing shared
+    assert cpu_note([{"world_size": 8, "hardware": {"accelerator": "cuda"}}]) is None

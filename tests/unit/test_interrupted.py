@@ -126,3 +126,24 @@ def test_a_ctrl_c_while_every_job_is_validated_is_one_line(monkeypatch, capsys):
         signal.signal(signal.SIGTERM, handler)
     assert e.value.code == 130
     assert capsys.readouterr().err.strip() == "[scalelab] interrupted (Ctrl-C) before any job started"
+
+
+def test_under_make_the_line_gives_the_command_to_run(tmp_path, monkeypatch):
+    """`make run` Ctrl-C'd: 'the same command with hydra.sweep.dir=...' is make's, which takes no
+    such argument; the line gives the scalelab-train command itself."""
+    import sys
+    from pathlib import Path
+
+    job = tmp_path / "sweeps" / "s" / "1"
+    job.mkdir(parents=True)
+    monkeypatch.setenv("MAKELEVEL", "1")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(Path(sys.executable).parent / "scalelab-train"), "-m",
+                                      "experiment=default", "hydra.sweep.dir=old"])
+    line = _interrupted(job, tmp_path / "sweeps" / "s")
+    exe = Path(sys.executable).parent / "scalelab-train"
+    assert line.endswith(f"the same command with hydra.sweep.dir={tmp_path / 'sweeps' / 's'} keeps the jobs that "
+                         f"completed: {exe} -m experiment=default hydra.sweep.dir={tmp_path / 'sweeps' / 's'}"), line
+    monkeypatch.delenv("MAKELEVEL")
+    assert _interrupted(job, tmp_path / "sweeps" / "s").endswith("keeps the jobs that completed")

@@ -90,3 +90,21 @@ def test_a_missing_sweep_and_a_control_character_are_said_plainly(tmp_path):
         assert str(e) == "not valid JSON (truncated or corrupt): Invalid control character at line 1 column 9"
     else:
         raise AssertionError("a raw tab inside a JSON string was read")
+
+
+def test_a_column_header_as_a_key_names_the_key_it_shows():
+    """`compare --sort=-samples/s` (the table's header) said only 'no run has this key'."""
+    import pytest as _pytest
+
+    from scalelab.results.select import HEADER_KEYS, MISSING, SelectError, check_key, lookup
+    from scalelab.results.table import COLUMNS
+
+    from .test_report import _rec
+
+    rec = _rec(0, "ddp", 2, 16, 100.0, breakdown={"comm_fraction": 0.1}, scaling_efficiency=0.9)
+    headers = {h for h, _, _ in COLUMNS}
+    for header, key in HEADER_KEYS.items():
+        assert header in headers and lookup(rec, key) is not MISSING, (header, key)
+    with _pytest.raises(SelectError, match=r"^--sort '-samples/s': no run has this key; the column samples/s is "
+                                           r"the key throughput.samples_per_s \("):
+        check_key([rec], "-samples/s", "--sort")

@@ -8,11 +8,24 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from scalelab.paths import command
 from scalelab.results.record import read_records
 from scalelab.results.sweep import NO_RECORD_WHY, aggregate, attach_efficiency, summary_run_id
 from scalelab.results.table import print_table
 
 REPORT_FILE = "report.html"  # the sweep's dashboard (scalelab compare SWEEP_DIR --format html)
+
+
+def cpu_note(records: list[dict]) -> str | None:
+    """One line under a sweep's table where its runs put several ranks on one CPU host: a newcomer
+    read `make run`'s efficiencies (0.6-0.9, 0.36 at batch 32, apart by 0.1 between two runs) as
+    what the strategies do (README, Quick start)."""
+    cpu = [r for r in records if ((r.get("hardware") or {}).get("accelerator")) == "cpu"
+           and (r.get("world_size") or 1) > 1]
+    if not cpu:
+        return None
+    return ("note: CPU ranks share one host's memory bus and caches, which no GPU cluster does: these figures "
+            "show correctness and overhead, not the speed-up a strategy gets on GPUs (and vary from run to run)")
 
 
 def headline(summary: dict) -> str:
@@ -52,6 +65,8 @@ def summarize_sweep(sweep_dir: Path, logger_cfg: Any = None, cache_dir: str | No
         write_json(sweep_dir / "sweep.json", summary)
     print(f"\n== sweep {sweep_dir}: {headline(summary)} ==")
     print_table(records)   # on a terminal the rich table `scalelab compare` prints, fitted to its width
+    if cpu_note(records):
+        print(cpu_note(records))
     for f in summary["failed"]:
         print(f"FAILED {f['job']} ({f['strategy']} x{f['world_size']}): {f['error']}")
     for line in summary["skipped"]:
@@ -66,7 +81,8 @@ def summarize_sweep(sweep_dir: Path, logger_cfg: Any = None, cache_dir: str | No
         print(f"report: {report}")
     except Exception as exc:  # noqa: BLE001
         print(f"report: not written ({type(exc).__name__}: {exc})")
-    print(f"compare: scalelab compare {sweep_dir}  (--format markdown|csv|json|html; add other runs or sweeps)")
+    print(f"compare: {command('scalelab')} compare {sweep_dir}  (--format markdown|csv|json|html; add other runs or "
+          "sweeps)")
     return summary
 
 

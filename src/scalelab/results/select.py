@@ -57,9 +57,19 @@ class SelectError(ValueError):
     """A bad --where/--sort/--group-by key or expression (one line for the user)."""
 
 
+# the table's column headers -> the key each shows (`--sort=-samples/s` was 'no run has this key')
+HEADER_KEYS = {"world": "world_size", "batch": "global_batch_size", "samples/s": "throughput.samples_per_s",
+               "tokens/s": "throughput.tokens_per_s", "step ms (med)": "step_time_s.median",
+               "step ms (p90)": "step_time_s.p90", "loss first": "loss.first", "loss final": "loss.final",
+               "MFU %": "mfu.value", "comm %": "breakdown.comm_fraction", "efficiency": "scaling_efficiency",
+               "peak RSS MiB": "memory/peak_rss_bytes_max", "lr rule": "lr_rule"}
+
+
 def check_key(records: list[dict], key: str, option: str) -> None:
     if not key or all(lookup(r, key) is MISSING for r in records):
-        raise SelectError(f"{option} {key!r}: no run has this key (keys are dotted paths into run.json or W&B "
+        header = HEADER_KEYS.get(key) or HEADER_KEYS.get(key.lstrip("-"))
+        hint = f"; the column {key.lstrip('-')} is the key {header}" if header else ""
+        raise SelectError(f"{option} {key!r}: no run has this key{hint} (keys are dotted paths into run.json or W&B "
                           "metric names, e.g. strategy, world_size, throughput.tokens_per_s, config.optim.name)")
 
 
