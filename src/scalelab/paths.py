@@ -20,9 +20,11 @@ def command(name: str) -> str:
     found = shutil.which(name)
     if not script.exists() or (found and Path(found).resolve() == script.resolve()):
         return name
+    if os.environ.get("MAKELEVEL"):   # make -C DIR: the user's shell is not in make's folder
+        return str(script)
     try:
         return str(script.relative_to(Path.cwd()))
-    except ValueError:
+    except (ValueError, OSError):     # elsewhere, or the working folder is gone
         return str(script)
 
 

@@ -106,9 +106,13 @@ def test_the_command_to_copy_is_the_one_path_finds_else_its_path(monkeypatch, tm
     from scalelab.paths import command
 
     bin_dir = Path(sys.executable).parent
+    monkeypatch.delenv("MAKELEVEL", raising=False)            # (`make test` sets it)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     monkeypatch.chdir(bin_dir.parent.parent)                  # the checkout holding .venv
     assert command("scalelab") == os.path.join(bin_dir.parent.name, bin_dir.name, "scalelab")   # .venv/bin/scalelab
+    monkeypatch.setenv("MAKELEVEL", "1")                      # make -C CHECKOUT: the shell may be anywhere
+    assert command("scalelab") == str(bin_dir / "scalelab")
+    monkeypatch.delenv("MAKELEVEL")
     monkeypatch.chdir(tmp_path)
     assert command("scalelab") == str(bin_dir / "scalelab")
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")    # an activated venv
@@ -118,7 +122,9 @@ def test_the_command_to_copy_is_the_one_path_finds_else_its_path(monkeypatch, tm
 def test_a_cpu_sweep_s_table_says_what_cpu_figures_show():
     from scalelab.results.callbacks import cpu_note
 
-    cpu2 = {"world_size": 2, "hardware": {"accelerator": "cpu"}}
+    cpu2 = {"world_size": 2, "devices_per_node": 2, "hardware": {"accelerator": "cpu"}}
+    two_nodes = {"world_size": 2, "devices_per_node": 1, "hardware": {"accelerator": "cpu"}}   # a rank a host
+    assert cpu_note([two_nodes]) is None
     assert cpu_note([{"world_size": 1, "hardware": {"accelerator": "cpu"}}, cpu2]).startswith(
         "note: CPU ranks share one host's memory bus and caches")
     assert cpu_note([{"world_size": 1, "hardware": {"accelerator": "cpu"}}]) is None        # one rank: nothing shared

@@ -101,10 +101,12 @@ def test_a_column_header_as_a_key_names_the_key_it_shows():
 
     from .test_report import _rec
 
-    rec = _rec(0, "ddp", 2, 16, 100.0, breakdown={"comm_fraction": 0.1}, scaling_efficiency=0.9)
+    rec = _rec(0, "ddp", 2, 16, 100.0, breakdown={"comm_fraction": 0.1}, scaling_efficiency=0.9,
+               memory={"peak_rss_bytes_per_rank": [1, 2], "model_state_bytes_per_rank": [1, 2],
+                       "peak_device_bytes_per_rank": [1, 2]})
     headers = {h for h, _, _ in COLUMNS}
     for header, key in HEADER_KEYS.items():
         assert header in headers and lookup(rec, key) is not MISSING, (header, key)
     with _pytest.raises(SelectError, match=r"^--sort '-samples/s': no run has this key; the column samples/s is "
-                                           r"the key throughput.samples_per_s \("):
+                                           r"the key throughput.samples_per_s, in run.json's units \(seconds, bytes, fractions\) \("):
         check_key([rec], "-samples/s", "--sort")

@@ -13,7 +13,7 @@ from itertools import combinations
 
 from .hardware import Hardware
 from .spec import STRATEGIES, PlanError
-from .peak_memory import device_total_bytes, fits
+from .peak_memory import HEADROOM, device_total_bytes, fits
 from .step_time import Terms, build_terms, step_time
 
 
@@ -110,13 +110,16 @@ def nearest_fitting(terms: Terms, hw: Hardware, limit: int = 5, only: tuple[str,
             break
     found.sort(key=lambda f: (f["changes"], f["step_s"]))
     top = found[:limit]
-    # the fastest fit of the job's own strategy on its own devices, when one fits: more devices are
-    # always faster, and filled the list (fsdp_tp tp 8 on 16 GPUs: 128, 64, 32 devices, zero2, zero1,
-    # but not fsdp_tp at micro-batch 4 there, 41 GiB)
+    # a fit of the job's own strategy on its own devices, when one fits: more devices are always
+    # faster, and filled the list (fsdp_tp tp 8 on 16 GPUs: 128, 64, 32 devices, zero2, zero1, but not
+    # fsdp_tp at micro-batch 4 there, 41 GiB); the fastest that is not tight, else the fastest
     own = lambda f: f["world_size"] <= L.world and f["strategy"] == terms.strategy.name  # noqa: E731
-    same = [f for f in found if own(f)]
-    if same and not any(own(f) for f in top):
-        top = sorted(top[:limit - 1] + same[:1], key=lambda f: (f["changes"], f["step_s"]))
+    if only is None and not any(own(f) for f in top):
+        same = [f for f in found if own(f)] or nearest_fitting(terms, hw, limit, SAME_STRATEGY_AND_DEVICES)
+        tight = lambda f: f["total_bytes"] > (1 - HEADROOM) * hw.memory_bytes  # noqa: E731
+        if same:
+            pick = min(same, key=lambda f: (tight(f), f["changes"], f["step_s"]))
+            top = sorted(top[:limit - 1] + [pick], key=lambda f: (f["changes"], f["step_s"]))
     return top
 
 

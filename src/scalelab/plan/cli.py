@@ -362,13 +362,17 @@ def _refused(name: str | None, exc: PlanError, listed: int) -> dict:
 
 
 def _fits_with_note(docs: list[dict]) -> str:
+    from .report import tight_mark
+
     lines = []
     rows = [(d["inputs"]["strategy"], d["fits_with"]) for d in docs if "fits_with" in d]
     if rows:
         lines += ["", "does not fit as asked; on the same devices:"]
     for name, f in rows:
-        lines.append(f"  {name}: " + (f"fits with {f['change']} ({fmt_bytes(f['total_bytes'])} per device, step "
-                                      f"{fmt_time(f['step_s'])})" if f else "no micro-batch or checkpointing fits"))
+        mem = next(d["memory"] for d in docs if d["inputs"]["strategy"] == name)
+        lines.append(f"  {name}: " + (f"fits with {f['change']} ({fmt_bytes(f['total_bytes'])} per device"
+                                      f"{tight_mark(f['total_bytes'], mem)}, step {fmt_time(f['step_s'])})"
+                                      if f else "no micro-batch or checkpointing fits"))
     refused = [d for d in docs if "refused" in d]
     if refused:
         lines += ["", "cannot run this job (scalelab-train refuses it):"]

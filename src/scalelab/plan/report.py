@@ -87,8 +87,8 @@ def render(doc: dict) -> str:
     verdict = "fits" if mem["total_bytes_per_device"] <= mem["device_memory_bytes"] else "DOES NOT FIT"
     free = 1 - mem["total_bytes_per_device"] / mem["device_memory_bytes"] if mem["device_memory_bytes"] else 1.0
     if verdict == "fits" and free < HEADROOM:   # (recommend prunes it: a 99 % fit is an OOM in practice)
-        verdict = (f"fits, tight: {free:.1%} free, under the {HEADROOM:.0%} scalelab recommend keeps for the "
-                   "allocator's slack")
+        verdict = (f"fits, tight: {free:.1%} free, under the {HEADROOM:.0%} scalelab recommend keeps free "
+                   "(allocator slack, fragmentation)")
     out.append(f"  {'total':<36}{fmt_bytes(mem['total_bytes_per_device']):>12}  of "
                f"{fmt_bytes(mem['device_memory_bytes'])} -> {verdict}")
     if mem["offloaded_bytes_per_device"]:
@@ -151,6 +151,11 @@ def _tight(mem: dict) -> bool:
     return bool(have) and mem["total_bytes_per_device"] > (1 - HEADROOM) * have
 
 
+def tight_mark(total_bytes: float, mem: dict) -> str:
+    """' (tight)' for a suggestion of `total_bytes` per device on the plan's devices (memory MEM)."""
+    return " (tight)" if _tight({**mem, "total_bytes_per_device": total_bytes}) else ""
+
+
 def render_rows(docs: list[dict]) -> str:
     """One row per plan (e.g. per strategy): the figures a choice is made by."""
     head = ["strategy", "devices", "dp", "tp", "pp", "micro x m", "memory/device", "fits", "step",
@@ -171,7 +176,7 @@ def render_rows(docs: list[dict]) -> str:
                      ("tight" if _tight(m) else "yes") if m["fits"] else "NO", fmt_time(d["time"]["step_s"]),
                      _si(d["throughput"]["tokens_per_s"]), f"{d['mfu']:.1%}",
                      "-" if eff is None else f"{eff:.1%}" + (" (strong)" if d.get("scaling_kind") == "strong" else "")]
-                    + ([fmt_time(d["train"]["time_s"]), f"{d['train']['cost']:,.0f}"] if train else []))
+                    + ([fmt_time(d["train"]["time_s"]), _cost(d["train"]["cost"])] if train else []))
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
                                    for i, (c, w) in enumerate(zip(cells, widths)))
@@ -180,6 +185,11 @@ def render_rows(docs: list[dict]) -> str:
                       f"{d0['parallel']['global_batch']}; efficiency: {WEAK} (strong: dp 1, same global "
                       "batch), vs the smallest layout that fits",
                       line(head), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def _cost(x: float) -> str:
+    """A cost in the profile's currency: whole units from 100 (12,157), 3 figures below (a CPU's 0.0212)."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def _split(a: dict) -> str:
@@ -202,7 +212,6 @@ def render_alternatives(doc: dict, alternatives: list[dict]) -> str:
     for a in alternatives:
         dp = f" x dp {a['dp']} = global batch {a['global_batch']}"
         change = f"{a['change']}{dp}" if "micro-batch" in a["change"] else f"{a['change']} ({_split(a)}{dp})"
-        tight = " (tight)" if _tight({"total_bytes_per_device": a["total_bytes"],
-                                      "device_memory_bytes": m["device_memory_bytes"]}) else ""
-        out.append(f"  {change}: {fmt_bytes(a['total_bytes'])} per device{tight}, step {fmt_time(a['step_s'])}")
+        out.append(f"  {change}: {fmt_bytes(a['total_bytes'])} per device{tight_mark(a['total_bytes'], m)}, "
+                   f"step {fmt_time(a['step_s'])}")
     return "\n".join(out)

@@ -21,7 +21,7 @@ def cpu_note(records: list[dict]) -> str | None:
     read `make run`'s efficiencies (0.6-0.9, 0.36 at batch 32, apart by 0.1 between two runs) as
     what the strategies do (README, Quick start)."""
     cpu = [r for r in records if ((r.get("hardware") or {}).get("accelerator")) == "cpu"
-           and (r.get("world_size") or 1) > 1]
+           and (r.get("devices_per_node") or r.get("world_size") or 1) > 1]
     if not cpu:
         return None
     return ("note: CPU ranks share one host's memory bus and caches, which no GPU cluster does: these figures "

@@ -62,13 +62,15 @@ HEADER_KEYS = {"world": "world_size", "batch": "global_batch_size", "samples/s":
                "tokens/s": "throughput.tokens_per_s", "step ms (med)": "step_time_s.median",
                "step ms (p90)": "step_time_s.p90", "loss first": "loss.first", "loss final": "loss.final",
                "MFU %": "mfu.value", "comm %": "breakdown.comm_fraction", "efficiency": "scaling_efficiency",
-               "peak RSS MiB": "memory/peak_rss_bytes_max", "lr rule": "lr_rule"}
+               "peak RSS MiB": "memory/peak_rss_bytes_max", "lr rule": "lr_rule", "nodes": "num_nodes",
+               "device MiB/rank": "memory/peak_device_bytes_max", "state KiB/rank": "memory/model_state_bytes_max"}
 
 
 def check_key(records: list[dict], key: str, option: str) -> None:
     if not key or all(lookup(r, key) is MISSING for r in records):
         header = HEADER_KEYS.get(key) or HEADER_KEYS.get(key.lstrip("-"))
-        hint = f"; the column {key.lstrip('-')} is the key {header}" if header else ""
+        hint = (f"; the column {key.lstrip('-')} is the key {header}, in run.json's units (seconds, bytes, "
+                "fractions)" if header else "")
         raise SelectError(f"{option} {key!r}: no run has this key{hint} (keys are dotted paths into run.json or W&B "
                           "metric names, e.g. strategy, world_size, throughput.tokens_per_s, config.optim.name)")
 
