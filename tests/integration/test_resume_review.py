@@ -89,33 +89,33 @@ def test_a_damaged_newest_checkpoint_is_passed_over_and_stale_tmp_removed(tmp_pa
 
 def test_a_run_continued_from_its_own_last_ckpt_keeps_its_whole_curve(tmp_path):
     """The longer-run refusal says checkpoint.resume_from=JOB/checkpoints/last.ckpt; the continued
-    run's record began at step 7 (loss.first 3.55 where the run's first loss was 5.54): last.ckpt
+    run's record began after the resumed step (loss.first 3.55 where the run's first was 5.54): last.ckpt
     kept no curve beside it, and resume_from's curve was never read."""
     job = tmp_path / "job"
     args = [*FAST, "strategy=single", "trainer.devices=1", "logger=none", "checkpoint.save=true",
             f"hydra.run.dir={job}"]
-    train([*args, "trainer.max_steps=6"], tmp_path)
+    train([*args, "trainer.max_steps=4"], tmp_path)
     first = json.loads((job / "run.json").read_text())
     assert (job / "checkpoints" / "last.ckpt.curve-rank0.json").is_file()
-    train([*args, "trainer.max_steps=10", f"checkpoint.resume_from={job / 'checkpoints' / 'last.ckpt'}"], tmp_path)
+    train([*args, "trainer.max_steps=6", f"checkpoint.resume_from={job / 'checkpoints' / 'last.ckpt'}"], tmp_path)
     rec = json.loads((job / "run.json").read_text())
-    assert (rec["resumed_at_step"], rec["steps"]) == (6, 10)
-    assert [s for s, _ in rec["loss"]["curve"]] == list(range(1, 11))
-    assert rec["loss"]["curve"][:6] == first["loss"]["curve"] and rec["loss"]["first"] == first["loss"]["first"]
+    assert (rec["resumed_at_step"], rec["steps"]) == (4, 6)
+    assert [s for s, _ in rec["loss"]["curve"]] == list(range(1, 7))
+    assert rec["loss"]["curve"][:4] == first["loss"]["curve"] and rec["loss"]["first"] == first["loss"]["first"]
 
 
 def test_the_short_run_hint_after_a_resume_counts_from_where_a_longer_run_resumes(tmp_path):
-    """A 20-step job (a checkpoint every 5) cut after its last save resumes at 15; the hint said
-    'max_steps >= 22' (15 + FAST's 2 warm-up + 5 measured), and 22 then resumed at 20 and said
-    '>= 27'. A longer run goes on from the newest checkpoint, step 20: 20 + 2 + 5 = 27."""
+    """A 10-step job (a checkpoint every 5) cut after its last save resumes at 5; the hint said
+    'max_steps >= 12' (5 + FAST's 2 warm-up + 5 measured), and 12 then resumed at 10 and said
+    '>= 17'. A longer run goes on from the newest checkpoint, step 10: 10 + 2 + 5 = 17."""
     job = tmp_path / "job"
     args = [*FAST, "strategy=single", "trainer.devices=1", "logger=none", "checkpoint.every_n_steps=5",
-            "trainer.max_steps=20", f"hydra.run.dir={job}"]
+            "trainer.max_steps=10", f"hydra.run.dir={job}"]
     train(args, tmp_path)
     (job / "run.json").unlink()                                 # cut between its last save and its record
     proc = train(args, tmp_path)
-    assert "resuming from" in proc.stdout and "(step 15" in proc.stdout, proc.stdout[-2000:]
-    assert "use trainer.max_steps >= 27 (a longer run resumes from step 20)" in proc.stdout, proc.stdout[-2000:]
+    assert "resuming from" in proc.stdout and "(step 5" in proc.stdout, proc.stdout[-2000:]
+    assert "use trainer.max_steps >= 17 (a longer run resumes from step 10)" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_the_short_run_hint_of_a_run_that_checkpoints_counts_from_its_last_save(tmp_path):
