@@ -38,3 +38,20 @@ def test_the_chart_predicts_at_validate_s_smoothed_host_speed(tmp_path):
     assert predicted == pytest.approx(by_validate) and len(predicted) == 3
     # the median of the three probes is the reference: each is predicted at speed 1, job 1 too
     assert predicted["fx/1"] == pytest.approx(predicted["fx/0"])
+
+
+def test_a_probe_only_cpu_profile_is_said_to_be_unfitted(tmp_path):
+    """`make run`'s dashboard: this_cpu predicted its step times 36 % over and RSS 32 % under, with
+    no word that the profile is the probe's defaults until `plan --calibrate` fits it."""
+    cache, sweep = tmp_path / "cache", tmp_path / "sweep"
+    path = host_cpu_profile_path(cache)
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(PROFILE))
+    rec = _rec(0, "ddp", 2, 16, 100.0, model=NANO, mfu={"value": 0.1, "hardware_profile": "this_cpu"},
+               host_speed={"flops": 1.0e11}, seed=1234)
+    rec["job"].update(sweep_dir=str(sweep), num=0)
+    (sweep / "0").mkdir(parents=True)
+    write_json(sweep / "0" / "run.json", rec)
+    step, _ = charts.planner(read_records([sweep]), cache)
+    assert step["notes"][1] == ("this_cpu is this host's matmul probe with default rates, not fitted to runs: "
+                                "`scalelab plan --calibrate` fits them (README, Planning beyond this machine)")

@@ -368,6 +368,11 @@ def planner(records: list[dict], cache: str | Path | None = None) -> list[dict]:
             "text": [r["hardware"] for r in mem_rows]}] if mem_rows else []
     note = ["step time predicted at the host speed measured around each run (the median probe of its sweep's "
             "neighbouring jobs, run.json host_speed), as plan --validate does"]
+    from scalelab.plan.hardware import HOST_CPU
+
+    if any(r["hardware"] == HOST_CPU for r in rows):   # (make run's: 36 % over on step time, 32 % under on RSS)
+        note.append(f"{HOST_CPU} is this host's matmul probe with default rates, not fitted to runs: "
+                    "`scalelab plan --calibrate` fits them (README, Planning beyond this machine)")
     return [chart("planner_step", "Planner vs measured: step time", "run", "ms per step (median)", step,
                   kind="bar", barmode="group", notes=(note if rows else []) + notes),
             chart("planner_memory", "Planner vs measured: peak memory per rank", "run", "MiB (device on GPUs, RSS "
