@@ -75,6 +75,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
     rank, world = global_rank(), spec.run.world_size
     resume, resumed_at = _resume_point(cfg, job_dir, rank)
     timeout_s = float(cfg.trainer.get("collective_timeout_s", 600))   # conf/trainer/default.yaml's
+    run_config = OmegaConf.to_container(cfg, resolve=True)   # the nodes compare it; each checkpoint holds it
     if cfg.launcher.name == "torchrun" and spec.run.num_nodes > 1:  # nodes started by hand: the same command?
         from scalelab import same_job
         from scalelab.data.prepare import data_identity
@@ -84,7 +85,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         resume, resumed_at = same_job.check(list(cfg.job.overrides), int(cfg.launcher.node_rank),
                                             timeout_s, resume=(resume, resumed_at), accelerator=spec.run.accelerator,
                                             data=data_identity(cfg.job.data_prepared),
-                                            config=OmegaConf.to_container(cfg, resolve=True))
+                                            config=run_config)
     plan = spec.plan
     inexact = plan.resume_note(spec.run.world_size) if resume else None
     if inexact and rank == 0:
@@ -93,7 +94,7 @@ def run(job_dir: Path, marks: dict | None = None) -> int:
         module = LitModule(spec.run.model_arch, cfg.model.task, hydra.utils.instantiate(cfg.optim.optimizer),
                            spec.lr, cfg.trainer.max_steps, cfg.lr_scaling.warmup_steps, cfg.lr_scaling.decay,
                            cfg.lr_scaling.min_lr_ratio, plan, fused_on_gpu=bool(cfg.optim.get("fused_on_gpu", False)))
-    module.run_config = OmegaConf.to_container(cfg, resolve=True)   # in each checkpoint (a copy is checked by it)
+    module.run_config = run_config   # in each checkpoint (a copy is checked by it)
     marks["model_built"] = timing.now()
     n_params = num_params(module.net)
     data = ByteCorpusDataModule(cfg.job.data_prepared, spec.batch.global_batch_size,

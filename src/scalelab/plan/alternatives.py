@@ -13,7 +13,7 @@ from itertools import combinations
 
 from .hardware import Hardware
 from .spec import STRATEGIES, PlanError
-from .peak_memory import HEADROOM, device_total_bytes, fits
+from .peak_memory import device_total_bytes, fits, tight
 from .step_time import Terms, build_terms, step_time
 
 
@@ -116,9 +116,8 @@ def nearest_fitting(terms: Terms, hw: Hardware, limit: int = 5, only: tuple[str,
     own = lambda f: f["world_size"] <= L.world and f["strategy"] == terms.strategy.name  # noqa: E731
     if only is None and not any(own(f) for f in top):
         same = [f for f in found if own(f)] or nearest_fitting(terms, hw, limit, SAME_STRATEGY_AND_DEVICES)
-        tight = lambda f: f["total_bytes"] > (1 - HEADROOM) * hw.memory_bytes  # noqa: E731
         if same:
-            pick = min(same, key=lambda f: (tight(f), f["changes"], f["step_s"]))
+            pick = min(same, key=lambda f: (tight(f["total_bytes"], hw.memory_bytes), f["changes"], f["step_s"]))
             top = sorted(top[:limit - 1] + [pick], key=lambda f: (f["changes"], f["step_s"]))
     return top
 

@@ -135,5 +135,11 @@ def fits_host(terms: Terms, hw: Hardware) -> bool:
 HEADROOM = 0.1
 
 
+def tight(total_bytes: float, memory_bytes: float) -> bool:
+    """More than 1 - HEADROOM of memory_bytes taken (for a fit: one recommend prunes); False where
+    the memory is not known (0)."""
+    return bool(memory_bytes) and total_bytes > (1 - HEADROOM) * memory_bytes
+
+
 def fits(terms: Terms, hw: Hardware) -> bool:
     return device_total_bytes(terms, hw) <= hw.memory_bytes and fits_host(terms, hw)

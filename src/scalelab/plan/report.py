@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .peak_memory import HEADROOM
+from .peak_memory import HEADROOM, tight
 
 
 def _calls(n: float) -> str:
@@ -85,8 +85,8 @@ def render(doc: dict) -> str:
         out.append(f"  (ZeRO-3 keeps {_si(mem['zero3_kept_gathered_params'])} gathered parameters from forward to "
                    "backward: stage3_max_reuse_distance / prefetch_bucket_size; counted in buffers)")
     verdict = "fits" if mem["total_bytes_per_device"] <= mem["device_memory_bytes"] else "DOES NOT FIT"
-    free = 1 - mem["total_bytes_per_device"] / mem["device_memory_bytes"] if mem["device_memory_bytes"] else 1.0
-    if verdict == "fits" and free < HEADROOM:   # (recommend prunes it: a 99 % fit is an OOM in practice)
+    if verdict == "fits" and _tight(mem):   # (recommend prunes it: a 99 % fit is an OOM in practice)
+        free = 1 - mem["total_bytes_per_device"] / mem["device_memory_bytes"]
         verdict = (f"fits, tight: {free:.1%} free, under the {HEADROOM:.0%} scalelab recommend keeps free "
                    "(allocator slack, fragmentation)")
     out.append(f"  {'total':<36}{fmt_bytes(mem['total_bytes_per_device']):>12}  of "
@@ -147,8 +147,7 @@ def _efficiency(doc: dict) -> str:
 
 def _tight(mem: dict) -> bool:
     """Fits with less than HEADROOM of device memory free."""
-    have = mem.get("device_memory_bytes") or 0
-    return bool(have) and mem["total_bytes_per_device"] > (1 - HEADROOM) * have
+    return tight(mem["total_bytes_per_device"], mem.get("device_memory_bytes") or 0)
 
 
 def tight_mark(total_bytes: float, mem: dict) -> str:

@@ -65,8 +65,8 @@ def summarize_sweep(sweep_dir: Path, logger_cfg: Any = None, cache_dir: str | No
         write_json(sweep_dir / "sweep.json", summary)
     print(f"\n== sweep {sweep_dir}: {headline(summary)} ==")
     print_table(records)   # on a terminal the rich table `scalelab compare` prints, fitted to its width
-    if cpu_note(records):
-        print(cpu_note(records))
+    if note := cpu_note(records):
+        print(note)
     for f in summary["failed"]:
         print(f"FAILED {f['job']} ({f['strategy']} x{f['world_size']}): {f['error']}")
     for line in summary["skipped"]:
