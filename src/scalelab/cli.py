@@ -14,6 +14,10 @@ def _compare(args: argparse.Namespace) -> int:
 
     from scalelab.paths import out_problem, write_out
 
+    if any(not p.strip() for p in args.paths):   # an unset shell variable ("$SWEEP"): Path("") is the cwd
+        print("error: '' is an empty path (an unset variable?): give run.json files, job dirs or sweep dirs",
+              file=sys.stderr)
+        return 2
     missing = [p for p in args.paths if not Path(p).exists()]
     if missing:
         print(f"error: {missing[0]} does not exist (give run.json files, job dirs or sweep dirs)", file=sys.stderr)
@@ -132,11 +136,19 @@ def _not_one_sweep(folder: Path, records: list[dict]) -> str | None:
 def _aggregate(args: argparse.Namespace) -> int:
     from scalelab.results.callbacks import summarize_sweep
 
+    if not args.sweep_dir.strip():   # an unset shell variable: Path("") is the cwd, its sweep.json rewritten
+        print("error: '' is an empty path (an unset variable?): give a sweep dir, e.g. outputs/sweeps/<time>",
+              file=sys.stderr)
+        return 2
     sweep = Path(args.sweep_dir)
     if not sweep.exists():
         print(f"error: {sweep} does not exist (give a sweep dir, e.g. outputs/sweeps/<time>)", file=sys.stderr)
         return 2
-    if not sweep.is_dir() or not any(sweep.rglob("run.json")):
+    if sweep.is_file():
+        print(f"error: {sweep} is a file, not a sweep folder: give its sweep folder (e.g. {sweep.resolve().parent.parent}"
+              f"), or scalelab compare {sweep}", file=sys.stderr)
+        return 2
+    if not any(sweep.rglob("run.json")):
         print(f"error: {sweep} holds no run.json (give a sweep dir, e.g. outputs/sweeps/<time>)", file=sys.stderr)
         return 2
     if (sweep / "run.json").is_file():   # a job folder: its sweep.json and report.html landed beside run.json
@@ -165,7 +177,11 @@ def _aggregate(args: argparse.Namespace) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     logger = {"name": "wandb", "project": args.project, "mode": args.wandb} if args.wandb != "disabled" else None
-    summarize_sweep(sweep, logger)
+    summary = summarize_sweep(sweep, logger)
+    if not summary["num_completed"]:   # a script told "aggregated" from "nothing to aggregate" by the exit
+        print(f"error: no completed run in {sweep} ({summary['num_failed']} failed): no scaling efficiency",
+              file=sys.stderr)
+        return 1
     return 0
 
 

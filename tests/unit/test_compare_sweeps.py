@@ -176,3 +176,34 @@ def test_aggregate_refuses_a_parent_of_sweeps(two, tmp_path, capsys):
     assert not (tmp_path / "sweep.json").exists() and not (tmp_path / "report.html").exists()
     code, out, err = _run(["aggregate", str(two[0])], capsys)          # a sweep's own folder still works
     assert code == 0 and (two[0] / "sweep.json").exists()
+
+
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(two, capsys, monkeypatch):
+    # `scalelab compare "$SWEEP"` with SWEEP unset: Path("") is ".", which compared (or aggregated,
+    # rewriting its sweep.json) whatever the current folder held
+    monkeypatch.chdir(two[0])
+    for argv in (["compare", ""], ["compare", str(two[1]), " "], ["aggregate", ""]):
+        code, out, err = _run(argv, capsys)
+        assert code == 2 and out == "" and err.count("\n") == 1 and "'' is an empty path" in err, (argv, err)
+    assert not (two[0] / "sweep.json").exists()
+
+
+def test_aggregate_of_a_record_file_names_its_sweep_folder(two, capsys):
+    record = two[0] / "1" / "run.json"
+    code, _, err = _run(["aggregate", str(record)], capsys)
+    # before: "…/run.json holds no run.json"
+    assert code == 2 and err == (f"error: {record} is a file, not a sweep folder: give its sweep folder (e.g. "
+                                 f"{two[0].resolve()}), or scalelab compare {record}\n"), err
+
+
+def test_aggregate_of_a_sweep_whose_runs_all_failed_exits_1_saying_so(tmp_path, capsys):
+    sw = tmp_path / "sw"
+    _sweep(sw, [0.0, 0.0])
+    for i in range(2):
+        rec = json.loads((sw / str(i) / "run.json").read_text())
+        rec.update(status="failed", error="boom")
+        write_json(sw / str(i) / "run.json", rec)
+    code, out, err = _run(["aggregate", str(sw)], capsys)
+    # before: exit 0, an empty groups list: a script could not tell it from an aggregated sweep
+    assert code == 1 and err == f"error: no completed run in {sw} (2 failed): no scaling efficiency\n", err
+    assert "0 completed, 2 failed" in out and json.loads((sw / "sweep.json").read_text())["groups"] == []

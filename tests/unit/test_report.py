@@ -218,8 +218,8 @@ def test_plain_table_unchanged_for_files_and_pipes(loaded):
     """Non-tty output keeps the plain table the README and tests read (header, rule, rows)."""
     recs, _ = loaded
     lines = render(recs, "table").splitlines()
-    assert lines[0].startswith("job") and set(lines[1].replace(" ", "")) == {"-"} and len(lines) == 11
-    assert "failed: RuntimeError: out of memory" in lines[-1]
+    assert lines[0].startswith("job") and set(lines[1].replace(" ", "")) == {"-"} and len(lines) == 12
+    assert "failed: RuntimeError: out of memory" in lines[10] and lines[11].startswith("efficiency - (fx/3")
 
 
 # ------------------------------------------------------------------------------------- charts
@@ -361,7 +361,7 @@ def test_model_and_precision_columns_only_where_runs_differ(loaded):
     rows = render([*same, small], "markdown").splitlines()
     assert any(r.startswith("| fx/9 | gpt_small | ddp |") for r in rows)
     assert "| precision |" in render(recs, "markdown").splitlines()[0]      # fx/8 is bf16-mixed
-    plain = render([*same, small], "table").splitlines()                    # identity columns: left
+    plain = render([*same, small], "table").splitlines()[:-1]                # identity columns: left (no note)
     col = plain[0].index("strategy")
     assert all(row[col:].split()[0] in ("ddp", "fsdp", "zero2") for row in plain[2:])
     assert "| precision |" not in render([*same, {**small, "precision": "32"}], "markdown")  # "32" is 32-true

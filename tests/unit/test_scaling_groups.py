@@ -66,3 +66,18 @@ def test_a_pipeline_s_micro_batches_show_in_the_split():
                       render([pipe, ddp], fmt="markdown").splitlines()]
     col = head.index("micro x acc")
     assert {r[0]: r[col] for r in rows} == {"p/0": "4x4 pp", "d/0": "8x1"}
+
+
+def test_a_run_left_without_a_baseline_is_named_under_the_table(tmp_path):
+    # fsdp's only other run failed: its 2-device run has "-" in the efficiency column, and a note says why
+    runs = [_rec("e/0", "ddp", 1, 16, 50.0), _rec("e/1", "ddp", 2, 16, 80.0),
+            _rec("e/2", "fsdp", 1, 16, 0.0, status="failed"), _rec("e/3", "fsdp", 2, 16, 70.0)]
+    _write(tmp_path, runs)
+    records = [dict(r) for r in runs]
+    attach_efficiency(records, aggregate(tmp_path))
+    assert [r.get("scaling_efficiency") for r in records] == [1.0, 0.8, None, None]
+    text = render(records)
+    assert ("efficiency - (e/3): no completed run of the same config at another world size to measure against "
+            "(it failed or was not swept)") in text
+    # one world size swept only: no efficiency column, nothing to explain
+    assert "efficiency -" not in render([dict(runs[0])])

@@ -78,6 +78,10 @@ def test_a_short_run_above_the_baseline_is_marked(tmp_path):
     attach_efficiency(records, summary)
     rows = {line.split()[0]: line for line in render(records).splitlines()[2:]}
     assert "1.10*" in rows["s/1"] and "1.00*" not in rows["s/0"]
+    # its throughput is the few steps' too: marked where a sort by samples/s or tokens/s ranks it
+    table = render(records, "markdown").splitlines()
+    col = [c.strip() for c in table[0].split("|")].index("samples/s")
+    assert [[c.strip() for c in line.split("|")][col] for line in table[2:4]] == ["20.0", "44.0*"]
     chart = efficiency_chart([summary], records, "strong")
     assert any(n.startswith("short runs (fewer than 5 measured steps)") and n.endswith("s/1") for n in chart["notes"])
 
@@ -273,3 +277,13 @@ def test_a_runs_weak_efficiency_is_on_its_record_beside_the_strong_one(tmp_path)
     got = {r["job"]["name"]: (r["scaling_efficiency"], r.get("weak_scaling_efficiency")) for r in records}
     assert got == {"e/0": (1.0, 1.0), "e/1": (1.0, None), "e/2": (0.75, None),
                    "e/3": (pytest.approx(160 / 240), pytest.approx(0.8))}
+
+
+def test_the_mfu_profile_splits_no_group(tmp_path):
+    # hardware= only sets the peak MFU is divided by: runs that differ in it measured the same thing
+    a, b = _rec("h/0", "ddp", 1, 16, 100.0), _rec("h/1", "ddp", 2, 16, 150.0)
+    a["config"].update(hardware={"name": "h100_sxm", "peak_flops": {"bf16": 9.89e14}}, hardware_profile="h100_sxm")
+    b["config"].update(hardware=None, hardware_profile="auto")
+    _write(tmp_path, [a, b])
+    (group,) = [g for g in aggregate(tmp_path)["groups"] if g["kind"] == "strong"]
+    assert {m["job"]: m["scaling_efficiency"] for m in group["runs"]} == pytest.approx({"h/0": 1.0, "h/1": 0.75})

@@ -157,3 +157,14 @@ def test_the_html_sort_reads_a_marked_world_as_its_number():
     js = CMP_JS + f"const c={json.dumps(cells)};console.log(JSON.stringify([...c].sort((a,b)=>sortCmp(a,b,true))));"
     out = subprocess.run(["node", "-e", js], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == ["1", "2", "8!", "16"]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's sort")
+def test_the_html_sort_reads_an_efficiency_cell_by_its_number():
+    # efficiency cells carry words after the number; sorted as text "10.5 (vs 2)" came before "2.1 weak"
+    from scalelab.results.report import CMP_JS
+
+    cells = ["2.1 weak", "-", "10.5 (vs 2)", "0.80* (vs short run)", "0.95", "sw/0"]
+    js = CMP_JS + f"const c={json.dumps(cells)};console.log(JSON.stringify([...c].sort((a,b)=>sortCmp(a,b,true))));"
+    out = subprocess.run(["node", "-e", js], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out)[:4] == ["0.80* (vs short run)", "0.95", "2.1 weak", "10.5 (vs 2)"]

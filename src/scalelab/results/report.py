@@ -161,7 +161,8 @@ def tables(records: list[dict], group_by: str | None = None) -> tuple[str, str]:
 
 # The run table's click-to-sort. A cell that is no value ("-") or no finite number ("nan", "inf": a
 # diverged loss) sorts last either way, as `compare --sort` puts them: "nan" sorted as text among
-# numbers left the column out of order.
+# numbers left the column out of order. A number with its table marks ("2.0*", "8!") or words after
+# it ("0.80* (vs 2)", "0.91 weak": efficiency cells) sorts by the number (the column sorted as text).
 SORT_JS = """
 document.querySelectorAll('table.sortable').forEach(t=>{t.querySelectorAll('th').forEach((th,i)=>{
  th.addEventListener('click',()=>{const tb=t.tBodies[0],rows=[...tb.rows],asc=th.dataset.dir!=='asc';
@@ -170,9 +171,8 @@ document.querySelectorAll('table.sortable').forEach(t=>{t.querySelectorAll('th')
   rows.forEach(r=>tb.appendChild(r));});});});
 """
 CMP_JS = """
-function sortVal(text){const s=text.replace(/[*!]$/,'');const n=parseFloat(s);
- if(s==='-'||/^[-+]?(nan|inf|infinity)$/i.test(s.trim()))return null;
- return isFinite(n)&&/^[-+0-9.eE]+$/.test(s)?n:s;}
+function sortVal(text){const s=text.trim();if(s==='-'||/^[-+]?(nan|inf|infinity)[*!]?$/i.test(s))return null;
+ const m=s.match(/^([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)[*!]?(?:\s.*)?$/);return m?parseFloat(m[1]):s;}
 function sortCmp(p,q,asc){const x=sortVal(p),y=sortVal(q);
  if(x===null||y===null)return (x===null)-(y===null);
  const c=(typeof x==='number'&&typeof y==='number')?x-y:String(x).localeCompare(String(y));return asc?c:-c;}

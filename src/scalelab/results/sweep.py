@@ -35,7 +35,10 @@ _WORLD_KEYS = {"trainer.devices", "trainer.num_nodes", "data.global_batch_size"}
 # dashboard's series pool these too (chart_base._POOLED).
 NOT_MEASURED = ("job.", "hydra.", "logger.", "cache_dir", "verbose", "launcher.rdzv_", "launcher.node_rank",
                 "checkpoint.", "trainer.timeout_s", "trainer.collective_timeout_s", "trainer.max_restarts",
-                "trainer.enable_progress_bar")
+                "trainer.enable_progress_bar",
+                # the profile MFU is divided by (hardware, hardware.*, hardware_profile): the same run,
+                # not another series (it split one)
+                "hardware")
 
 
 # What a record says of its run at its top level that no world size changes (not parallel.*, lr,

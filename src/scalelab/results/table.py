@@ -114,6 +114,8 @@ def _kib(b):
 
 SHORT_MARK = "*"
 OVERSUB_MARK = "!"   # on the world cell of a run whose ranks x threads exceeded its node's cores
+# the cells a few steps' figure is in: sorted by tokens/s or MFU, a 3-step figure ranked unmarked (review)
+SHORT_HEADS = ("samples/s", "tokens/s", "step ms (med)", "MFU %")
 SHORT_NOTE = f"{SHORT_MARK} fewer than 5 measured steps: not steady-state figures (raise trainer.max_steps)"
 SHORT_BASE_NOTE = ("efficiency (vs ... short run): every run at its group's smallest world size was a short run, so "
                    "the efficiencies are against a figure that is not steady-state")
@@ -150,11 +152,26 @@ def oversub_note(records: list[dict], labels: dict[int, str] | None = None) -> l
             "not the strategy, and do not compare with runs that fit the host"]
 
 
+def no_baseline_note(records: list[dict], labels: dict[int, str] | None = None) -> list[str]:
+    """Where the efficiency column is shown, the completed runs with a throughput and "-" in it: no
+    completed run of their config at another world size (that run failed, or was not swept); the
+    cell said no why (review)."""
+    if not any(r.get("scaling_efficiency") is not None for r in records):
+        return []
+    alone = [(labels or {}).get(id(r)) or (r.get("job") or {}).get("name") or r.get("strategy") for r in records
+             if r.get("status") == "completed" and r.get("scaling_efficiency") is None
+             and _num(_sub(r, "throughput").get("samples_per_s")) is not None]
+    if not alone:
+        return []
+    return [f"efficiency - ({', '.join(map(str, alone[:8]))}{', ...' if len(alone) > 8 else ''}): no completed run of "
+            "the same config at another world size to measure against (it failed or was not swept)"]
+
+
 def notes(records: list[dict], labels: dict[int, str] | None = None) -> list[str]:
     """The footnotes the table's marks need (LABELS: job_labels, the names the rows show)."""
     return (([SHORT_NOTE] if any(r.get("short_run") for r in records) else [])
             + ([SHORT_BASE_NOTE] if any(r.get("scaling_baseline_short") for r in records) else [])
-            + oversub_note(records, labels))
+            + no_baseline_note(records, labels) + oversub_note(records, labels))
 
 
 def job_labels(records: list[dict]) -> dict[int, str]:
@@ -196,7 +213,7 @@ def _cells(rec: dict, columns, label: str | None = None) -> list[str]:
         cell = "-" if v is None or v == "" else one_line(fmt.format(v))   # a cell is one line
         if head == "world" and cell != "-" and oversubscribed(rec):
             cell += OVERSUB_MARK
-        if head == "step ms (med)" and rec.get("short_run") and cell != "-":
+        if head in SHORT_HEADS and rec.get("short_run") and cell != "-":
             cell += SHORT_MARK
         if (head == "efficiency" and cell != "-" and rec.get("short_run") and not (
                 rec.get("scaling_baseline_short") and rec.get("world_size") == rec.get("scaling_baseline_world"))):
