@@ -232,3 +232,30 @@ def test_an_array_job_is_a_sweep_with_its_w_and_b_summary(tmp_path):
     summary = json.loads((root / "sweep.json").read_text())
     assert summary["num_completed"] == 2 and summary.get("wandb_run_id")
     assert (root / "report.html").is_file() and list((root / "wandb").glob("offline-run-*"))
+
+
+def test_recommend_verifies_its_candidates_as_slurm_jobs(tmp_path):
+    """`recommend --verify --slurm`: one sbatch job per candidate, its ranks one srun step, the
+    candidate's config group found on the job's hydra.searchpath on the compute node. It went
+    through submitit_slurm, whose srun ran the Hydra job once per node and nested the ranks' step
+    inside its own (refused or pending for good), and the searchpath never reached the job."""
+    name = f"rec{os.getpid()}"
+    out = tmp_path / "rec"
+    try:
+        proc = subprocess.run([sys.executable, "-m", "scalelab.cli", "recommend", "--model", "gpt_nano", "--devices",
+                               "2", "--hardware", "this_cpu", "--strategies", "ddp", "--activation-checkpointing",
+                               "none", "--verify", "1", "--verify-steps", "8", "--lr-check", "none", "--slurm",
+                               "--train-arg", f"hydra.launcher.job_name={name}", "--out", str(out)],
+                              cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
+    finally:
+        subprocess.run(["scancel", f"--name={name}"], capture_output=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((out / "recommendation.json").read_text())
+    (row,) = doc["verification"]["ranking"]
+    assert row["status"] == "completed" and doc["winner"]["strategy"] == "ddp"
+    (job_id,) = json.loads((out / "verify" / "slurm" / "jobs.json").read_text()).values()
+    assert sacct_state(job_id) == "COMPLETED"
+    script = (out / "verify" / "slurm" / "job0.sbatch").read_text()
+    assert f"'hydra.searchpath=[file://{(out / 'conf').resolve()}]'" in script and "+recommend_candidate=c0" in script
+    rec = json.loads((out / "verify" / "0" / "run.json").read_text())
+    assert (rec["world_size"], rec["steps"], rec["slurm"]["job_id"]) == (2, 8, job_id)

@@ -203,7 +203,9 @@ def test_the_lr_check_asks_slurm_for_the_winners_devices(tmp_path, monkeypatch):
     doc = recommend(req, objective="cost", verify=2, lr_check="grid", slurm=True, base_lr=3e-3, base_batch=16,
                     out=tmp_path)
     assert doc["winner"]["world_size"] == other and doc["ranking"][0]["world_size"] == first.devices
-    assert len(argvs) == 1 and f"hydra.launcher.gpus_per_node={other}" in argvs[0]
+    # scalelab's SLURM launcher asks each job's own trainer.devices GPUs (hydra.launcher.gpus_per_node=auto)
+    assert len(argvs) == 1 and "hydra/launcher=slurm" in argvs[0] and f"trainer.devices={other}" in argvs[0]
+    assert not any("gpus_per_node" in x or "submitit" in x for x in argvs[0])
 
 
 def test_an_mlp_run_is_measured_from_samples_per_s():
@@ -237,7 +239,8 @@ def test_slurm_verification_of_a_cpu_profile_asks_no_gpus_and_none_started_is_an
              "--activation-checkpointing", "none", "--verify", "1", "--slurm", "--out", str(tmp_path / "o"))
     assert a.func(a) == 1
     assert len(argvs) == 1                                     # no LR check after it
-    assert "hydra/launcher=submitit_slurm" in argvs[0] and not any("gpus_per_node" in x for x in argvs[0])
+    assert "hydra/launcher=slurm" in argvs[0] and "trainer.accelerator=cpu" in argvs[0]   # CPU jobs: no GPUs asked
+    assert not any("gpus_per_node" in x for x in argvs[0])
     doc = json.loads((tmp_path / "o" / "recommendation.json").read_text())
     assert doc["winner"] is None and doc["ranking"][0]["strategy"] == "ddp"     # the planner's part kept
     err = capsys.readouterr().err.strip().splitlines()

@@ -73,3 +73,14 @@ def test_an_unknown_option_is_named_alone_with_the_nearest(capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1
     assert "--partiton (did you mean --partition?)" in err and "model=gpt_nano" not in err
+
+
+def test_another_config_folder_or_name_is_refused_for_a_slurm_sweep():
+    # the job's script runs scalelab.train with its overrides only: -cd/-cn composed conf/train.yaml there
+    from hydra_plugins.scalelab_slurm_launcher.launcher import check_config_source
+
+    check_config_source(["scalelab-train", "-m", "hydra/launcher=slurm", "hydra.searchpath=[file:///x]"])
+    for flag in (["-cd", "/x"], ["--config-dir=/x"], ["-cn", "mine"], ["--config-name", "mine"], ["-cp", "c"]):
+        with pytest.raises(ValueError, match=f"^{flag[0].split('=')[0]}: a hydra/launcher=slurm sweep's jobs "
+                                             r"compose conf/train.yaml .* hydra.searchpath=\[file:///abs/folder\]"):
+            check_config_source(["scalelab-train", "-m", *flag, "hydra/launcher=slurm"])

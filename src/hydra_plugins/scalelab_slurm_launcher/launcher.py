@@ -51,6 +51,12 @@ class ScalelabSlurmLauncher(Launcher):
         jobs, scripts = [], []  # (num, overrides, cfg, job dir, SLURM id); the same with the script's path
         try:
             check_settings(p)
+            check_config_source(sys.argv)
+            # the job's own hydra.* settings are not task overrides (Hydra passes the launcher those
+            # only): a config group found on hydra.searchpath (recommend --verify's candidates, a
+            # user's experiments) composed here and failed in the job after its queue wait
+            searchpath = [str(x) for x in self.config.hydra.searchpath or []]
+            carried = [f"hydra.searchpath=[{','.join(searchpath)}]"] if searchpath else []
             for overrides in job_overrides:  # before anything is submitted (scalelab.train checks argv too)
                 slurm.refuse_secrets(list(overrides))
                 other = slurm.other_launcher(list(overrides))
@@ -67,7 +73,7 @@ class ScalelabSlurmLauncher(Launcher):
                 cpu = str(t.accelerator) == "cpu"
                 gpus = 0 if cpu else (int(t.devices) if p.get("gpus_per_node", "auto") == "auto"
                                       else int(p["gpus_per_node"] or 0))
-                args = [o for o in overrides if not o.lstrip("+~").startswith(("launcher=", "hydra."))]
+                args = [*carried, *(o for o in overrides if not o.lstrip("+~").startswith(("launcher=", "hydra.")))]
                 cpus = slurm.cpus_per_task(p.get("cpus_per_task"), cpu)
                 script = slurm.render(int(t.num_nodes), int(t.devices), args, gpus, p.get("time", "01:00:00"),
                                       p.get("partition"), cpus, p.get("job_name", "scalelab"), str(sweep_dir / "slurm"),
@@ -134,6 +140,18 @@ def _remove_if_only_config(sweep_dir: Path) -> None:
                     d.rmdir()
     except OSError:
         pass
+
+
+def check_config_source(argv: list[str]) -> None:
+    """-cd/-cp/-cn (another config folder or primary config): the job's script runs scalelab.train
+    with its overrides only, so it composed from conf/train.yaml on the compute node, not what was
+    checked here. ValueError naming what does travel."""
+    flags = ("-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name")
+    given = next((a for a in argv if a.split("=", 1)[0] in flags), None)
+    if given:
+        raise ValueError(f"{given.split('=', 1)[0]}: a hydra/launcher=slurm sweep's jobs compose conf/train.yaml "
+                         "with their overrides; put your config groups in a folder and give "
+                         "hydra.searchpath=[file:///abs/folder] (it goes with each job) instead")
 
 
 def check_settings(p: dict) -> None:

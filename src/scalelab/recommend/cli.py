@@ -63,7 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     v.add_argument("--base-batch", type=int, help="batch --base-lr was tuned at (default: lr_scaling's 16)")
     v.add_argument("--lr-check", help="grid (three runs, default with --verify) | none")
     v.add_argument("--lr-steps", type=int, help="optimizer steps per LR-check job (default 30)")
-    v.add_argument("--slurm", action="store_true", help="verify through Hydra's submitit SLURM launcher")
+    v.add_argument("--slurm", action="store_true",
+                   help="verify through SLURM: one sbatch job per candidate (hydra/launcher=slurm)")
     v.add_argument("--train-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="extra scalelab-train override for every verification job (repeatable)")
     o = p.add_argument_group("output")

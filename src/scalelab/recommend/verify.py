@@ -66,13 +66,15 @@ def train_argv() -> list[str]:
 
 
 def slurm_overrides(cands: list[Candidate], kind: str = "gpu") -> list[str]:
-    """The SLURM launcher's request for these candidates' jobs; GPUs only for a GPU profile (kind):
-    a CPU profile's jobs asked for gpus_per_node=devices, which sbatch refuses on a CPU partition."""
-    nodes = max(c.nodes for c in cands)
-    devices = max(c.devices for c in cands)
-    gpus = [f"hydra.launcher.gpus_per_node={devices}"] if kind != "cpu" else []
-    return ["hydra/launcher=submitit_slurm", f"hydra.launcher.nodes={nodes}", "hydra.launcher.tasks_per_node=1",
-            *gpus, "launcher=srun"]
+    """The SLURM launcher for these candidates' jobs: scalelab's own (hydra/launcher=slurm), one
+    sbatch job per candidate with that candidate's nodes x devices, its ranks one srun step of the
+    job, the job's hydra.searchpath (the candidates' config group) carried into its script.
+    hydra-submitit-launcher's submitit_slurm ran the Hydra job under srun once per node (N copies
+    of the multirun job), nested the ranks' srun step inside its own (which holds the CPUs: refused
+    or waiting forever) and warned with USR2, which the ranks do not handle (found by review).
+    A CPU profile's jobs are CPU jobs: no GPUs asked for (sbatch refuses them on a CPU partition),
+    one CPU per rank unless --train-arg hydra.launcher.cpus_per_task=N."""
+    return ["hydra/launcher=slurm", *(["trainer.accelerator=cpu"] if kind == "cpu" else [])]
 
 
 def candidates_command(cands: list[Candidate], overrides: list[list[str]], out: Path, steps: int,
@@ -120,8 +122,7 @@ SET_BY = {"strategy": "--strategies", "model": "--model or the shape flags", "tr
 def set_by(key: str, slurm: bool = False) -> str | None:
     """The flag that sets KEY in recommend's jobs (None: free for --train-arg)."""
     k = key.lstrip("+~")
-    if slurm and (k == "hydra/launcher" or k in ("hydra.launcher.nodes", "hydra.launcher.gpus_per_node",
-                                                 "hydra.launcher.tasks_per_node")):
+    if slurm and k == "hydra/launcher":
         return "--slurm"
     for name in (k, *(k.rsplit(".", i)[0] for i in range(1, k.count(".") + 1))):   # the key, then its parents
         if name in SET_BY and (name == k or name not in OWN_KEYS_FREE):
