@@ -115,8 +115,10 @@ def rank_command(launcher: str, nodes: int, devices: int, job_dir: Path, extra: 
         # process built (rank_env: MASTER_*, threads, the requeue mark), whatever the batch job's
         # export setting: srun takes sbatch's --export=NONE (or SBATCH_EXPORT=NONE, some sites'
         # default) from SLURM_EXPORT_ENV, and its ranks then had only SLURM_* variables (sbatch(1))
+        # --distribution=block: node K holds tasks K*devices.. (tensor-parallel groups inside a node,
+        # rank 0 on node 0); srun takes SLURM_DISTRIBUTION from the batch job, and cyclic interleaved them
         return ["srun", f"--nodes={nodes}", f"--ntasks={nodes * devices}", f"--ntasks-per-node={devices}",
-                "--kill-on-bad-exit=1", "--unbuffered", "--export=ALL", *extra, *worker]
+                "--distribution=block", "--kill-on-bad-exit=1", "--unbuffered", "--export=ALL", *extra, *worker]
     if launcher == "torchrun":  # one node of a multi-node job (layout: torchrun_layout's, resolved)
         lay = layout or {}
         timeout = int(math.ceil(float(lay.get("timeout_s", 900))))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from scalelab.paths import REPO_ROOT, cache_dir
 from scalelab.slurm_jobs import finalize, wait
-from scalelab.slurm_request import check_times, test_only
+from scalelab.slurm_request import check_times, directives, test_only
 
 TEMPLATE = REPO_ROOT / "slurm" / "run.sbatch.template"
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
@@ -35,6 +35,14 @@ def sbatch_value(name: str, value) -> str:
         raise ValueError(f"{name}={text!r} is not valid: a #SBATCH value must be non-empty, on one line, "
                          "without control characters")
     return shlex.quote(text)
+
+
+def check_job_name(name: str, flag: str) -> None:
+    """The job name is part of its log's file name (--output=<log dir>/<name>-%j.out): a `/` put the
+    log in a folder nobody made, and the job failed with no log at all."""
+    if "/" in str(name):
+        raise ValueError(f"{flag}={name!r} has a '/': it names the job's log file, not a folder "
+                         "(give the folder with --log-dir)")
 
 
 def render(nodes: int, devices: int, overrides: list[str], gpus: int | bool, time: str, partition: str | None,
@@ -120,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         for name in ("job_name", "time", "partition", "account", "qos"):
             if getattr(args, name) is not None:
                 sbatch_value("--" + name.replace("_", "-"), getattr(args, name))
+        check_job_name(args.job_name, "--job-name")
         refuse_secrets([*args.overrides, *sum(sets, [])])
         refuse_secret_lines(args.setup)
         refuse_decided([*args.overrides, *sum(sets, [])], args.cpu)
@@ -350,7 +359,8 @@ def sbatch(path: Path) -> str:
     """Submit a prepared script; the job id. RuntimeError with sbatch's words if sbatch fails."""
     with _not_kept(path):
         try:
-            proc = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, timeout=60)
+            proc = subprocess.run(["sbatch", "--parsable", *directives(path), str(path)], capture_output=True,
+                                  text=True, timeout=60)   # the script's options beat SBATCH_* (directives)
         except FileNotFoundError:
             raise RuntimeError("sbatch not found: run this on a SLURM login node") from None
         except subprocess.TimeoutExpired as e:   # a hung controller was a TimeoutExpired traceback

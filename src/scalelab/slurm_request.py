@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -51,8 +52,9 @@ def check_times(time: str, signal_delay_s: int, names: tuple[str, str] = ("--tim
     """The time limit must leave MIN_TRAIN_BEFORE_SIGNAL_S of training before the USR1 warning, at
     worst: SLURM rounds the limit up to whole minutes, and may send the signal up to 60 s early
     (sbatch(1), --signal)."""
-    if int(signal_delay_s) < 0:
-        raise ValueError(f"{names[1]} {signal_delay_s} must be >= 0 (seconds before the time limit)")
+    if not 0 <= int(signal_delay_s) <= 65535:   # sbatch(1) --signal: "between 0 and 65535"
+        raise ValueError(f"{names[1]} {signal_delay_s} must be between 0 and 65535 (seconds before the time limit; "
+                         "SLURM's bound)")
     secs = time_seconds(time, names[0])
     if secs is None:
         return
@@ -71,7 +73,8 @@ def _over_time_limit(script: str) -> str | None:
     job is accepted and left PENDING (PartitionTimeLimit) for good, and `--wait` waited with it."""
     asked = re.search(r"^#SBATCH --time=(\S+)", script, re.M)
     named = re.search(r"^#SBATCH --partition=(\S+)", script, re.M)
-    # sbatch takes SBATCH_PARTITION from the environment where the script names none
+    # sbatch takes SBATCH_PARTITION from the environment where the script names none (where it
+    # names one, it is also on sbatch's command line, which beats the environment: directives)
     part = named.group(1) if named else os.environ.get("SBATCH_PARTITION", "").strip() or None
     if not asked or (part and "," in part):
         return None
@@ -121,14 +124,42 @@ REFUSED = ("Invalid partition", "More processors requested than permitted", "Nod
 NO_NODES = "Requested node configuration is not available"
 
 
-def _nodes_unavailable() -> bool:
-    """Whether sinfo lists any node down, drained, failing or in maintenance (or cannot say)."""
+def _partition(script: str) -> str | None:
+    """The partition the job goes to: the script's, else SBATCH_PARTITION's; None: the default one."""
+    named = re.search(r"^#SBATCH --partition=(\S+)", script, re.M)
+    part = shlex.split(named.group(1))[0] if named else os.environ.get("SBATCH_PARTITION", "").strip()
+    return part or None
+
+
+def _nodes_unavailable(partition: str | None = None) -> bool:
+    """Whether sinfo lists any node of PARTITION (all partitions where None) down, drained, failing
+    or in maintenance (or cannot say). Unscoped, one drained node anywhere on a real cluster (there
+    almost always is one) turned every impossible request into a warning and a submission."""
     try:
-        proc = subprocess.run(["sinfo", "-h", "-t", "down,drain,fail,maint,no_respond", "-o", "%D"],
-                              capture_output=True, text=True, timeout=30)
+        if partition is None:   # the default partition (sinfo marks it with *)
+            names = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30).stdout
+            partition = next((n.rstrip("*") for n in names.split() if n.endswith("*")), None)
+        proc = subprocess.run(["sinfo", "-h", *(["-p", partition] if partition else []), "-t",
+                               "down,drain,fail,maint,no_respond", "-o", "%D"], capture_output=True, text=True,
+                              timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return True
     return proc.returncode != 0 or any(int(n) > 0 for n in proc.stdout.split() if n.isdigit())
+
+
+def directives(script: Path) -> list[str]:
+    """The script's #SBATCH options as sbatch command-line arguments. sbatch(1): "Environment
+    variables will override any options set in a batch script, and command line options will
+    override any environment variables": a site's SBATCH_TIMELIMIT, SBATCH_SIGNAL or
+    SBATCH_NO_REQUEUE (profile.d) replaced the checked time limit, the warning signal the ranks
+    save on, and --requeue. Given on the command line, what was checked is what is submitted;
+    an option the script does not set (SBATCH_ACCOUNT, a partition it names none of) still comes
+    from the environment."""
+    out = []
+    for line in script.read_text().splitlines():
+        if line.startswith("#SBATCH "):
+            out += shlex.split(line[len("#SBATCH "):], comments=True)
+    return out
 
 
 def test_only(script: Path, asked: str) -> None:
@@ -137,7 +168,8 @@ def test_only(script: Path, asked: str) -> None:
     Any other answer (a slow or busy controller, a node down that a real submission would wait
     for, a test that does not return) is a warning, and the job is submitted as it would have been."""
     try:
-        proc = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(["sbatch", "--test-only", *directives(script), str(script)], capture_output=True,
+                              text=True, timeout=60)
     except FileNotFoundError:
         raise RuntimeError("sbatch not found: run this on a SLURM login node") from None
     except subprocess.TimeoutExpired:
@@ -155,7 +187,7 @@ def test_only(script: Path, asked: str) -> None:
     why = words[-1] if words else f"sbatch --test-only exited {proc.returncode}"
     why = re.sub(r"^(sbatch: error: |allocation failure: )", "", why)
     wrong = any(r.lower() in why.lower() for r in REFUSED) or (NO_NODES.lower() in why.lower()
-                                                                and not _nodes_unavailable())
+                                                                and not _nodes_unavailable(_partition(script.read_text())))
     if not wrong:
         print(f"[scalelab] warning: sbatch --test-only could not check the job ({why}): submitting it anyway",
               file=sys.stderr, flush=True)

@@ -218,10 +218,13 @@ def test_an_array_job_is_a_sweep_with_its_w_and_b_summary(tmp_path):
     `--wait` aggregates them as a local sweep: sweep.json, the comparison, the dashboard and, with
     the tasks' logger (W&B offline by default), the sweep's W&B summary run (it was not logged)."""
     name = f"array{os.getpid()}"
+    # a site's SBATCH_* defaults (profile.d) overrode the script's checked options: sbatch(1) puts the
+    # environment above the script, and the command line above both
+    site = {"SBATCH_TIMELIMIT": "00:03:00", "SBATCH_NO_REQUEUE": "1", "SBATCH_SIGNAL": "USR2@30"}
     try:
         proc = subprocess.run([*SLURM, *SUBMIT, "--job-name", name, "--array", "trainer.max_steps=6", "--array",
                                "trainer.max_steps=8", *FAST, "strategy=single", "logger.mode=offline"], cwd=tmp_path,
-                              env=env(), capture_output=True, text=True, timeout=300)
+                              env={**env(), **site}, capture_output=True, text=True, timeout=300)
     finally:   # a job left behind would hold the one-node cluster's slots for the next tests
         subprocess.run(["scancel", f"--name={name}"], capture_output=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -232,6 +235,12 @@ def test_an_array_job_is_a_sweep_with_its_w_and_b_summary(tmp_path):
     summary = json.loads((root / "sweep.json").read_text())
     assert summary["num_completed"] == 2 and summary.get("wandb_run_id")
     assert (root / "report.html").is_file() and list((root / "wandb").glob("offline-run-*"))
+    job = re.search(r"Submitted batch job (\d+)", proc.stdout).group(1)
+    shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    limits = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "Timelimit", "-j", job], capture_output=True,
+                            text=True).stdout.split()
+    assert set(limits) == {"00:10:00"}, limits                    # the script's --time, not 00:03:00
+    assert not shown or ("Requeue=1" in shown and "TimeLimit=00:10:00" in shown), shown
 
 
 def test_recommend_verifies_its_candidates_as_slurm_jobs(tmp_path):

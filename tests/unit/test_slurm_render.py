@@ -25,11 +25,15 @@ def test_two_nodes_four_gpus_render_srun_line_and_environment(tmp_path):
                  "#SBATCH --qos=high", "#SBATCH --time=02:00:00", "#SBATCH --requeue",
                  "#SBATCH --signal=USR1@120", "#SBATCH --open-mode=append", "module load cuda/12.4"):
         assert line in script.splitlines(), line
+    lines = script.splitlines()   # setup runs outside `set -u` (conda's activation reads unset variables)
+    assert lines.index("set +u") < lines.index("module load cuda/12.4") < lines.index("set -u")
     assert f'export SCALELAB_RUN_DIR={tmp_path}/"$SLURM_JOB_ID"-S' in script   # stable across requeues
     assert "launcher=srun trainer.num_nodes=2 trainer.devices=4 strategy=fsdp model=gpt_small" in script
     assert script.splitlines()[-1].startswith("exec ")   # the batch step is the Hydra job (gets --batch signals)
     cmd = launch.rank_command("srun", 2, 4, Path("/jobs/j"))
-    assert cmd[:5] == ["srun", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--kill-on-bad-exit=1"]
+    # block: node K holds ranks K*4.. whatever SLURM_DISTRIBUTION the batch job has (cyclic interleaved them)
+    assert cmd[:6] == ["srun", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--distribution=block",
+                       "--kill-on-bad-exit=1"]
     assert "--export=ALL" in cmd   # whatever the batch job's --export (NONE: the ranks had only SLURM_*)
     assert cmd[-3:] == ["-m", "scalelab.worker", "/jobs/j"]
     job = {"SLURM_JOB_ID": "4711234", "SLURM_JOB_NODELIST": "gpu-[07-08]", "SLURM_RESTART_COUNT": "2",
@@ -164,3 +168,14 @@ def test_srun_cpus_per_task_from_the_allocation():
     # the ranks' threads over the allocation's cores (6 CPUs per task x 4 ranks), not this host's
     assert threads_per_rank(None, 4, "gpu", 6 * 4) == 6 and threads_per_rank("auto", 4, "cpu", 6 * 4) == 6
     assert threads_per_rank(None, 4, "cpu", 6 * 4) == 1 and threads_per_rank(2, 4, "gpu", 6 * 4) == 2
+
+
+def test_setup_lines_that_read_unset_variables_run_and_the_script_is_strict_after(tmp_path):
+    # conda's activation scripts read unset variables: under `set -u` the job failed after its queue wait
+    script = slurm.render(1, 1, ["strategy=single"], False, "00:30:00", None, 1, "scalelab", str(tmp_path),
+                          setup=['echo "setup saw [${SCALELAB_NEVER_SET_X}]"'], stamp="S")
+    head = script[:script.index("# The run dir")]   # up to the job's own lines
+    proc = subprocess.run(["bash", "-c", head + 'echo "after: ${SCALELAB_NEVER_SET_Y}"'], capture_output=True,
+                          text=True, cwd=tmp_path)
+    assert "setup saw []" in proc.stdout, proc.stderr
+    assert proc.returncode != 0 and "SCALELAB_NEVER_SET_Y: unbound variable" in proc.stderr   # strict again

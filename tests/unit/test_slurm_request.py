@@ -32,8 +32,10 @@ def test_the_limit_must_leave_two_minutes_before_the_warning_signal():
     check_times("3", 0)                     # 180 - 0 - 60 = 120 s, no warning delay
     check_times("UNLIMITED", 90)
     check_times("0", 90)
-    with pytest.raises(ValueError, match="--signal-delay -1 must be >= 0"):
-        check_times("10", -1)
+    for bad in (-1, 65536):   # sbatch(1) --signal: sig_time "between 0 and 65535" (submitted, then sbatch refused it)
+        with pytest.raises(ValueError, match=f"^--signal-delay {bad} must be between 0 and 65535"):
+            check_times("3-00:00:00", bad)
+    check_times("3-00:00:00", 65535)
 
 
 def test_launcher_settings_are_checked(monkeypatch):

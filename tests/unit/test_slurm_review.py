@@ -200,3 +200,58 @@ def test_login_keys_quoted_or_prefixed_and_quoted_run_dirs():
     for line in ("wandb login --host https://w.corp", f"wandb login $KEY && git checkout {key}"):
         assert not literal_secret(line)
     assert [slurm._unquoted(v) for v in ("'runB'", '"a b"', "runC", "'x")] == ["runB", "a b", "runC", "'x"]
+
+
+def test_a_secret_given_to_a_flag_or_known_by_its_prefix_is_a_literal_secret():
+    # `huggingface-cli login --token hf_...` passed the KEY=VALUE checks and went into the job script
+    from scalelab.results.record import literal_secret, redact_text
+
+    hf, gh = "hf_" + "a1B2c3D4e5" * 3, "ghp_" + "Z9y8X7w6V5" * 3
+    for line, secret in ((f"huggingface-cli login --token {hf}", hf), ("mytool --api-key abc123xyz", "abc123xyz"),
+                         ('cmd --password "two words"', '"two words"'), (f"git clone https://{gh}@github.com/o/r", gh),
+                         (f"export HF_HOME=/scratch X={hf}", hf)):
+        assert literal_secret(line) and secret not in redact_text(line), line
+        with pytest.raises(ValueError, match="would write a secret into the SLURM job script"):
+            slurm.refuse_secret_lines([line])
+    for line in ("huggingface-cli login --token $HF_TOKEN", 'tool --token "${TOK}"', "python x.py --token-file ~/.t",
+                 "run --auth-token -v", "echo --tokens 5", "module load cuda/12.4"):
+        assert not literal_secret(line) and redact_text(line) == line, line
+
+
+@pytest.mark.parametrize("args, line", [
+    (["hydra.launcher.gpus_per_node=1", "trainer.devices=1,2"],
+     "error: hydra.launcher.gpus_per_node=1 is below job #1's trainer.devices=2 (a rank per GPU): give "
+     "gpus_per_node=auto (= trainer.devices) or more, or trainer.accelerator=cpu for a CPU job\n"),
+    (["hydra.launcher.job_name=team/exp1"],
+     "error: hydra.launcher.job_name='team/exp1' has a '/': it names the job's log file, not a folder (give the "
+     "folder with --log-dir)\n")])
+def test_a_slurm_sweep_the_jobs_could_not_run_is_refused_before_submitting(tmp_path, args, line):
+    # too few GPUs failed in each job's worker after its queue wait; a '/' in the name lost the job's log
+    from ..conftest import TRAIN, env
+
+    proc = subprocess.run([*TRAIN, "-m", "hydra/launcher=slurm", "model=gpt_nano", *args,
+                           f"hydra.sweep.dir={tmp_path / 'sw'}"], cwd=tmp_path, env=env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == line, proc.stderr
+    assert not (tmp_path / "sw").exists()
+
+
+def test_a_node_shape_the_partition_lacks_is_refused_whatever_is_drained_elsewhere(tmp_path, monkeypatch):
+    """`sbatch --test-only` answers "Requested node configuration is not available" both for a
+    request no node has (8 GPUs on 4-GPU nodes) and while the nodes that have it are down. A drained
+    node in another partition (a real cluster nearly always has one) made every such request a
+    warning and a submission; only the job's own partition counts."""
+    from scalelab import slurm_request
+
+    _fake(tmp_path, "sbatch", 'echo "sbatch: error: Requested node configuration is not available" >&2; exit 1')
+    # `-t down,...` lists 3 drained nodes of `cpu` and none of `gpu`; the default partition is gpu
+    _fake(tmp_path, "sinfo", 'case "$*" in *"-o %P"*) echo "gpu*"; echo cpu ;; *"-p gpu"*) echo 0 ;; '
+                             '*"-p cpu"*) echo 3 ;; *"-t "*) echo 3 ;; *) echo "gpu*|1|64|gpu:4|1-00:00:00" ;; esac')
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.delenv("SBATCH_PARTITION", raising=False)
+    for script in ("#SBATCH --partition=gpu\n", ""):                  # named, and the default
+        (tmp_path / "job.sbatch").write_text(f"#!/bin/bash\n{script}#SBATCH --gpus-per-node=8\n")
+        with pytest.raises(ValueError, match="^SLURM would never start this job \\(Requested node configuration"):
+            slurm_request.test_only(tmp_path / "job.sbatch", "1 node(s) x 8 GPU(s)")
+    (tmp_path / "job.sbatch").write_text("#!/bin/bash\n#SBATCH --partition=cpu\n")   # its own nodes are down
+    slurm_request.test_only(tmp_path / "job.sbatch", "1 node(s)")     # a warning: a real job would wait for them

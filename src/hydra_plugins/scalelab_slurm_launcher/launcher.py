@@ -49,6 +49,7 @@ class ScalelabSlurmLauncher(Launcher):
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         scrub_file(sweep_dir / "multirun.yaml")
         jobs, scripts = [], []  # (num, overrides, cfg, job dir, SLURM id); the same with the script's path
+        rendered = []           # the same with the script's text and its request in words, before any check
         try:
             check_settings(p)
             check_config_source(sys.argv)
@@ -73,6 +74,10 @@ class ScalelabSlurmLauncher(Launcher):
                 cpu = str(t.accelerator) == "cpu"
                 gpus = 0 if cpu else (int(t.devices) if p.get("gpus_per_node", "auto") == "auto"
                                       else int(p["gpus_per_node"] or 0))
+                if not cpu and gpus < int(t.devices):   # failed in the worker (too few GPUs) after the queue wait
+                    raise ValueError(f"hydra.launcher.gpus_per_node={gpus} is below job #{num}'s trainer.devices="
+                                     f"{t.devices} (a rank per GPU): give gpus_per_node=auto (= trainer.devices) or "
+                                     "more, or trainer.accelerator=cpu for a CPU job")
                 args = [*carried, *(o for o in overrides if not o.lstrip("+~").startswith(("launcher=", "hydra.")))]
                 cpus = slurm.cpus_per_task(p.get("cpus_per_task"), cpu)
                 script = slurm.render(int(t.num_nodes), int(t.devices), args, gpus, p.get("time", "01:00:00"),
@@ -80,12 +85,16 @@ class ScalelabSlurmLauncher(Launcher):
                                       account=p.get("account"), qos=p.get("qos"), setup=list(p.get("setup") or []),
                                       signal_delay_s=int(p.get("signal_delay_s", 90)), run_dir=str(job_dir),
                                       sweep=(str(sweep_dir), num))
-                # every job's request checked by the scheduler before the first is submitted
                 request = slurm.asked(int(t.num_nodes), int(t.devices), cpus, gpus, p.get("partition"),
                                       p.get("time", "01:00:00"))
-                path = slurm.prepare(script, sweep_dir / "slurm" / f"job{num}.sbatch",
-                                     asked=f"job #{num} ({' '.join(filter_overrides(overrides))}): {request}")
-                scripts.append((num, list(overrides), cfg, job_dir, path))
+                rendered.append((num, list(overrides), cfg, job_dir, script,
+                                 f"job #{num} ({' '.join(filter_overrides(overrides))}): {request}"))
+            # every job's request checked by the scheduler (after every job's own checks: a bad job
+            # further down was found only after the scheduler was asked about the first) before the
+            # first is submitted
+            for num, overrides, cfg, job_dir, script, asked in rendered:
+                path = slurm.prepare(script, sweep_dir / "slurm" / f"job{num}.sbatch", asked=asked)
+                scripts.append((num, overrides, cfg, job_dir, path))
             for num, overrides, cfg, job_dir, path in scripts:
                 job_id = slurm.sbatch(path)
                 log.info(f"[scalelab] #{num} SLURM job {job_id}: {' '.join(filter_overrides(overrides))}")
@@ -177,7 +186,9 @@ def check_settings(p: dict) -> None:
         raise ValueError(f"hydra.launcher.gpus_per_node={gpus!r} must be auto (trainer.devices) or an integer >= 0")
     check_times(str(p.get("time", "01:00:00")), p.get("signal_delay_s", 90),
                 ("hydra.launcher.time", "hydra.launcher.signal_delay_s"))
-    from scalelab.slurm import refuse_secret_lines
+    from scalelab.slurm import check_job_name, refuse_secret_lines
+
+    check_job_name(p.get("job_name", "scalelab"), "hydra.launcher.job_name")
 
     # each line goes into every job's script as written, as `scalelab slurm --setup` lines do
     refuse_secret_lines(list(p.get("setup") or []), "hydra.launcher.setup")

@@ -44,6 +44,15 @@ def secret_values() -> set[str]:
 # (quoted or not; an on-prem server's keys carry a prefix: local-<40+>)
 _LOGIN_KEY = re.compile(r"\bwandb\s+login\b[^\n;&|]*?\s[\"']?((?:\w+-)?\w{40,})(?=[\"']?(?:\s|$|[;&|]))", re.I)
 
+# `--token VALUE` / `--api-key VALUE` (a CLI's secret flag, space-separated: `huggingface-cli login
+# --token hf_...` passed every KEY=VALUE check and went into the job script); and tokens that say
+# what they are by their prefix wherever they stand (Hugging Face, GitHub, OpenAI-style, Slack)
+_FLAG_SECRET = re.compile(r"((?:^|(?<=\s))--?[\w-]*?(?:api[_-]?key|access[_-]?key|private[_-]?key|token(?![a-z])|"
+                          r"secret|password|passwd|credential)[\w-]*(?<![-_]file)(?<![-_]path)(?<![-_]dir)\s+)(?!<redacted>)(?!-)(\"[^\"]*\"|'[^']*'|\S+)",
+                          re.I)
+_PREFIXED = re.compile(r"\b(?:hf_[A-Za-z0-9]{20,}|ghp_[A-Za-z0-9]{20,}|github_pat_\w{20,}|sk-[A-Za-z0-9_-]{20,}|"
+                       r"xox[abprs]-[\w-]{10,})")
+
 
 def redact_text(text: str) -> str:
     """`text` with every known secret value and every secret-named KEY=VALUE's value replaced."""
@@ -53,6 +62,9 @@ def redact_text(text: str) -> str:
         if v in text:
             text = text.replace(v, REDACTED)
     text = _LOGIN_KEY.sub(lambda m: m.group(0).replace(m.group(1), REDACTED), text)
+    text = _PREFIXED.sub(REDACTED, text)
+    text = _FLAG_SECRET.sub(lambda m: m.group(1) + (m.group(2) if m.group(2).strip("\"'").startswith("$")
+                                                   else REDACTED), text)
     return _SECRET_ASSIGN.sub(lambda m: m.group(1) + REDACTED, text)
 
 
@@ -72,9 +84,10 @@ def literal_secret(text: str) -> bool:
     """Whether `text` (a shell line) holds a secret as written: a known secret value, a
     secret-named KEY=VALUE whose value is not a reference the shell expands ($VAR, ${VAR}, $(...)),
     or a key given to `wandb login`."""
-    if any(v in text for v in secret_values()) or _LOGIN_KEY.search(text):
+    if any(v in text for v in secret_values()) or _LOGIN_KEY.search(text) or _PREFIXED.search(text):
         return True
-    return any(not m.group(2).strip("\"'").startswith("$") for m in _SECRET_ASSIGN.finditer(text))
+    return any(not m.group(2).strip("\"'").startswith("$")
+               for m in (*_SECRET_ASSIGN.finditer(text), *_FLAG_SECRET.finditer(text)))
 
 
 def scrub(obj: Any) -> Any:
