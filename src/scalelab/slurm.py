@@ -48,13 +48,16 @@ def check_job_name(name: str, flag: str) -> None:
 def render(nodes: int, devices: int, overrides: list[str], gpus: int | bool, time: str, partition: str | None,
            cpus_per_task: int, job_name: str, log_dir: str, *, account: str | None = None, qos: str | None = None,
            setup: list[str] = (), signal_delay_s: int = 90, array: list[list[str]] | None = None,
-           run_dir: str | None = None, stamp: str | None = None, sweep: tuple[str, int] | None = None) -> str:
+           run_dir: str | None = None, stamp: str | None = None, sweep: tuple[str, int] | None = None,
+           gres: bool = False) -> str:
     """The batch script. run_dir: the job's run dir (a sweep job's); else one keyed by the job id
     under log_dir (`<id>-<stamp>`; an array's tasks under `<array id>-<stamp>/<task>`).
-    array: one override list per array task. sweep: (sweep dir, job number) for a sweep's job."""
+    array: one override list per array task. sweep: (sweep dir, job number) for a sweep's job.
+    gres: the GPUs as --gres=gpu:N (a site without select/cons_tres refuses --gpus-per-node)."""
     gpus = devices if gpus is True else int(gpus or 0)
     lines = [f"#SBATCH --{k}={sbatch_value('--' + k, v)}\n" for k, v in
-             (("gpus-per-node", gpus or None), ("partition", partition), ("account", account), ("qos", qos),
+             (("gpus-per-node", gpus if gpus and not gres else None), ("gres", f"gpu:{gpus}" if gpus and gres else None),
+              ("partition", partition), ("account", account), ("qos", qos),
               ("time", time), ("array", f"0-{len(array) - 1}" if array else None)) if v]
     log = Path(log_dir).resolve()
     stamp = stamp or datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -90,6 +93,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--devices", type=int, help="ranks (GPUs) per node (default: trainer.devices=N among the "
                                               "overrides, else 1)")
     p.add_argument("--cpu", action="store_true", help="no GPUs (gloo ranks on CPU cores)")
+    p.add_argument("--gres", action="store_true", help="ask for the GPUs as --gres=gpu:N, not --gpus-per-node=N "
+                                                       "(sites without select/cons_tres)")
     p.add_argument("--time", default="01:00:00")
     p.add_argument("--partition")
     p.add_argument("--account")
@@ -169,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     cpus = cpus_per_task(args.cpus_per_task, args.cpu)
     script = render(nodes, devices, overrides, not args.cpu, args.time, args.partition, cpus,
                     args.job_name, args.log_dir, account=args.account, qos=args.qos, setup=args.setup,
-                    signal_delay_s=args.signal_delay, array=sets or None, stamp=stamp)
+                    signal_delay_s=args.signal_delay, array=sets or None, stamp=stamp, gres=args.gres)
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)  # sbatch does not create --output's folder
     if args.action == "render":
         if args.out:

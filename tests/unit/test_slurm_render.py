@@ -179,3 +179,16 @@ def test_setup_lines_that_read_unset_variables_run_and_the_script_is_strict_afte
                           text=True, cwd=tmp_path)
     assert "setup saw []" in proc.stdout, proc.stderr
     assert proc.returncode != 0 and "SCALELAB_NEVER_SET_Y: unbound variable" in proc.stderr   # strict again
+
+
+def test_gres_asks_for_the_gpus_the_old_way(tmp_path, capsys):
+    # a site without select/cons_tres refuses --gpus-per-node; SBATCH_GRES beside it did not replace it
+    from scalelab.cli import main
+
+    lines = slurm.render(2, 4, ["strategy=ddp"], True, "02:00:00", None, 8, "scalelab", str(tmp_path), stamp="S",
+                         gres=True).splitlines()
+    assert "#SBATCH --gres=gpu:4" in lines and not any("gpus-per-node" in x for x in lines)
+    with pytest.raises(SystemExit) as done:
+        main(["slurm", "render", "--gres", "--devices", "2", "--log-dir", str(tmp_path), "model=gpt_nano"])
+    out = capsys.readouterr().out.splitlines()
+    assert done.value.code == 0 and "#SBATCH --gres=gpu:2" in out and not any("gpus-per-node" in x for x in out)

@@ -14,6 +14,7 @@ class ScalelabSlurmConf:
     time: str = "01:00:00"               # per job (sbatch --time)
     cpus_per_task: Optional[int] = None  # per rank; None: 1 with trainer.accelerator=cpu, else 8
     gpus_per_node: Any = "auto"          # auto: trainer.devices unless trainer.accelerator=cpu; or a number
+    gres: bool = False                   # ask for them as --gres=gpu:N (sites without select/cons_tres)
     account: Optional[str] = None
     qos: Optional[str] = None
     setup: List[str] = field(default_factory=list)  # shell lines before the job: ["module load cuda/12.4"]

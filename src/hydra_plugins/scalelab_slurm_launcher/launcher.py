@@ -84,7 +84,7 @@ class ScalelabSlurmLauncher(Launcher):
                                       p.get("partition"), cpus, p.get("job_name", "scalelab"), str(sweep_dir / "slurm"),
                                       account=p.get("account"), qos=p.get("qos"), setup=list(p.get("setup") or []),
                                       signal_delay_s=int(p.get("signal_delay_s", 90)), run_dir=str(job_dir),
-                                      sweep=(str(sweep_dir), num))
+                                      sweep=(str(sweep_dir), num), gres=bool(p.get("gres", False)))
                 request = slurm.asked(int(t.num_nodes), int(t.devices), cpus, gpus, p.get("partition"),
                                       p.get("time", "01:00:00"))
                 rendered.append((num, list(overrides), cfg, job_dir, script,

@@ -48,8 +48,8 @@ _LOGIN_KEY = re.compile(r"\bwandb\s+login\b[^\n;&|]*?\s[\"']?((?:\w+-)?\w{40,})(
 # --token hf_...` passed every KEY=VALUE check and went into the job script); and tokens that say
 # what they are by their prefix wherever they stand (Hugging Face, GitHub, OpenAI-style, Slack)
 _FLAG_SECRET = re.compile(r"((?:^|(?<=\s))--?[\w-]*?(?:api[_-]?key|access[_-]?key|private[_-]?key|token(?![a-z])|"
-                          r"secret|password|passwd|credential)[\w-]*(?<![-_]file)(?<![-_]path)(?<![-_]dir)\s+)(?!<redacted>)(?!-)(\"[^\"]*\"|'[^']*'|\S+)",
-                          re.I)
+                          r"secret|password|passwd|credential)[\w-]*(?<![-_]file)(?<![-_]path)(?<![-_]dir)\s+)"
+                          r"(?!<redacted>)(?!-)(\"[^\"]*\"|'[^']*'|\S+)", re.I)
 _PREFIXED = re.compile(r"\b(?:hf_[A-Za-z0-9]{20,}|ghp_[A-Za-z0-9]{20,}|github_pat_\w{20,}|sk-[A-Za-z0-9_-]{20,}|"
                        r"xox[abprs]-[\w-]{10,})")
 
