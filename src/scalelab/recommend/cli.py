@@ -159,6 +159,9 @@ def _request(a: argparse.Namespace):
     cpu = hw.kind == "cpu"     # not the name: a cpu profile `workstation` got bf16 and a GPU check
     precisions = tuple(normalize_precision(p) for p in _list(a.precision or ("32" if cpu else "bf16-mixed"),
                                                               "--precision"))
+    if cpu and "fp16-mixed" in precisions:   # every layout "refused by the trainer", then exit 1 (review)
+        raise PlanError(f"--precision {a.precision}: fp16 mixed precision needs a GPU (the trainer refuses it on CPU), "
+                        f"and --hardware {a.hardware} is a CPU profile; valid there: 32, bf16-mixed")
     ckpt = _list(a.activation_checkpointing, "--activation-checkpointing", CHECKPOINTING)
     batches = _list(a.global_batch or str(_default_batch()), "--global-batch", cast=int)
     if any(b < 1 for b in batches):
@@ -244,4 +247,8 @@ def _lr_base(a, opt: str) -> tuple[float, int]:
 
 
 def command_line(overrides: list[str]) -> str:
-    return "scalelab-train " + " ".join(shlex.quote(o) for o in overrides)
+    """The command to copy: this environment's scalelab-train as it runs from here (paths.command:
+    the bare name was 'command not found' without an activated venv)."""
+    from scalelab.paths import command
+
+    return command("scalelab-train") + " " + " ".join(shlex.quote(o) for o in overrides)

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from scalelab.paths import command
 from scalelab.plan.spec import PlanError
 
 from . import lr as lr_mod
@@ -15,7 +16,7 @@ from scalelab.plan.hardware import devices_per_node_warning
 from scalelab.plan.report import fmt_bytes, fmt_time
 
 from .rank import PLANNER_MARGIN, SIMPLICITY, best_per_strategy, break_ties, rank, reason, score, tokens_per_s
-from .report import fmt_count, fmt_score, lr_table, ranking_rows, text_table, verify_rows, write_all
+from .report import BATCH_CAVEAT, fmt_count, fmt_score, lr_table, ranking_rows, text_table, verify_rows, write_all
 from .space import MEMORY_PRUNES, Candidate, Request, enumerate_candidates, train_overrides, unrunnable
 
 # Run-to-run spread of one short run's throughput on a shared host (README: 10-25 % between runs of
@@ -97,7 +98,8 @@ def recommend(req: Request, *, objective: str, tokens=None, budget_s=None, verif
     extra = list(extra or [])
     t0 = time.perf_counter()
     smallest: dict[str, float] = {}
-    cands, pruned = enumerate_candidates(req, smallest)
+    unsplit: dict[str, set] = {}
+    cands, pruned = enumerate_candidates(req, smallest, unsplit)
     excluded = unrunnable(req)
     ranked = rank(cands, objective, req.hardware, tokens, budget_s)
     # the tie over every strategy's best the trainer accepts, then cut for display: cut first, the
@@ -110,7 +112,8 @@ def recommend(req: Request, *, objective: str, tokens=None, budget_s=None, verif
            "search": {"built": len(cands) + sum(pruned.values()), "fitting": len(cands),
                       "pruned_total": sum(pruned.values()), "pruned": pruned, "strategies_fitting":
                       len(best_per_strategy(ranked)), "seconds": round(time.perf_counter() - t0, 2),
-                      "excluded": excluded, "fits_nowhere": _fits_nowhere(req, cands, smallest, excluded)},
+                      "excluded": excluded, "fits_nowhere": _fits_nowhere(req, cands, smallest, excluded),
+                      "batch_unsplit": _batch_unsplit(req, cands, unsplit, excluded)},
            "ranking": [{**candidate_doc(c, ov, req, objective, tokens, budget_s), "predicted_rank": r,
                         "tied": bool(tie) and c.strategy in tie["strategies"]}
                        for (c, ov), r in zip(shown, predicted_rank)],
@@ -128,6 +131,17 @@ def recommend(req: Request, *, objective: str, tokens=None, budget_s=None, verif
         doc["lr"] = {"advice": {**lr_mod.advice(req.optimizer, base_lr, base_batch, req.global_batches[0]),
                                 "caveat": lr_caveat}}
         _finish(doc, out, [], [], say)
+        if not cands and smallest:   # the closest layout and what it lacks (the whole prune tally: in the json)
+            name = min(smallest, key=smallest.get)
+            hw = req.hardware
+            print(f"error: {why}: the closest is {name}, whose smallest layout needs {fmt_bytes(smallest[name])} per "
+                  f"device; {hw.name} has {fmt_bytes(hw.memory_bytes)}"
+                  + (f" ({fmt_bytes(hw.memory_bytes * (1 - req.headroom))} less the {req.headroom:.0%} headroom)"
+                     if req.headroom else "")
+                  + ": more devices or nodes (sharded states shrink with them), "
+                  "--activation-checkpointing full, or a smaller model (recommendation.json: search.pruned)",
+                  file=sys.stderr)
+            return doc
         print(f"error: {why}; pruned: " + "; ".join(f"{k} ({v})" for k, v in pruned.items()), file=sys.stderr)
         return doc
     winner, source = doc["ranking"][0], "the planner's first"
@@ -256,7 +270,8 @@ def _verify(chosen, doc, req, objective, tokens, steps, repeats, out: Path, extr
     launch = V.slurm_overrides(cands, req.hardware.kind) if slurm else []
     argv = V.candidates_command(cands, [ov for _, ov in chosen], out, steps, launch + extra, repeats)
     rc, wall = _multirun(argv, out / "verify.log", "verification", say,
-                         f"verifying the top {len(cands)}: scalelab-train {' '.join(argv)}\n  (log: {out / 'verify.log'})")
+                         f"verifying the top {len(cands)}: {command('scalelab-train')} {' '.join(argv)}\n  (log: "
+                         f"{out / 'verify.log'})")
     ranking, best, note = measured_ranking(cands, V.records_by_candidate(out / "verify"), objective, req, tokens)
     from scalelab.results.record import read_records
     from scalelab.results.sweep import aggregate
@@ -305,7 +320,7 @@ def _lr_check(winner: dict, adv: dict, out: Path, steps: int, extra, slurm, cand
     keep = [o for o in winner["overrides"] if not o.startswith(("optim.lr=", "lr_scaling"))]
     argv = ["-m", *V.with_extra([*launch, *extra]), *keep, *grid, f"hydra.sweep.dir={(out / 'lr_check').resolve()}",
             *V.short_run(steps)]
-    rc, wall = _multirun(argv, out / "lr_check.log", "LR check", say, f"LR check: scalelab-train {' '.join(argv)}")
+    rc, wall = _multirun(argv, out / "lr_check.log", "LR check", say, f"LR check: {command('scalelab-train')} {' '.join(argv)}")
     runs = V.lr_rows(out / "lr_check", varied)
     best = V.best_lr_run(runs)     # a diverged run (NaN/inf loss) is shown, never picked
     from scalelab.results.record import read_records
@@ -344,6 +359,8 @@ def _say_ranking(doc: dict, say) -> None:
             f"guessed for --params {fmt_count(m['params_asked'] or m['n_params'])})")
     if doc["ranking"]:
         say(text_table(*ranking_rows(doc)))
+        if len(doc["request"]["global_batches"]) > 1:
+            say(BATCH_CAVEAT)
     # a strategy with no layout at all (tp at vocab 50257) was missing from the table without a word
     by_reason: dict[str, list[str]] = {}
     for name, why in s.get("excluded", {}).items():
@@ -351,15 +368,46 @@ def _say_ranking(doc: dict, say) -> None:
     for why, names in by_reason.items():
         say(f"not searched: {', '.join(names)}: {why}")
     # searched, but no layout fits (ddp at 7B on 80 GB devices): left out of the table without a word
+    unsplit = s.get("batch_unsplit") or {}
+    at_batch: dict[str, list[str]] = {}   # never built: the batch, not memory (it said memory), one line per why
     for name, least in s.get("fits_nowhere", {}).items():
+        if least is None and name in unsplit:
+            at_batch.setdefault(unsplit[name], []).append(name)
+    for why, names in at_batch.items():
+        say(f"no layout at this batch: {', '.join(names)}: {why}")
+    for name, least in s.get("fits_nowhere", {}).items():
+        if least is None and name in unsplit:
+            continue
         say(f"fits nowhere: {name}: " + (f"its smallest layout needs {fmt_bytes(least)} per device"
                                          if least else "no layout fits the node's host memory or the planner "
-                                         "refused each (recommendation.json search.pruned says which)"))
+                                         "refused each (recommendation.json search.pruned says which)")
+            + (f"; and {unsplit[name]}" if name in unsplit else ""))
     for note in ((doc.get("tie") or {}).get("note"), (doc.get("budget") or {}).get("note")):
         if note:
             say(note)
     for r in doc["rejected_by_trainer"]:
         say(f"refused by the trainer: {r['layout']}: {r['error']}")
+
+
+def _batch_unsplit(req: Request, cands, unsplit: dict, excluded: dict) -> dict:
+    """{strategy: why in words} of each strategy searched with no layout in the ranking whose
+    layouts the global batch did not divide (6 devices, batch 16: ddp, fsdp and ZeRO "fit nowhere",
+    said as a memory problem, and a pipeline was recommended at 2/3 of ddp's speed at batch 24),
+    with the nearest global batches its data-parallel degrees divide."""
+    fitting = {c.strategy for c in cands}
+    out = {}
+    for name, pairs in unsplit.items():
+        if name in fitting or name in excluded:
+            continue
+        batches = sorted({gb for gb, _ in pairs})
+        dps = sorted({dp for _, dp in pairs})
+        near = sorted({x for gb, dp in pairs for x in (gb // dp * dp, (gb // dp + 1) * dp) if x > 0},
+                      key=lambda x: (min(abs(x - gb) for gb in batches), x))[:3]
+        out[name] = (f"global batch {', '.join(map(str, batches))} does not split over its "
+                     f"{', '.join(map(str, dps))} data-parallel ranks; --global-batch "
+                     f"{', '.join(map(str, sorted(near)[:-1]))}{' or ' if len(near) > 1 else ''}{sorted(near)[-1]} "
+                     "would")
+    return out
 
 
 def _fits_nowhere(req: Request, cands, smallest: dict, excluded: dict) -> dict:

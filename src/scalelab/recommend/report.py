@@ -40,14 +40,25 @@ def ranking_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
     # 'pred #' the order by prediction alone
     head = ["#", "strategy", "devices", "dp", "tp", "pp", "micro x m", "ckpt", "precision", "memory/device",
             f"predicted ({_UNIT[obj]})", "pred #", "bound", "why"]
+    # several --global-batch values searched: which a row is (worked out from micro x m x dp before)
+    batches = len((doc.get("request") or {}).get("global_batches") or []) > 1
+    if batches:
+        head.insert(6, "batch")
     rows = []
     for i, c in enumerate(doc["ranking"], 1):
         pred = str(c.get("predicted_rank", i)) + (" tie" if c.get("tied") else "")
         rows.append([str(i), c["strategy"], f"{c['nodes']}x{c['devices']}", str(c["dp"]), str(c["tp"]), str(c["pp"]),
+                     *([str(c["global_batch"])] if batches else []),
                      f"{c['micro_batch']} x {c['micro_batches']}", c["activation_checkpointing"], c["precision"],
                      fmt_bytes(c["predicted_total_bytes"]), fmt_score(obj, c["predicted_score"]), pred,
                      c["reason"]["bound"], c["reason"]["text"]])
     return head, rows
+
+
+# under a ranking of several global batches: throughput rises with the batch, what a step learns does not
+BATCH_CAVEAT = ("note: several global batches searched: a larger batch's higher throughput is not faster training "
+                "(fewer optimizer steps per sample; the LR must follow it): compare batches by the loss they reach "
+                "(--verify's LR check, or a sweep)")
 
 
 def verify_rows(doc: dict) -> tuple[list[str], list[list[str]]]:

@@ -123,7 +123,8 @@ def no_degree_reason(strategy: str, model: ModelSpec, devices: int, nodes: int) 
                 blocking.setdefault(dim, []).append(t)
         said = "; ".join(f"{what} {v} is not divisible by tp {', '.join(map(str, ts))}"
                          for (what, v), ts in blocking.items())
-        hint = (f" (a vocabulary padded to {padded_vocab(model.vocab, max(tps))} would split)"
+        pad = padded_vocab(model.vocab, max(tps))   # the flag too: the hint named no way to ask for it (review)
+        hint = (f" (a vocabulary padded to {pad} would split: --vocab {pad}, as Megatron and nanoGPT pad GPT-2's)"
                 if any(what == "vocab_size" for what, _ in blocking) else "")
         return (f"no tp degree inside a node of {devices} divides the model (scalelab-train splits heads, width, "
                 f"MLP width and vocabulary tp ways): {said}{hint}")
@@ -257,9 +258,11 @@ TOO_BIG, HOST_TOO_SMALL = "does not fit device memory", "offloaded states do not
 MEMORY_PRUNES = (TOO_BIG, HOST_TOO_SMALL)
 
 
-def enumerate_candidates(req: Request, smallest: dict | None = None) -> tuple[list[Candidate], dict]:
+def enumerate_candidates(req: Request, smallest: dict | None = None,
+                         unsplit: dict | None = None) -> tuple[list[Candidate], dict]:
     """Every point of the space that fits device memory, and a tally of what was pruned and why.
-    SMALLEST, where given, gets each strategy's least device memory of a layout built too big."""
+    SMALLEST, where given, gets each strategy's least device memory of a layout built too big;
+    UNSPLIT each strategy's (global batch, dp) pairs that did not divide (its layouts never built)."""
     pruned: dict[str, int] = {}
 
     def prune(why: str, n: int = 1) -> None:
@@ -281,6 +284,8 @@ def enumerate_candidates(req: Request, smallest: dict | None = None) -> tuple[li
                 for gb in req.global_batches:
                     if gb % dp:
                         prune(f"global batch not divisible by the {dp} data-parallel ranks")
+                        if unsplit is not None:
+                            unsplit.setdefault(name, set()).add((gb, dp))
                         continue
                     for micro, m in batch_splits(name, gb // dp, pp, req.max_micro_batches):
                         for ckpt in req.checkpointing:
