@@ -42,13 +42,21 @@ run() {
     if [ -n "${DRY_RUN:-}" ]; then echo "$*"; else "$@"; fi
 }
 
+# The baseline pass is single on 1 rank whatever narrows the main pass: a user's strategy=ddp (a
+# task override, which beats the sweeper's params) made the "one-rank baseline" a ddp run.
+alone=()
+for a in "$@"; do
+    case $a in strategy=*|+strategy=*|++strategy=*|trainer.devices=*|++trainer.devices=*) ;; *) alone+=("$a") ;; esac
+done
 failed=0
 for seed in ${seeds//,/ }; do
-    run "$train" -m "experiment=$experiment" "hydra.sweeper.params.seed=$seed" \
+    # ++: the seed is a sweeper param whether or not the experiment sweeps it (plan_calibration does
+    # not: `hydra.sweeper.params.seed=` was refused, and the README's command failed at once)
+    run "$train" -m "experiment=$experiment" "++hydra.sweeper.params.seed=$seed" \
         "hydra.sweep.dir=$out/seed$seed/all" "$@" || failed=1
-    # The baseline's own overrides last: a user's strategy or devices override cannot undo them.
-    run "$train" -m "experiment=$experiment" "hydra.sweeper.params.seed=$seed" \
-        "hydra.sweep.dir=$out/seed$seed/alone" "$@" \
+    # The baseline's own overrides last: a user's devices override cannot undo them.
+    run "$train" -m "experiment=$experiment" "++hydra.sweeper.params.seed=$seed" \
+        "hydra.sweep.dir=$out/seed$seed/alone" "${alone[@]}" \
         hydra.sweeper.params.strategy=single trainer.devices=1 || failed=1
 done
 # A failed job is recorded in its sweep (status: failed) and the passes go on; say so at the end.
