@@ -83,10 +83,7 @@ def run_job(cfg: DictConfig) -> dict:
     if profile_name(cfg.get("hardware_profile", "auto"), spec.run.accelerator) == HOST_CPU:
         host_cpu_profile(cache)  # MFU's peak: probe this host once (cached), while no rank runs
     sweep_dir, num = _sweep_and_num(hc, multirun)
-    # a node's own folder of a multi-node job (scalelab k8s --pvc: NAME/node0): the job is NAME (every
-    # k8s job's W&B run was named and grouped "node0")
-    named = job_dir.parent if cfg.launcher.name == "torchrun" and re.fullmatch(r"node\d+", job_dir.name) else job_dir
-    group = sweep_dir.name if sweep_dir else named.name
+    group = job_group(cfg.launcher.name, job_dir, sweep_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["job"] = {
         "name": f"{group}/{num}" if sweep_dir else group, "group": group, "dir": str(job_dir),
@@ -271,6 +268,17 @@ def report_end(record: dict, name: str, job_dir: Path, multirun: bool) -> None:
     run_end.report_end(record, name, job_dir, multirun, _FAILED)
 
 
+def job_group(launcher: str, job_dir: Path, sweep_dir: Path | None) -> str:
+    """The job's group (its W&B group; a sweep's job is GROUP/NUM): the sweep folder's name, else the
+    job folder's; a node's own folder of a multi-node job (scalelab k8s --pvc: NAME/node${RANK}, a
+    run's or a sweep's) stands for NAME: every k8s job's and sweep's runs were named and grouped
+    "node0", all k8s sweeps of a project in one group."""
+    def named(d: Path) -> Path:
+        return d.parent if launcher == "torchrun" and re.fullmatch(r"node\d+", d.name) else d
+
+    return named(sweep_dir).name if sweep_dir else named(job_dir).name
+
+
 def node_folder(job_dir: Path, node_rank: int) -> Path:
     """launcher=torchrun: the folder of this node's own files (its resolved config, which its ranks
     read, run.json, ranks.log, marks). Node 0: the job's folder. Node K > 0: JOB_DIR/nodeK, unless
@@ -279,20 +287,31 @@ def node_folder(job_dir: Path, node_rank: int) -> Path:
     second (or given one hydra.run.dir): node 1 replaced node 0's config (node 0's ranks ran
     with node_rank 1), its run.json and marks, and printed the comparison as if it held rank 0.
     Its checkpoints/ is the job folder's (a relative link): the ranks of every node write their
-    parts of one checkpoint into one folder, as they did in the shared folder."""
-    if not node_rank or job_dir.name == f"node{node_rank}":
+    parts of one checkpoint into one folder, as they did in the shared folder. A folder given per
+    node (NAME/nodeK) links to node 0's, NAME/node0/checkpoints: node K's pipeline / DCP shards went
+    to its own folder, which rank 0 never renamed, listed or pruned, and a resume failed to find them."""
+    if not node_rank:
+        return job_dir
+    if job_dir.name == f"node{node_rank}":
+        _link_checkpoints(job_dir, job_dir.parent / "node0" / "checkpoints", Path("..") / "node0" / "checkpoints")
         return job_dir
     own = job_dir / f"node{node_rank}"
     own.mkdir(exist_ok=True)
-    link = own / "checkpoints"
-    if not link.exists() and not link.is_symlink():
-        (job_dir / "checkpoints").mkdir(exist_ok=True)   # a link to nothing fails the ranks' mkdir
-        link.symlink_to(Path("..") / "checkpoints", target_is_directory=True)
+    _link_checkpoints(own, job_dir / "checkpoints", Path("..") / "checkpoints")
     for h in logging.getLogger().handlers:   # Hydra's train.log: this node's lines into its own folder
         if isinstance(h, logging.FileHandler) and Path(h.baseFilename).parent == job_dir:
             h.close()   # reopened at the new name by its next line
             h.baseFilename = str(own / Path(h.baseFilename).name)
     return own
+
+
+def _link_checkpoints(folder: Path, target: Path, relative: Path) -> None:
+    """FOLDER/checkpoints as a relative link to TARGET (made first: a link to nothing fails the
+    ranks' mkdir); a folder or link already there is left as it is."""
+    link = folder / "checkpoints"
+    if not link.exists() and not link.is_symlink():
+        target.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(relative, target_is_directory=True)
 
 
 @hydra.main(config_path=str(conf_dir()), config_name="train", version_base="1.3")
