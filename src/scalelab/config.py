@@ -263,6 +263,18 @@ def _validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
     _one_of(str(cfg.trainer.precision), "trainer.precision", PRECISIONS)
     _one_of(cfg.logger.name, "logger.name", LOGGERS)
     _one_of(cfg.launcher.name, "launcher.name", LAUNCHERS)
+    # extra arguments after the launcher's own: argparse keeps the last value, so
+    # ["--rdzv-backend=c10d"] undid the static rendezvous (rank 0, the record's writer, on any node)
+    # and ["--ntasks=3"] the layout srun was checked for
+    own = {"torchrun": ("--nnodes", "--node-rank", "--node_rank", "--nproc-per-node", "--nproc_per_node", "--rdzv",
+                        "--max-restarts", "--max_restarts", "--standalone", "--master"),
+           "srun": ("--nodes", "--ntasks", "--ntasks-per-node", "--distribution", "--kill-on-bad-exit", "--export",
+                    "-N", "-n")}.get(cfg.launcher.name, ())
+    taken = next((a for a in (OmegaConf.select(cfg, "launcher.extra_args") or [])
+                  if own and str(a).split("=", 1)[0].startswith(own)), None)
+    if taken is not None:
+        raise ConfigError(f"launcher.extra_args has {taken!r}: launcher={cfg.launcher.name} sets it from the job's "
+                          "layout (trainer.num_nodes / trainer.devices and the launcher keys); drop it")
     if nodes > 1 and cfg.launcher.name in ("local", "torchrun_local") and target is None:
         raise ConfigError(f"trainer.num_nodes={nodes} needs launcher=srun (inside a SLURM allocation; "
                           "see `scalelab slurm render`) or launcher=torchrun (plain hosts, Kubernetes: README "

@@ -74,7 +74,10 @@ def manifest(nodes: int, devices: int, image: str, overrides: list[str], name: s
                     if limits else {}), "volumeMounts": mounts}
 
     def replica(count: int) -> dict:
-        return {"replicas": count, "restartPolicy": "Never",
+        # with a claim to resume from: ExitCode, so a pod ended by a signal (eviction, preemption: 128 + n,
+        # the SIGTERM save's 143) is restarted and resumes, while exit codes 1-127 (errors) end the job
+        # (the training operator's policy); without one a restart would start over: Never
+        return {"replicas": count, "restartPolicy": "ExitCode" if pvc else "Never",
                 "template": {"spec": {"terminationGracePeriodSeconds": pod_grace_s(overrides),
                                       "containers": [container], "volumes": volumes}}}
 
@@ -161,6 +164,14 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.port <= 65535:
         print(f"error: --port {args.port} must be in 1-65535", file=sys.stderr)
         return 2
+    # the training operator's webhook: a PyTorchJob name is a DNS-1035 label (a letter first:
+    # `1abc` rendered and kubectl apply refused it); its Services NAME-worker-I are labels too
+    longest = f"{args.name}-worker-{max(args.nodes - 2, 0)}" if args.name else ""
+    if args.name is not None and _NAME.fullmatch(args.name) and (not args.name[0].isalpha() or len(longest) > 63):
+        print(f"error: --name {args.name!r} is not a PyTorchJob name: it must start with a letter and leave its pods' "
+              f"Service names (NAME-worker-I, here {longest!r}: {len(longest)} characters) at most 63 characters",
+              file=sys.stderr)
+        return 2
     for flag, value in (("--name", args.name), ("--namespace", args.namespace), ("--pvc", args.pvc)):
         if value is not None and not _NAME.fullmatch(value):
             print(f"error: {flag} {value!r} is not a Kubernetes name: lowercase letters, digits and '-', starting "
@@ -225,6 +236,9 @@ def run(args: argparse.Namespace) -> int:
     text = render(args.nodes, args.devices, args.image, args.overrides, name=args.name, namespace=args.namespace,
                   port=args.port, gpus=not args.cpu, rdzv_timeout_s=args.rdzv_timeout, pvc=args.pvc,
                   cpu=args.pod_cpus, memory=args.pod_memory, secrets=args.secret)
+    if not args.pvc:   # run.json, checkpoints and ranks.log on the pods' own disks: gone with the pods
+        print("warning: no --pvc: each pod's run.json, checkpoints and logs stay on its own disk and go with it; "
+              "give --pvc CLAIM (a ReadWriteMany claim) to keep them and resume", file=sys.stderr)
     if args.out:
         write_out(args.out, text)
         print(f"wrote {args.out}")

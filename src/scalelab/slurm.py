@@ -282,11 +282,15 @@ def refuse_secrets(overrides: list[str], where: tuple[str, str] = _IN_SLURM) -> 
     """A secret given as an override would be written into the job script (kept by SLURM and
     beside the logs) or the manifest: ValueError naming the key and `where` = (what it would be
     written into, the safe route)."""
-    from scalelab.results.record import is_secret_key
+    from scalelab.results.record import is_secret_key, literal_secret
 
     for o in overrides:
-        key = o.split("=", 1)[0].lstrip("+~")
-        if "=" in o and is_secret_key(key.rsplit(".", 1)[-1]):
+        key, _, value = o.partition("=")
+        key, leaf = key.lstrip("+~"), key.rsplit(".", 1)[-1]
+        # by its name; or by its value under a name that says nothing (+logger.wandb_key=<40 hex>):
+        # a known secret's value, a prefixed token (hf_...), a long word under a *key name
+        if "=" in o and (is_secret_key(leaf) or literal_secret(value)
+                         or (leaf.lower().endswith("key") and re.fullmatch(r"[\w-]{20,}", value.strip("'\"")))):
             raise ValueError(f"{key}=... would be written into {where[0]}: {where[1]}")
 
 

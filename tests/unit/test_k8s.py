@@ -44,6 +44,11 @@ TR = ["launcher=torchrun", "trainer.num_nodes=2", "trainer.devices=2"]
      r"with one device per node there is no TP group to make: a data-parallel strategy"),   # not 'divides 1'
     (["launcher.rdzv_endpoint=n0:29500", "launcher.node_rank=0", "strategy=nd", "strategy.tp=4"],
      r"strategy.tp=4 cannot fit inside a node of 2 device\(s\)"),  # nd says it itself (its option name)
+    # after torchrun's own arguments argparse kept the last: c10d put rank 0 (the record's writer) anywhere
+    (["launcher.rdzv_endpoint=n0:29500", "launcher.node_rank=0", 'launcher.extra_args=["--rdzv-backend=c10d"]'],
+     r"^launcher.extra_args has '--rdzv-backend=c10d': launcher=torchrun sets it from the job's layout"),
+    (["launcher.rdzv_endpoint=n0:29500", "launcher.node_rank=0", 'launcher.extra_args=["--max_restarts=3"]'],
+     r"^launcher.extra_args has '--max_restarts=3'"),
 ])
 def test_torchrun_preflight_rejects(args, expected, monkeypatch):
     for var in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK", "RANK", "PET_NODE_RANK",
@@ -143,6 +148,9 @@ def test_render_mounts_shared_memory_and_the_results_claim():
     (["--image", "a b"], ["--image 'a b'"]),
     (["--pvc", "My_Claim"], ["--pvc 'My_Claim' is not a Kubernetes name"]),
     (["--rdzv-timeout", "-5"], ["launcher.rdzv_timeout_s=-5 must be a number > 0"]),
+    # the training operator's webhook: DNS-1035 (a letter first); Services NAME-worker-0 within 63
+    (["--name", "1abc"], ["--name '1abc' is not a PyTorchJob name: it must start with a letter"]),
+    (["--name", "a" * 55], [f"here '{'a' * 55}-worker-0': 64 characters) at most 63"]),
 ])
 def test_render_refuses_what_kubernetes_or_the_pods_would(args, words, capsys):
     from scalelab.cli import build_parser
@@ -220,3 +228,32 @@ def test_a_dollar_in_an_override_reaches_the_pod_as_written():
     ran = [a.replace("$$", "$") for a in cmd]   # what the kubelet runs: each $$ one $, no $(VAR) left
     assert ["logger.project=a$$b", "+tag=$(HOME)", "x='${oc.env:FOO}'"] == ran[1:4]
     assert cmd[1:4] == ["logger.project=a$$$$b", "+tag=$$(HOME)", "x='$${oc.env:FOO}'"]
+
+
+def test_a_secret_by_its_value_under_a_plain_name_is_refused(capsys):
+    from scalelab.cli import build_parser
+
+    a = build_parser().parse_args(["k8s", "render", "strategy=ddp", "+logger.wandb_key=" + "0123456789abcdef" * 2
+                                   + "01234567", "--nodes", "2", "--devices", "2", "--cpu", "--image", "img"])
+    assert k8s.run(a) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: logger.wandb_key=... would be written into the PyTorchJob's container command")
+    assert "01234567" not in err and err.count("\n") == 1
+
+
+def test_pods_with_a_claim_restart_on_a_signal_and_without_one_the_render_warns(capsys):
+    from scalelab.cli import build_parser
+
+    def specs(*flags):
+        a = build_parser().parse_args(["k8s", "render", "strategy=ddp", "--nodes", "2", "--devices", "2", "--cpu",
+                                       "--image", "img", *flags])
+        assert k8s.run(a) == 0
+        out = capsys.readouterr()
+        return yaml.safe_load(out.out)["spec"]["pytorchReplicaSpecs"], out.err
+
+    # with a claim: an evicted pod (SIGTERM: it saves, exits 143) is restarted and resumes; errors end the job
+    got, err = specs("--pvc", "claim")
+    assert {r["restartPolicy"] for r in got.values()} == {"ExitCode"} and err == ""
+    got, err = specs()
+    assert {r["restartPolicy"] for r in got.values()} == {"Never"}
+    assert err.startswith("warning: no --pvc: each pod's run.json, checkpoints and logs stay on its own disk")
