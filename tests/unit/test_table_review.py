@@ -168,3 +168,31 @@ def test_the_html_sort_reads_an_efficiency_cell_by_its_number():
     js = CMP_JS + f"const c={json.dumps(cells)};console.log(JSON.stringify([...c].sort((a,b)=>sortCmp(a,b,true))));"
     out = subprocess.run(["node", "-e", js], capture_output=True, text=True, check=True).stdout
     assert json.loads(out)[:4] == ["0.80* (vs short run)", "0.95", "2.1 weak", "10.5 (vs 2)"]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's sort")
+def test_the_html_sort_orders_job_names_and_splits_by_their_numbers():
+    # plain localeCompare put sw1/10 before sw1/2 and 16x1 before 4x1
+    from scalelab.results.report import CMP_JS
+
+    for cells, want in ((["sw1/10", "sw1/2", "sw1/1"], ["sw1/1", "sw1/2", "sw1/10"]),
+                        (["16x1", "4x1", "8x2"], ["4x1", "8x2", "16x1"])):
+        js = CMP_JS + f"const c={json.dumps(cells)};console.log(JSON.stringify([...c].sort((a,b)=>sortCmp(a,b,true))));"
+        out = subprocess.run(["node", "-e", js], capture_output=True, text=True, check=True).stdout
+        assert json.loads(out) == want
+
+
+def test_the_dashboard_names_its_sweep_says_cpu_figures_are_not_gpu_speedups_and_draws_lr_on_a_log_axis():
+    from scalelab.results.report import figure, render_html
+
+    cpu = {"status": "completed", "strategy": "ddp", "world_size": 2, "devices_per_node": 2, "job": {"name": "sw/0"},
+           "hardware": {"accelerator": "cpu"}, "throughput": {"samples_per_s": 10.0}}
+    page = render_html([cpu], [{"sweep_dir": "/o/sweeps/2026-12-03_19-00-00", "groups": [], "failed": []}])
+    assert "<title>ScaleLab comparison: 2026-12-03_19-00-00</title>" in page
+    assert "CPU ranks share one host&#x27;s memory bus" in page
+    gpu = {**cpu, "hardware": {"accelerator": "cuda"}}
+    assert "memory bus" not in render_html([gpu], [])
+    lr = figure({"id": "lr_scaling", "kind": "line", "title": "t", "x_title": "x", "y_title": "y", "notes": [],
+                 "barmode": None, "traces": [{"name": "a", "x": [8, 16], "y": [4.075, 3.998]}]})
+    # the y axis from 0 drew 3.998 and 4.075 as one flat line; batch sizes double
+    assert lr["layout"]["yaxis"]["rangemode"] == "normal" and lr["layout"]["xaxis"]["type"] == "log"

@@ -93,6 +93,10 @@ def figure(ch: dict, colors: dict[str, str] | None = None) -> dict:
             layout["yaxis"].update(type="log", rangemode="normal")
     elif ch["id"] == "loss":
         layout["yaxis"]["rangemode"] = "normal"
+    elif ch["id"] == "lr_scaling":
+        # final losses 3.998 vs 4.075 drew as one flat line from 0; batch sizes double: a log axis
+        layout["yaxis"]["rangemode"] = "normal"
+        layout["xaxis"].update(type="log", dtick=0.30102999566)
     _legend_below(layout, [t["name"] for t in ch["traces"]])
     if not ch["traces"]:
         layout["annotations"] = [{"text": "no data: " + "; ".join(ch["notes"])[:160], "showarrow": False,
@@ -175,7 +179,8 @@ function sortVal(text){const s=text.trim();if(s==='-'||/^[-+]?(nan|inf|infinity)
  const m=s.match(/^([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)[*!]?(?:\s.*)?$/);return m?parseFloat(m[1]):s;}
 function sortCmp(p,q,asc){const x=sortVal(p),y=sortVal(q);
  if(x===null||y===null)return (x===null)-(y===null);
- const c=(typeof x==='number'&&typeof y==='number')?x-y:String(x).localeCompare(String(y));return asc?c:-c;}
+ const c=(typeof x==='number'&&typeof y==='number')?x-y:String(x).localeCompare(String(y),undefined,{numeric:true});
+ return asc?c:-c;}
 """
 # Installed before Plotly: every error on the page (scripts, promises, blocked requests) is kept.
 PROBE_JS = """window.__scalelabErrors=[];
@@ -232,6 +237,11 @@ def render_html(records: list[dict], summaries: list[dict], group_by: str | None
     summary, full = tables(records, group_by)
     n_ok = sum(r.get("status") == "completed" for r in records)
     sweeps = ", ".join(html.escape(str(s.get("sweep_dir"))) for s in summaries) or "-"
+    if title == "ScaleLab comparison" and len(summaries) == 1 and summaries[0].get("sweep_dir"):
+        title += f": {Path(str(summaries[0]['sweep_dir'])).name}"   # browser tabs of two sweeps told apart
+    from scalelab.results.callbacks import cpu_note
+
+    note = cpu_note(records)   # the console said it under the table; the page, where efficiencies are read, did not
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{CSP}">
@@ -243,6 +253,7 @@ def render_html(records: list[dict], summaries: list[dict], group_by: str | None
 <h1>{html.escape(title)}</h1>
 <p>{len(records)} runs: {n_ok} completed, {len(records) - n_ok} failed{missing}. Sweeps: {sweeps}.
 {f"Grouped by <code>{html.escape(group_by)}</code>." if group_by else ""}</p>
+{f'<p class="note">{html.escape(note)}</p>' if note else ""}
 <div class="grid">{cards}</div>
 <h2>Runs</h2><p class="note">Click a column to sort. Failed runs in red (hover for the error); runs whose
 ranks shared cores (oversubscribed, world marked !) in amber.</p>{summary}
