@@ -81,3 +81,23 @@ def test_a_run_left_without_a_baseline_is_named_under_the_table(tmp_path):
             "(it failed or was not swept)") in text
     # one world size swept only: no efficiency column, nothing to explain
     assert "efficiency -" not in render([dict(runs[0])])
+
+
+def test_the_efficiency_charts_name_the_runs_left_out_and_the_failed_ones(tmp_path):
+    from scalelab.results.charts import efficiency as efficiency_chart
+
+    runs = [_rec("e/0", "ddp", 1, 16, 50.0), _rec("e/1", "ddp", 2, 16, 80.0),
+            _rec("e/2", "fsdp", 1, 16, 0.0, status="failed"), _rec("e/3", "fsdp", 2, 16, 70.0)]
+    for r in runs:
+        r["job"]["sweep_dir"] = str(tmp_path.resolve())
+    _write(tmp_path, runs)
+    summary = aggregate(tmp_path)
+    records = [dict(r) for r in runs]
+    attach_efficiency(records, summary)
+    strong = efficiency_chart([summary], records, "strong")
+    assert [t["name"] for t in strong["traces"]] == ["ddp b16", "ideal"]        # fsdp's line: no baseline
+    assert ("efficiency - (e/3): no completed run of the same config at another world size to measure against (it "
+            "failed or was not swept); failed, so in no group: e/2") in strong["notes"]
+    weak = efficiency_chart([summary], records, "weak")
+    assert weak["notes"] == ["no weak-scaling group: no completed runs that differ only in world size with the same "
+                             "per-rank batch; failed, so in no group: e/2"]

@@ -17,7 +17,7 @@ from scalelab.results.chart_base import (MIB, _apart, _batch_label, _median, _no
                                          job_name, node_split, sweep_labels, sweep_of)
 from scalelab.results.record import max_of, num_nodes
 from scalelab.results.sweep import job_key, per_rank_batch, run_key
-from scalelab.results.table import job_labels, vs_baseline
+from scalelab.results.table import job_labels, no_baseline_note, vs_baseline
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,12 +92,20 @@ def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: 
         labels_of = job_labels(records)
         notes.append("short runs (fewer than 5 measured steps), their points not steady-state: "
                      + ", ".join(dict.fromkeys(job_name(r, labels_of) for r in short)))
+    # runs with no line to be on: where their only partner failed, the chart said there were no such
+    # runs (an all-failed sweep too), or dropped the line without a word (review)
+    failed_names = [job_name(r, job_labels(records)) for r in records if r.get("status") != "completed"]
+    failed_said = (f"; failed, so in no group: {', '.join(failed_names[:8])}{', ...' if len(failed_names) > 8 else ''}"
+                   if failed_names else "")
     if traces:
         worlds = sorted({x for t in traces for x in t["x"]})
         traces.append({"name": "ideal", "x": worlds, "y": [1.0] * len(worlds), "dash": True})
+        if kind == "strong":
+            notes += [n + failed_said for n in no_baseline_note(records, job_labels(records))]
     else:
-        notes.append(f"no {kind}-scaling group: no runs that differ only in world size"
-                     + (" with the same global batch" if kind == "strong" else " with the same per-rank batch"))
+        notes.append(f"no {kind}-scaling group: no completed runs that differ only in world size"
+                     + (" with the same global batch" if kind == "strong" else " with the same per-rank batch")
+                     + failed_said)
     what = "same global batch" if kind == "strong" else "same per-rank batch"
     return chart(f"efficiency_{kind}", f"{kind.capitalize()} scaling ({what})", "world size N",
                  "efficiency = thr(N) / (N x thr(N0) / N0)", traces, notes=notes)
