@@ -196,3 +196,17 @@ def test_the_dashboard_names_its_sweep_says_cpu_figures_are_not_gpu_speedups_and
                  "barmode": None, "traces": [{"name": "a", "x": [8, 16], "y": [4.075, 3.998]}]})
     # the y axis from 0 drew 3.998 and 4.075 as one flat line; batch sizes double
     assert lr["layout"]["yaxis"]["rangemode"] == "normal" and lr["layout"]["xaxis"]["type"] == "log"
+
+
+def test_the_lr_warm_up_is_a_column_where_runs_differ_in_it():
+    # lr_search sweeps the warm-up with the LR: its trials could not be told apart in the table
+    from scalelab.results.table import render
+
+    def trial(n, lr, warm):
+        return {"status": "completed", "strategy": "ddp", "world_size": 1, "lr": lr, "job": {"name": f"s/{n}"},
+                "config": {"lr_scaling": {"rule": "none", "warmup_steps": warm}}}
+
+    rows = render([trial(0, 0.003, 0), trial(1, 0.001, 0.25)], "markdown").splitlines()
+    col = [c.strip() for c in rows[0].split("|")].index("lr warmup")
+    assert [[c.strip() for c in r.split("|")][col] for r in rows[2:4]] == ["0", "0.25"]
+    assert "lr warmup" not in render([trial(0, 0.003, 0), trial(1, 0.001, 0)], "markdown").splitlines()[0]

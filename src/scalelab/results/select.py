@@ -62,7 +62,7 @@ HEADER_KEYS = {"world": "world_size", "batch": "global_batch_size", "samples/s":
                "tokens/s": "throughput.tokens_per_s", "step ms (med)": "step_time_s.median",
                "step ms (p90)": "step_time_s.p90", "loss first": "loss.first", "loss final": "loss.final",
                "MFU %": "mfu.value", "comm %": "breakdown.comm_fraction", "efficiency": "scaling_efficiency",
-               "peak RSS MiB": "memory/peak_rss_bytes_max", "lr rule": "lr_rule", "nodes": "num_nodes",
+               "peak RSS MiB": "memory/peak_rss_bytes_max", "lr rule": "lr_rule", "lr warmup": "config.lr_scaling.warmup_steps", "nodes": "num_nodes",
                "device MiB/rank": "memory/peak_device_bytes_max", "state KiB/rank": "memory/model_state_bytes_max"}
 
 

@@ -23,6 +23,8 @@ COLUMNS = [  # (header, getter, format)
     ("micro x acc", lambda r: _micro_split(r), "{}"),
     ("lr rule", lambda r: r.get("lr_rule"), "{}"),                          # (VARYING_ONLY)
     ("lr", lambda r: r.get("lr"), "{:.3g}"),
+    # the LR warm-up (steps, or a fraction of them): lr_search sweeps it with the LR (VARYING_ONLY)
+    ("lr warmup", lambda r: ((r.get("config") or {}).get("lr_scaling") or {}).get("warmup_steps"), "{:g}"),
     ("samples/s", lambda r: _num(_sub(r, "throughput").get("samples_per_s")), "{:.1f}"),
     ("tokens/s", lambda r: _num(_sub(r, "throughput").get("tokens_per_s")), "{:.0f}"),
     ("step ms (med)", lambda r: _ms(_num(_sub(r, "step_time_s").get("median"))), "{:.1f}"),  # "*": short_run
@@ -229,11 +231,11 @@ def _cells(rec: dict, columns, label: str | None = None) -> list[str]:
 # Shown only where the runs differ in them: a sweep over one model at one precision reads as
 # before, while runs of two models side by side are told apart (their rows were identical but
 # for a 20x throughput gap).
-VARYING_ONLY = ("model", "precision", "lr rule")
+VARYING_ONLY = ("model", "precision", "lr rule", "lr warmup")
 # Shown only where some run spans nodes: 1 node x 2 devices and 2 nodes x 1 device are both world 2
 # (a scaling group holds both; its baseline is the 1-node one), and their rows read the same without it.
 MULTI_NODE_ONLY = ("nodes",)
-IDENTITY = ("job", *VARYING_ONLY, "strategy")   # what a row is: left-aligned, never wrapped
+IDENTITY = ("job", "model", "precision", "lr rule", "strategy")   # what a row is: left-aligned, never wrapped
 # one spelling per precision (the trainer takes Lightning's aliases)
 _PRECISION = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed", "64": "64-true"}
 
