@@ -30,17 +30,20 @@ def _nested_config(path: Path) -> dict:
     return out
 
 
-def test_sweep_summary_logs_the_dashboard_charts(tmp_path, wandb_env):
+def test_sweep_summary_logs_the_dashboard_charts(tmp_path, wandb_env, monkeypatch):
     from scalelab.results.wandb_summary import log_sweep
 
     sweep = make_sweep(tmp_path / "fx")
     recs = read_records([sweep])
     summary = aggregate(sweep, write=False)
     attach_efficiency(recs, summary)
-    run_id = log_sweep(sweep, summary, recs, "scalelab-test", "offline", cache_dir=tmp_path / "cache")
+    monkeypatch.chdir(tmp_path)   # the sweep given relative, as `scalelab aggregate fx` gives it
+    run_id = log_sweep(Path("fx"), summary, recs, "scalelab-test", "offline", cache_dir=tmp_path / "cache")
     (path,) = find_runs(sweep / "wandb")
     run = read_run(path)
     assert run["run"]["run_id"] == run_id and run["run"]["job_type"] == "sweep_summary"
+    # which sweep it is, wherever the UI shows it: the absolute folder (was "fx"), the group's name
+    assert run["config"]["sweep_dir"] == str(sweep.resolve()) and run["run"]["name"] == "fx/summary"
     rows = {k.split("/")[1][:-len("_table")]: v for k, v in run["summary"].items()
             if k.startswith("charts/") and k.endswith("_table/nrows")}
     # one row per point: strong 2+2+2 (ideal), weak 2+2, throughput 2+1+2+1, memory 4 ranks x 4 parts,

@@ -78,7 +78,7 @@ def log_sweep(sweep_dir: Path, summary: dict, records: list[dict], project: str,
     group = groups.pop() if len(groups) == 1 else Path(sweep_dir).name
     kw = dict(project=project, entity=entity, dir=str(sweep_dir), group=group,
               job_type="sweep_summary", name=f"{group}/summary",   # the jobs' group: NAME, not a k8s sweep's node0
-              config={"sweep_dir": str(sweep_dir), "num_runs": summary["num_runs"]}, reinit="create_new",
+              config={"sweep_dir": str(Path(sweep_dir).resolve()), "num_runs": summary["num_runs"]}, reinit="create_new",
               **({"id": run_id, "resume": "allow"} if run_id else {}))
     import sys
 
