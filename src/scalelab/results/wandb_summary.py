@@ -67,6 +67,9 @@ def log_sweep(sweep_dir: Path, summary: dict, records: list[dict], project: str,
     aggregation is its own offline-run-*-ID folder of that one id; `wandb sync` puts them in one run."""
     import wandb
 
+    # absolute: a relative dir (`scalelab aggregate fx`) was resolved by W&B's service process, whose
+    # working folder is the one it started in, and the offline run landed there, not in fx/wandb
+    sweep_dir = Path(sweep_dir).resolve()
     if cache_dir is not None:
         for var, sub in (("WANDB_CACHE_DIR", "wandb-cache"), ("WANDB_CONFIG_DIR", "wandb-config"),
                          ("WANDB_DATA_DIR", "wandb-data")):
@@ -78,7 +81,7 @@ def log_sweep(sweep_dir: Path, summary: dict, records: list[dict], project: str,
     group = groups.pop() if len(groups) == 1 else Path(sweep_dir).name
     kw = dict(project=project, entity=entity, dir=str(sweep_dir), group=group,
               job_type="sweep_summary", name=f"{group}/summary",   # the jobs' group: NAME, not a k8s sweep's node0
-              config={"sweep_dir": str(Path(sweep_dir).resolve()), "num_runs": summary["num_runs"]}, reinit="create_new",
+              config={"sweep_dir": str(sweep_dir), "num_runs": summary["num_runs"]}, reinit="create_new",
               **({"id": run_id, "resume": "allow"} if run_id else {}))
     import sys
 
