@@ -72,10 +72,7 @@ def _over_time_limit(script: str) -> str | None:
     partition's where it names none), or None: under SLURM's default EnforcePartLimits=NO such a
     job is accepted and left PENDING (PartitionTimeLimit) for good, and `--wait` waited with it."""
     asked = re.search(r"^#SBATCH --time=(\S+)", script, re.M)
-    named = re.search(r"^#SBATCH --partition=(\S+)", script, re.M)
-    # sbatch takes SBATCH_PARTITION from the environment where the script names none (where it
-    # names one, it is also on sbatch's command line, which beats the environment: directives)
-    part = named.group(1) if named else os.environ.get("SBATCH_PARTITION", "").strip() or None
+    part = _partition(script)
     if not asked or (part and "," in part):
         return None
     try:
@@ -125,7 +122,9 @@ NO_NODES = "Requested node configuration is not available"
 
 
 def _partition(script: str) -> str | None:
-    """The partition the job goes to: the script's, else SBATCH_PARTITION's; None: the default one."""
+    """The partition the job goes to: the script's, else SBATCH_PARTITION's (sbatch takes it from the
+    environment where the script names none; where it names one, that is also on sbatch's command
+    line, which beats the environment: directives); None: the default one."""
     named = re.search(r"^#SBATCH --partition=(\S+)", script, re.M)
     part = shlex.split(named.group(1))[0] if named else os.environ.get("SBATCH_PARTITION", "").strip()
     return part or None

@@ -401,12 +401,12 @@ def _batch_unsplit(req: Request, cands, unsplit: dict, excluded: dict) -> dict:
             continue
         batches = sorted({gb for gb, _ in pairs})
         dps = sorted({dp for _, dp in pairs})
-        near = sorted({x for gb, dp in pairs for x in (gb // dp * dp, (gb // dp + 1) * dp) if x > 0},
-                      key=lambda x: (min(abs(x - gb) for gb in batches), x))[:3]
+        # the three multiples of a dp nearest the asked batches, in increasing order
+        near = sorted(sorted({x for gb, dp in pairs for x in (gb // dp * dp, (gb // dp + 1) * dp) if x > 0},
+                             key=lambda x: (min(abs(x - gb) for gb in batches), x))[:3])
+        said = f"{', '.join(map(str, near[:-1]))} or {near[-1]}" if len(near) > 1 else str(near[0])
         out[name] = (f"global batch {', '.join(map(str, batches))} does not split over its "
-                     f"{', '.join(map(str, dps))} data-parallel ranks; --global-batch "
-                     f"{', '.join(map(str, sorted(near)[:-1]))}{' or ' if len(near) > 1 else ''}{sorted(near)[-1]} "
-                     "would")
+                     f"{', '.join(map(str, dps))} data-parallel ranks; --global-batch {said} would")
     return out
 
 

@@ -94,14 +94,15 @@ def efficiency(summaries: list[dict], records: list[dict], kind: str, group_by: 
                      + ", ".join(dict.fromkeys(job_name(r, labels_of) for r in short)))
     # runs with no line to be on: where their only partner failed, the chart said there were no such
     # runs (an all-failed sweep too), or dropped the line without a word (review)
-    failed_names = [job_name(r, job_labels(records)) for r in records if r.get("status") != "completed"]
+    labels = job_labels(records)
+    failed_names = [job_name(r, labels) for r in records if r.get("status") != "completed"]
     failed_said = (f"; failed, so in no group: {', '.join(failed_names[:8])}{', ...' if len(failed_names) > 8 else ''}"
                    if failed_names else "")
     if traces:
         worlds = sorted({x for t in traces for x in t["x"]})
         traces.append({"name": "ideal", "x": worlds, "y": [1.0] * len(worlds), "dash": True})
         if kind == "strong":
-            notes += [n + failed_said for n in no_baseline_note(records, job_labels(records))]
+            notes += [n + failed_said for n in no_baseline_note(records, labels)]
     else:
         notes.append(f"no {kind}-scaling group: no completed runs that differ only in world size"
                      + (" with the same global batch" if kind == "strong" else " with the same per-rank batch")

@@ -142,12 +142,17 @@ def oversubscribed(r: dict) -> tuple[int, int, int] | None:
     return int(ranks), int(threads), int(cores)
 
 
+def _row_name(r: dict, labels: dict[int, str] | None) -> str:
+    """The name a footnote gives a row: its longer label (job_labels), its job name, its strategy."""
+    return (labels or {}).get(id(r)) or (r.get("job") or {}).get("name") or r.get("strategy")
+
+
 def oversub_note(records: list[dict], labels: dict[int, str] | None = None) -> list[str]:
     """The OVERSUB_MARK's footnote: which runs shared cores, and why their figures do not compare."""
     crowded = [(r, o) for r in records if (o := oversubscribed(r))]
     if not crowded:
         return []
-    said = [f"{(labels or {}).get(id(r)) or (r.get('job') or {}).get('name') or r.get('strategy')} "
+    said = [f"{_row_name(r, labels)} "
             f"({ranks} ranks x {threads} thread(s) on {cores} cores)" for r, (ranks, threads, cores) in crowded]
     return [f"{OVERSUB_MARK} oversubscribed: {'; '.join(said[:8])}{'; ...' if len(said) > 8 else ''}: the ranks "
             "shared cores, so their step time, throughput, scaling efficiency and MFU measure that contention, "
@@ -160,7 +165,7 @@ def no_baseline_note(records: list[dict], labels: dict[int, str] | None = None) 
     cell said no why (review)."""
     if not any(r.get("scaling_efficiency") is not None for r in records):
         return []
-    alone = [(labels or {}).get(id(r)) or (r.get("job") or {}).get("name") or r.get("strategy") for r in records
+    alone = [_row_name(r, labels) for r in records
              if r.get("status") == "completed" and r.get("scaling_efficiency") is None
              and _num(_sub(r, "throughput").get("samples_per_s")) is not None]
     if not alone:
