@@ -117,15 +117,18 @@ def test_strategy_table_says_which_split_fits(capsys):
     at NO while nd, whose config cuts 4 micro-batches, fit: only the split differed (walkthrough).
     The footnote's split must fit when asked for, and the row's own must not."""
     base = ["--params", "7B", "--devices", "8", "--global-batch", "64", "--hardware", "h100_sxm"]
-    assert main([*base, "--strategy", "fsdp,ddp", "--json"]) == 0
-    fsdp, ddp = json.loads(capsys.readouterr().out)
+    # neither fits as asked: exit 1, as one strategy that does not fit (it exited 0)
+    assert main([*base, "--strategy", "fsdp,ddp", "--json"]) == 1
+    cap = capsys.readouterr()
+    assert cap.err == "error: none of fsdp, ddp fits device memory as asked (the rows above)\n"
+    fsdp, ddp = json.loads(cap.out)
     assert not fsdp["memory"]["fits"] and fsdp["inputs"]["parallel"]["micro_batch"] == 8
     alt = fsdp["fits_with"]
     assert alt["strategy"] == "fsdp" and alt["world_size"] == 8 and alt["micro_batch"] < 8
     assert main([*base, "--strategy", "fsdp", "--micro-batch", str(alt["micro_batch"]), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["memory"]["fits"]
     assert ddp["fits_with"] is None                       # 7B with DDP's states on 80 GB: nothing does
-    assert main([*base, "--strategy", "fsdp,ddp"]) == 0
+    assert main([*base, "--strategy", "fsdp,ddp"]) == 1
     out = capsys.readouterr().out
     assert f"  fsdp: fits with micro-batch {alt['micro_batch']} x" in out and "  ddp: no micro-batch" in out
 

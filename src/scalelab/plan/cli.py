@@ -155,8 +155,8 @@ def _refuse_flags_with_overrides(a) -> None:
 
 
 def run(args: argparse.Namespace, job_terms=None) -> int:
-    """Execute `scalelab plan`; print; 0 ok, 1 a plan that does not fit or a validation outside
-    tolerance, 2 bad input."""
+    """Execute `scalelab plan`; print; 0 ok, 1 a plan (every row of a listing) that does not fit or
+    a validation outside tolerance, 2 bad input."""
     try:
         refuse_unused(args)
         if args.probe or args.calibrate or args.validate:   # the model against this host's own runs
@@ -308,7 +308,8 @@ def _plan(a, job_terms=None) -> int:
                                     f"data.global_batch_size, {global_batch}: give --global-batch)")
                 refused.append(_refused(name, exc, len(names)))
                 continue
-            plans.append((terms, hw, train_command(a, terms, hw.name) if built == model.n_params else None))
+            same = built == model.n_params and not _attention_what_if(model, hw.kind)
+            plans.append((terms, hw, train_command(a, terms, hw.name) if same else None))
     docs, warned = [], []
     for terms, hw, command in plans:
         docs.append(plan_terms(terms, hw, a.tokens))
@@ -323,6 +324,11 @@ def _plan(a, job_terms=None) -> int:
             docs[-1]["train_command_note"] = (f"no same job: --ffn-hidden {terms.model.ffn} is not a multiple of "
                                               f"--hidden {terms.model.hidden} (scalelab-train's MLP width is "
                                               "model.arch.mlp_ratio, an integer, x d_model)")
+        elif built is not None and _attention_what_if(terms.model, hw.kind):
+            m = terms.model
+            docs[-1]["train_command_note"] = (
+                f"no same job: --attention {m.attention} is a what-if: scalelab-train's SDPA runs the "
+                f"{sdpa_kernel(hw.kind, m.dropout)} kernel on a {hw.kind} profile at dropout {m.dropout:g}")
         elif built is not None and built != terms.model.n_params:
             docs[-1]["train_command_note"] = (f"no same job: --params {terms.model.n_params:,} is not what "
                                               f"scalelab-train builds for this shape ({built:,}); drop --params "
@@ -341,6 +347,11 @@ def _plan(a, job_terms=None) -> int:
         order = {n: i for i, n in enumerate(names)}     # the refused rows in the listing's order
         docs = sorted(docs + refused, key=lambda d: order.get(d["inputs"]["strategy"], len(order)))
         print(json.dumps(docs, indent=2) if a.json else render_rows(docs) + _fits_with_note(docs))
+        if not any(d["memory"]["fits"] for d in docs if d.get("memory")):
+            # as one strategy that does not fit (`--strategy ddp,single` for a 70B model exited 0)
+            print(f"error: none of {', '.join(n for n in names if n)} fits device memory as asked "
+                  "(the rows above)", file=sys.stderr)
+            return 1
         return 0
     doc, (terms, hw, _) = docs[0], plans[0]
     if not doc["memory"]["fits"]:
@@ -350,6 +361,12 @@ def _plan(a, job_terms=None) -> int:
         print(f"error: {render_alternatives(doc, doc['alternatives'])}", file=sys.stderr)
         return 1
     return 0
+
+
+def _attention_what_if(model: ModelSpec, device: str) -> bool:
+    """--attention other than the kernel the trainer's GPT gets on this kind of device: a plan of
+    a job scalelab-train does not run (`--attention math` printed a same job with 2 GiB less)."""
+    return model.kind == "gpt" and model.attention != sdpa_kernel(device, model.dropout)
 
 
 def _refused(name: str | None, exc: PlanError, listed: int) -> dict:

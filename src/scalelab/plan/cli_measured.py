@@ -46,6 +46,23 @@ def refuse_unused(a) -> None:
         raise PlanError(f"--tolerance {a.tolerance}: it is the pass mark of --validate; give --validate SWEEP_DIR")
     if getattr(a, "as_planned", False) and not a.validate:
         raise PlanError("--as-planned: it is how --validate judges step time; give --validate SWEEP_DIR")
+    if modes:
+        # `--validate SWEEP --strategy zero3 --devices 8 --params 7B` exited 0, the four dropped
+        given = [f for f in _PLAN_FLAGS + (("hardware", "json") if a.probe else ())
+                 if getattr(a, f, None) not in (None, False)]
+        if given or getattr(a, "overrides", None):
+            what = "--" + given[0].replace("_", "-") if given else a.overrides[0]
+            if a.probe:
+                raise PlanError(f"{what} with --probe: the probe measures this CPU and takes only --out")
+            takes = "--out" if a.calibrate else "--tolerance, --as-planned"
+            raise PlanError(f"{what} with {modes[0]}: it plans each run's own job from its record (it takes "
+                            f"--hardware, --json, {takes}); to plan a job, leave {modes[0]} out")
+
+
+# the flags of a plan (cli.add_arguments): a job to plan, which --probe/--calibrate/--validate do not read
+_PLAN_FLAGS = ("params", "layers", "hidden", "heads", "vocab", "seq_len", "ffn_hidden", "model", "attention",
+               "dropout", "strategy", "devices", "nodes", "tp", "pp", "global_batch", "micro_batch", "precision",
+               "optimizer", "activation_checkpointing", "no_sequence_parallel", "tokens")
 
 
 def measured(a) -> int:
@@ -54,21 +71,35 @@ def measured(a) -> int:
     return _calibrate(a) if a.calibrate else _validate(a)
 
 
-def _out(a) -> None:
-    """A given --out is checked before the probe or the fit (one PlanError line): never a run's or
-    a sweep's record, nor inside their folders (`--calibrate SWEEP --out SWEEP/sweep.json` wrote a
-    hardware profile over the sweep's summary), and a path that can be written."""
+# the first line --probe and --calibrate write (hardware.py, calibrate.py): a file that starts with
+# neither is a profile someone wrote, which neither replaces
+WRITTEN_BY = ("# Fitted by `scalelab plan --calibrate", "# This CPU, measured by a matmul/copy probe")
+
+
+def _out(a, out: Path) -> None:
+    """--out (given, or the default OUT) is checked before the probe or the fit (one PlanError
+    line): never a run's or a sweep's record, nor inside their folders (`--calibrate SWEEP --out
+    SWEEP/sweep.json` wrote a hardware profile over the sweep's summary), a path that can be
+    written, and never over a profile --probe or --calibrate did not write (`--out
+    conf/hardware/h100_sxm.yaml` replaced the committed H100 with this CPU's fit, without a word)."""
     from scalelab.paths import out_problem
     from .spec import PlanError
     problem = a.out and out_problem(a.out, "--out", a.calibrate or [])
     if problem:
         raise PlanError(problem)
+    if out.is_file():
+        with open(out, errors="replace") as f:
+            first = f.readline()
+        if not first.startswith(WRITTEN_BY):
+            how = "--out" if a.out else "the default --out"
+            raise PlanError(f"{how} {out} is a hardware profile that `scalelab plan --probe/--calibrate` did not "
+                            "write: it would be replaced; give --out a new path (or delete it first)")
 
 
 def _probe(a) -> int:
     from .hardware import host_cpu_profile_path, probe_cpu
-    _out(a)
     out = Path(a.out) if a.out else host_cpu_profile_path()
+    _out(a, out)
     hw = probe_cpu(out)
     print(f"wrote {out}")
     print(yaml.safe_dump(hw.to_dict(), sort_keys=False, width=100))
@@ -78,9 +109,9 @@ def _probe(a) -> int:
 def _calibrate(a) -> int:
     from .calibrate import calibrate, default_calibrated_path
     from .hardware import load_hardware
-    _out(a)
     base = load_hardware(a.hardware or "this_cpu")
     out = Path(a.out) if a.out else default_calibrated_path(base.name)
+    _out(a, out)
     hw, rep = calibrate(a.calibrate, base, out)
     cal = hw.calibration
     if cal["underdetermined"]:

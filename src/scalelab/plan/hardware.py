@@ -23,7 +23,9 @@ A profile describes one device and its links. Keys (all plain YAML, SI units):
                                       "<op>@deepspeed" for ZeRO's own code paths): each has its own
                                       algorithm (gloo has no native reduce-scatter), so nccl-tests
                                       reports a busbw per collective too
-  host {link_bandwidth_bytes_per_s, memory_bandwidth_bytes_per_s}   PCIe and host RAM (offload)
+  host {link_bandwidth_bytes_per_s, memory_bandwidth_bytes_per_s}   a GPU's PCIe link, and the whole
+                                      node's host RAM bandwidth, which its ranks' offloaded optimizer
+                                      steps share (step_time._host_optimizer_bytes)
   host.memory_bytes, host.runtime_bytes_per_rank   GPU: a node's RAM, and what one rank's process
                                       holds there besides offloaded states (peak_memory.fits_host)
   bubble_scale                        pipeline idle time as a fraction of the textbook bubble
@@ -42,6 +44,7 @@ A profile describes one device and its links. Keys (all plain YAML, SI units):
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import platform
 import sys
@@ -142,10 +145,41 @@ def list_hardware() -> list[str]:
     return sorted({HOST_CPU, *(p.stem for p in d.glob("*.yaml"))}) if d.is_dir() else [HOST_CPU]
 
 
+def _number(value, key: str, source: str, positive: bool = False) -> float:
+    """A profile's figure as a float, or one PlanError line naming the key and value: `memory_bytes:
+    80GB` was a ValueError traceback, `compute_efficiency: 0` a ZeroDivisionError, `memory_bytes: -1`
+    a plan that "does not fit ... of -1 B". Rates and sizes > 0; overheads, latencies >= 0."""
+    try:
+        x = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        x = math.nan
+    if not math.isfinite(x) or (x <= 0 if positive else x < 0):
+        raise PlanError(f"hardware profile {source!r}: {key} must be a number {'> 0' if positive else '>= 0'}, "
+                        f"got {value!r}")
+    return x
+
+
+def _mapping(value, key: str, source: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise PlanError(f"hardware profile {source!r}: {key} must be a mapping (key: value lines), got {value!r}")
+    return value
+
+
 def _link(d: dict | None, what: str, source: str) -> Link:
     if not isinstance(d, dict) or "bandwidth_bytes_per_s" not in d:
         raise PlanError(f"hardware profile {source!r} lacks {what}.bandwidth_bytes_per_s")
-    return Link(float(d["bandwidth_bytes_per_s"]), float(d.get("latency_s", 0.0)))
+    return Link(_number(d["bandwidth_bytes_per_s"], f"{what}.bandwidth_bytes_per_s", source, positive=True),
+                _number(d.get("latency_s", 0.0), f"{what}.latency_s", source))
+
+
+# what a profile's figure must be: a rate, size or fraction the model divides by (> 0), else >= 0
+_POSITIVE = ("memory_bytes", "memory_bandwidth_bytes_per_s", "compute_efficiency")
+_NON_NEGATIVE = ("activation_bandwidth_bytes_per_s", "bubble_scale", "comm_overlap", "step_overhead_s",
+                 "micro_batch_overhead_s", "layer_overhead_s", "runtime_memory_bytes", "cost_per_device_hour",
+                 "power_watts")
+_HOST_POSITIVE = ("link_bandwidth_bytes_per_s", "memory_bandwidth_bytes_per_s")
 
 
 def parse_hardware(d: dict, source: str = "") -> Hardware:
@@ -160,27 +194,36 @@ def parse_hardware(d: dict, source: str = "") -> Hardware:
     inter = _link(d.get("inter_node", d["intra_node"]), "inter_node", source)
     known = {f for f in Hardware.__dataclass_fields__} - {"intra_node", "inter_node", "source"}
     kw = {k: v for k, v in d.items() if k in known}
-    kw["peak_flops"] = {k: float(v) for k, v in d["peak_flops"].items()}
-    for k in ("memory_bytes", "memory_bandwidth_bytes_per_s", "activation_bandwidth_bytes_per_s",
-              "bubble_scale",
-              "compute_efficiency", "comm_overlap",
-              "step_overhead_s", "micro_batch_overhead_s", "layer_overhead_s", "runtime_memory_bytes",
-              "cost_per_device_hour", "power_watts"):
+    kw["peak_flops"] = {k: _number(v, f"peak_flops.{k}", source, positive=True)
+                        for k, v in _mapping(d["peak_flops"], "peak_flops", source).items()}
+    for k in _POSITIVE + _NON_NEGATIVE:
         if k in kw:
-            kw[k] = float(kw[k])
-    kw["strategy_overhead_s"] = {k: float(v) for k, v in (d.get("strategy_overhead_s") or {}).items()}
-    kw["strategy_layer_overhead_s"] = {k: float(v) for k, v in
-                                       (d.get("strategy_layer_overhead_s") or {}).items()}
+            kw[k] = _number(kw[k], k, source, positive=k in _POSITIVE)
+    for k in ("devices_per_node", "threads_per_device"):
+        if k in kw and not (isinstance(kw[k], int) and not isinstance(kw[k], bool) and kw[k] >= 1):
+            raise PlanError(f"hardware profile {source!r}: {k} must be a whole number >= 1, got {kw[k]!r}")
+    if "host" in d:
+        host = dict(_mapping(d["host"], "host", source))
+        for k, v in host.items():
+            if k in _HOST_POSITIVE or (v is not None and (k.endswith("_bytes") or k.endswith("_per_rank"))):
+                host[k] = _number(v, f"host.{k}", source, positive=k in _HOST_POSITIVE)
+        kw["host"] = {**Hardware.__dataclass_fields__["host"].default_factory(), **host}
+
+    def numbers(key: str, positive: bool = False) -> dict:
+        return {str(k): _number(v, f"{key}.{k}", source, positive)
+                for k, v in _mapping(d.get(key), key, source).items()}
+    kw["strategy_overhead_s"] = numbers("strategy_overhead_s")
+    kw["strategy_layer_overhead_s"] = numbers("strategy_layer_overhead_s")
     # profiles written before `kind` existed: this host's probe (and its calibrations) is a CPU
     kw["kind"] = str(d.get("kind") or ("cpu" if str(d["name"]).startswith("this_cpu") else "gpu"))
-    kw["strategy_host_layer_s"] = {k: float(v) for k, v in (d.get("strategy_host_layer_s") or {}).items()}
+    kw["strategy_host_layer_s"] = numbers("strategy_host_layer_s")
     kw["collectives"] = {}
-    for op, v in (d.get("collectives") or {}).items():
+    for op, v in _mapping(d.get("collectives"), "collectives", source).items():
         link = _link(v, f"collectives.{op}", source)
         kw["collectives"][str(op)] = {"bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
                                       "latency_s": link.latency_s}
-    kw["compute_efficiency_by"] = {str(k): float(v) for k, v in (d.get("compute_efficiency_by") or {}).items()}
-    kw["busy_slowdown"] = {str(k): float(v) for k, v in (d.get("busy_slowdown") or {}).items()}
+    kw["compute_efficiency_by"] = numbers("compute_efficiency_by", positive=True)
+    kw["busy_slowdown"] = numbers("busy_slowdown", positive=True)
     return Hardware(intra_node=intra, inter_node=inter, source=source, **kw)
 
 

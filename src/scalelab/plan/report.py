@@ -79,7 +79,12 @@ def render(doc: dict) -> str:
                        ("buffers (gathered layers, buckets)", "buffers_bytes_per_device"),
                        ("runtime (context / process)", "runtime_bytes_per_device")):
         out.append(f"  {label:<36}{fmt_bytes(mem[key]):>12}")
-    if mem.get("gradients_at_peak") is False:
+    early = mem.get("activations_alive_at_gradients") or 0.0
+    if mem.get("gradients_at_peak") is False and early:
+        # the total is then near their sum: "the larger of" was printed beside a total that added them
+        out.append(f"  (the gradient partition is allocated early in backward, when the first reduce bucket fills: "
+                   f"the peak holds it beside {early:.0%} of the activations)")
+    elif mem.get("gradients_at_peak") is False:
         out.append("  (gradients freed after each step: the peak holds the larger of gradients and activations)")
     if mem.get("zero3_kept_gathered_params"):
         out.append(f"  (ZeRO-3 keeps {_si(mem['zero3_kept_gathered_params'])} gathered parameters from forward to "

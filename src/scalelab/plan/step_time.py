@@ -36,7 +36,7 @@ from .comm import Collective, _wrapped_by_fsdp2, by_op, collectives
 from .hardware import Hardware, load_hardware
 from .model_states import ModelStates, bytes_per_param, model_states, zero3_kept_gathered
 from .peak_memory import device_total_bytes, fits, fits_host, host_node_bytes
-from .strategies import as_applied
+from .strategies import as_applied, model_refuses
 from .spec import (PlanError, Layout, ModelSpec, Strategy, compute_dtype, get_strategy, normalize_checkpointing,
                    normalize_optimizer, normalize_precision, resolve_layout, check_sequence_length, sdpa_kernel)
 
@@ -99,6 +99,9 @@ def build_terms(model: ModelSpec, strategy: str | Strategy, *, devices: int = 1,
     """`device`: the hardware profile's kind ("gpu" or "cpu"); autocast's LayerNorm dtype differs
     (comm.tp_element_bytes)."""
     strat = strategy if isinstance(strategy, Strategy) else get_strategy(strategy)
+    refusal = model_refuses(strat, model.kind)
+    if refusal:
+        raise PlanError(refusal)
     prec = normalize_precision(precision)
     opt = normalize_optimizer(optimizer)
     ckpt = normalize_checkpointing(activation_checkpointing)
@@ -395,6 +398,9 @@ def plan_terms(terms: Terms, hw: Hardware, tokens: float | None = None) -> dict:
             "parameters_bytes_per_device": float(st.params_bytes),
             "gradients_bytes_per_device": float(st.grads_bytes),
             "gradients_at_peak": st.grads_at_peak,
+            # ZeRO-1/2: the fraction of the activations still alive when the gradient partition is
+            # allocated (model_states.zero_grads_allocated_early); 0 where gradients come after them
+            "activations_alive_at_gradients": float(st.acts_alive_at_grads),
             # DeepSpeed ZeRO-3 at 2+ ranks: gathered parameters kept from forward to backward
             "zero3_kept_gathered_params": zero3_kept_gathered(model, terms.strategy, L),
             "optimizer_bytes_per_device": float(st.optimizer_bytes),

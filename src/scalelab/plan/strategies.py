@@ -75,6 +75,18 @@ def trainer_refuses(s: Strategy, precision: str, device: str) -> str | None:
     return None
 
 
+def model_refuses(s: Strategy, model_kind: str) -> str | None:
+    """Why scalelab-train refuses strategy S for a model of MODEL_KIND ("gpt" | "mlp"), else None:
+    tensor and pipeline parallelism split a GPT's heads and layers (strategies/tensor_parallel.py,
+    pipeline.py); `plan --model mlp --strategy pipeline` planned every stage with the whole MLP and
+    printed a same job the trainer refuses."""
+    if model_kind == "gpt" or not (s.pipeline or s.tensor_parallel):
+        return None
+    how = "splits a GPT by layers" if s.pipeline else "tensor-parallelizes the GPT models only"
+    return (f"strategy={s.name} {how}; the {model_kind} model is not one: "
+            "choose a gpt model (--model gpt_nano, gpt_small, or the shape flags)")
+
+
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     Strategy("single", "torch", note="one replica per device, no gradient sync"),
     Strategy("ddp", "torch", grad_buckets=True,
