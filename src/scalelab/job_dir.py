@@ -81,7 +81,7 @@ def refusal(job_dir: Path, cfg: dict) -> str | None:
     job_dir = Path(job_dir)
     earlier = earlier_config(job_dir)
     if earlier is None:
-        return None
+        return _other_checkpoints(job_dir, cfg)
     left = [name for name in ("run.json", "checkpoints") if (job_dir / name).exists()]
     was, now = _lengths(earlier, cfg)
     diff = differences(earlier, cfg, also_free=MEASURED if was != now else ()) if left else []
@@ -91,6 +91,28 @@ def refusal(job_dir: Path, cfg: dict) -> str | None:
             "job would replace its record and resume its checkpoints; give this run a new folder (hydra.run.dir "
             "or hydra.sweep.dir; scalelab k8s: a new --name; checkpoint.resume_from=PATH continues a checkpoint "
             "of it there)")
+
+
+def _other_checkpoints(job_dir: Path, cfg: dict) -> str | None:
+    """A folder without a config_resolved.yaml (checkpoints/ copied into a new hydra.run.dir) whose
+    checkpoint checkpoint.resume=auto would load was saved by another kind of run (the config it
+    carries, as checkpoint.resume_from is checked): one line. Every rank crashed on it loading
+    (a KeyError in the optimizer's state, a size mismatch), after the resume line."""
+    from scalelab.checkpointing import resume_point
+    from scalelab.resume_checks import resume_mismatch
+
+    max_steps = (cfg.get("trainer") or {}).get("max_steps")
+    if (cfg.get("checkpoint") or {}).get("resume", "auto") != "auto" or not isinstance(max_steps, int) \
+            or not (job_dir / "checkpoints").is_dir():
+        return None
+    path = resume_point(job_dir, max_steps)[0]
+    differs = path is not None and path.exists() and resume_mismatch(path, cfg)
+    if not differs:
+        return None
+    return (f"{job_dir} holds a checkpoint of another kind of run ({path.name}: {differs}), which "
+            "checkpoint.resume=auto would resume: give this run a new folder (hydra.run.dir or hydra.sweep.dir), "
+            "or resume it with the same kind of strategy (ZeRO: stage, world size and gradient clip), model shape "
+            "and optimizer")
 
 
 def kind_refusal(folder: Path, multirun: bool) -> str | None:

@@ -86,6 +86,20 @@ def test_a_damaged_newest_checkpoint_is_passed_over_and_stale_tmp_removed(tmp_pa
     assert rec["resumed_at_step"] == 15 and rec["steps"] == 17
     assert (rec["optimizer_settings"]["momentum"], rec["optimizer_settings"]["weight_decay"]) == (0.5, 0.01)
 
+    # its checkpoints/ copied into a new folder (no config_resolved.yaml there), run by another kind
+    # of run under checkpoint.resume=auto: refused before any rank, as resume_from is (every rank
+    # crashed loading it: a size mismatch, an optimizer state KeyError)
+    fresh = tmp_path / "e"
+    shutil.copytree(ckpts, fresh / "checkpoints")
+    other = train([*FAST, "strategy=single", "trainer.devices=1", "logger=none", "model.arch.n_layers=3",
+                   "trainer.max_steps=20", f"hydra.run.dir={fresh}"], tmp_path, check=False)
+    assert other.returncode == 2 and "Traceback" not in other.stderr, other.stderr[-3000:]
+    assert (f"error: {fresh} holds a checkpoint of another kind of run (step-00000015.ckpt: model.arch.n_layers: "
+            "2 vs 3), which checkpoint.resume=auto would resume: give this run a new folder") in other.stderr
+    assert not (fresh / "ranks.log").exists()
+    same = train([*start[:-1], "trainer.max_steps=17", f"hydra.run.dir={fresh}"], tmp_path)   # its own kind: resumes
+    assert "step-00000015.ckpt (step 15)" in same.stdout + same.stderr
+
 
 def test_a_run_continued_from_its_own_last_ckpt_keeps_its_whole_curve(tmp_path):
     """The longer-run refusal says checkpoint.resume_from=JOB/checkpoints/last.ckpt; the continued
