@@ -331,7 +331,10 @@ def _validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
     _one_of(ls.rule, "lr_scaling.rule", RULES)
     _one_of(ls.decay, "lr_scaling.decay", DECAYS)
     warmup_steps(ls.warmup_steps, max_steps)
-    lr = scaled_lr(float(cfg.optim.lr), int(ls.base_batch_size), batch.global_batch_size, ls.rule)
+    # single on N ranks: N replicas, each stepping on global / N samples (at the global batch's
+    # LR each trained at 2x the linear rule's LR for its batch)
+    lr_batch = batch.global_batch_size // world if plan.independent_replicas else batch.global_batch_size
+    lr = scaled_lr(float(cfg.optim.lr), int(ls.base_batch_size), lr_batch, ls.rule)
     build_optimizer(cfg, lr)
     clip = cfg.trainer.get("gradient_clip_val")
     if (cfg.optim.optimizer.get("fused") is True and clip and str(cfg.trainer.precision) in ("bf16-mixed", "16-mixed")

@@ -96,6 +96,9 @@ class StrategyPlan:
     #: across stages), not by Lightning's precision plugin, whose mixed precision cannot clip for a
     #: fused optimizer (config.validate refuses that pair where Lightning would clip)
     clips_gradients_itself: bool = False
+    #: each rank's optimizer steps on its own shard's gradient alone (single at N > 1): the LR rule
+    #: scales by that batch, global / N, not by the global batch no one optimizer sees
+    independent_replicas: bool = False
 
     def __init__(self, name: str | None = None, **options: Any):
         if name:

@@ -14,6 +14,7 @@ from scalelab.strategies.base import RunSpec, StrategyPlan
 class Single(StrategyPlan):
     name = "single"
     replicates_model = True
+    independent_replicas = True
 
     def resume_note(self, world_size: int) -> str | None:
         if world_size > 1:   # the checkpoint is rank 0's (IndependentReplicasStrategy)
