@@ -189,13 +189,18 @@ class _OneLineErrors(argparse.ArgumentParser):
     """A bad argument is one line naming it (argparse printed the whole usage first: ~20 lines)."""
 
     def error(self, message: str):
+        if "invalid choice: 'train'" in message:   # the trainer is a command of its own
+            message += "; to train: scalelab-train KEY=VALUE ..."
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from scalelab import __version__
 
-    parser = _OneLineErrors(prog="scalelab", description=__doc__)   # its subcommands' parsers too
+    # training is its own command (Hydra's CLI): `scalelab --help` never said so
+    parser = _OneLineErrors(prog="scalelab", description=__doc__ + "\n\nTo train (one run, or a sweep with -m): "
+                            "scalelab-train KEY=VALUE ... (scalelab-train --help; the quick start is `make run`).",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)   # its subcommands' parsers too
     parser.add_argument("--version", action="version", version=f"scalelab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     cmp = sub.add_parser("compare", help="table / dashboard of run records")
