@@ -120,6 +120,19 @@ def test_a_profile_with_a_bad_figure_is_one_line_naming_it(capsys, tmp_path, key
     assert code == 2 and cap.err == f"error: hardware profile '{prof}': {says}\n" and cap.out == ""
 
 
+def test_an_infinite_rate_a_calibration_wrote_loads(tmp_path):
+    """--calibrate writes .inf for a rate whose time term it fitted to 0 (calibrate.rate): a figure."""
+    import yaml
+
+    from scalelab.plan.hardware import load_hardware
+    from scalelab.plan.spec import conf_dir
+
+    d = yaml.safe_load((conf_dir() / "hardware" / "h100_sxm.yaml").read_text())
+    d["collectives"] = {"all_reduce": {"bandwidth_bytes_per_s": float("inf"), "latency_s": 0.0}}
+    (tmp_path / "fit.yaml").write_text(yaml.safe_dump(d))
+    assert load_hardware(str(tmp_path / "fit.yaml")).link(False, "all_reduce").bandwidth_bytes_per_s == float("inf")
+
+
 @pytest.mark.parametrize("argv,says", [
     (["--validate", "{tmp}", "--strategy", "zero3"], "--strategy with --validate: it plans each run's own job from "
      "its record (it takes --hardware, --json, --tolerance, --as-planned); to plan a job, leave --validate out"),

@@ -148,12 +148,13 @@ def list_hardware() -> list[str]:
 def _number(value, key: str, source: str, positive: bool = False) -> float:
     """A profile's figure as a float, or one PlanError line naming the key and value: `memory_bytes:
     80GB` was a ValueError traceback, `compute_efficiency: 0` a ZeroDivisionError, `memory_bytes: -1`
-    a plan that "does not fit ... of -1 B". Rates and sizes > 0; overheads, latencies >= 0."""
+    a plan that "does not fit ... of -1 B". Rates and sizes > 0; overheads, latencies >= 0; .inf
+    is a number (--calibrate writes it for a rate whose time term it fitted to 0)."""
     try:
         x = float(value) if not isinstance(value, bool) else math.nan
     except (TypeError, ValueError):
         x = math.nan
-    if not math.isfinite(x) or (x <= 0 if positive else x < 0):
+    if math.isnan(x) or (x <= 0 if positive else x < 0):
         raise PlanError(f"hardware profile {source!r}: {key} must be a number {'> 0' if positive else '>= 0'}, "
                         f"got {value!r}")
     return x
