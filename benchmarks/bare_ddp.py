@@ -8,8 +8,9 @@ gloo (CPU) or NCCL (GPU), the same byte corpus the platform prepared (its cached
 CPU. Rank 0 prints one JSON line: wall-clock marks (epoch s: process start, imports done, model
 built, first and last optimizer step, exit) and the steady step times (warm-up excluded), which
 benchmarks/startup.py and benchmarks/run_all.py compare with the platform's run.json. As there,
-a step's time is the max over ranks (each rank times its own steps; one all_reduce MAX after
-training, none in the loop): `step_s_median` and `samples_per_s`; rank 0's own figures are
+the step times are the slowest rank's (each rank times its own steps; the rank whose steady steps
+took longest in all, gathered once after training, no collective in the loop): `step_s_median` and
+`samples_per_s`; rank 0's own figures are
 `rank0_step_s_median` and `rank0_samples_per_s`.
 """
 from __future__ import annotations
@@ -71,19 +72,21 @@ def main() -> None:
         if step == 0:
             marks["first_step"] = time.time()
     marks["last_step"] = time.time()
-    # A step ends when the slowest rank ends it (as the platform's run.json counts it): the max
-    # over ranks of each step's time, exchanged once AFTER training (no collective in the loop).
-    per_step = torch.tensor(times, dtype=torch.float64, device=dev)
+    # The run goes as fast as its slowest rank (as the platform's run.json counts it): the step
+    # times of the rank whose steady steps took longest in all, exchanged once AFTER training (no
+    # collective in the loop). (A max per step summed to more than any rank's elapsed time.)
+    every = [None] * world if world > 1 else [times]
     if world > 1:
-        dist.all_reduce(per_step, op=dist.ReduceOp.MAX)
-    step_max = per_step.cpu().tolist()
-    steady, steady0 = step_max[a.warmup:], times[a.warmup:]
+        dist.all_gather_object(every, times)
+    slowest = max(every, key=lambda t: sum(t[a.warmup:]))
+    steady, steady0 = slowest[a.warmup:], times[a.warmup:]
     out = {"marks": marks, "step_s_median": statistics.median(steady),
            "samples_per_s": a.batch * len(steady) / sum(steady),
            "rank0_step_s_median": statistics.median(steady0),
            "rank0_samples_per_s": a.batch * len(steady0) / sum(steady0),
            "measured_steps": len(steady), "steps": a.steps, "world_size": world,
-           "step_time_method": "max over ranks per step (all_reduce MAX after training), steady steps"}
+           "step_time_method": "the slowest rank's own steps (the largest steady sum; all_gather after "
+                                   "training), steady steps"}
     del model, opt, net
     import gc
 

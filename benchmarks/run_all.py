@@ -197,8 +197,8 @@ def part_throughput(st: Settings, work: Path, part: Part) -> None:
     part.method = (f"throughput: {len(pairs)} interleaved pair(s) (order alternating) of `scalelab-train "
                    f"{' '.join(overrides)} trainer.max_steps={st.thr_steps}` and `torchrun --nproc_per_node=2 "
                    f"benchmarks/bare_ddp.py {' '.join(bare_args)} --steps {st.thr_steps}` (random bytes, same GPT, "
-                   "AdamW, gloo); both: global batch x steady steps / sum of per-step times, a step's time = max over "
-                   f"ranks; platform steady = steps {steady[0]}..{steady[1]} (run.json: warm-up and profiled steps "
+                   "AdamW, gloo); both: global batch x steady steps / the slowest rank's steady time (the rank whose "
+                   f"steps took longest in all); platform steady = steps {steady[0]}..{steady[1]} (run.json: warm-up and profiled steps "
                    f"excluded), bare = steps {st.thr_warmup}..{st.thr_steps}; value = median [min-max] of the pairs' "
                    "ratios; checked from run.json: micro-batch, shape, parameter count, AdamW, 1 thread per rank, fp32")
 

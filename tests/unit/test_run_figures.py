@@ -160,6 +160,21 @@ def test_summarize_by_hand():
     assert out["memory"]["model_state_bytes_per_rank"] == [6, 6]
 
 
+def test_jittered_step_boundaries_are_not_summed_as_maxima():
+    """Two ranks in lockstep whose step boundaries jitter apart: rank 0 logs 1, 3, 1, 3 ms where
+    rank 1 logs 3, 1, 3, 1 ms, 8 ms each in all. The max per step (3, 3, 3, 3: 12 ms) was more
+    than either rank's elapsed time; the run takes 8 ms: 4 x 4 samples / 8 ms."""
+    r0, r1 = [9.0, 1.0, 3.0, 1.0, 3.0], [9.0, 3.0, 1.0, 3.0, 1.0]
+    out = summarize([_rank(r0, [1.0] * 5), _rank(r1, [1.0] * 5)], global_batch=4, tokens_per_sample=None,
+                    warmup_steps=1)
+    assert out["step_time_s"]["mean"] == 2.0 and out["step_time_s"]["median"] == 2.0
+    assert out["throughput"]["samples_per_s"] == 4 * 4 / 8.0
+    # a straggler is still the run's pace: rank 1's steady 12 ms, not rank 0's 4
+    out = summarize([_rank([9.0, 1.0, 1.0, 1.0, 1.0], [1.0] * 5), _rank([9.0, 3.0, 3.0, 3.0, 3.0], [1.0] * 5)],
+                    global_batch=4, tokens_per_sample=None, warmup_steps=1)
+    assert out["step_time_s"]["median"] == 3.0 and out["throughput"]["samples_per_s"] == 4 * 4 / 12.0
+
+
 def test_p90_is_nearest_rank_not_the_maximum():
     assert p90([float(i) for i in range(1, 11)]) == 9.0    # of 10 values: the 9th
     assert p90([1.0]) == 1.0 and p90([]) is None

@@ -287,3 +287,23 @@ def test_the_mfu_profile_splits_no_group(tmp_path):
     _write(tmp_path, [a, b])
     (group,) = [g for g in aggregate(tmp_path)["groups"] if g["kind"] == "strong"]
     assert {m["job"]: m["scaling_efficiency"] for m in group["runs"]} == pytest.approx({"h/0": 1.0, "h/1": 0.75})
+
+
+def test_the_logger_is_a_measured_setting_its_project_is_not(tmp_path):
+    """logger=none,csv at devices 1,2 (review, 2026-12-03): csv's per-step save is in the step time
+    (671.5 vs 543.5 samples/s on 1 rank, 19 % apart), and the two were pooled as repeats of one
+    baseline (607.5: 1.105 and 0.895 on 1 rank). Each logger is its own series: 2-rank 900 / (2 x
+    671.5) = 0.670 for none, 800 / (2 x 543.5) = 0.736 for csv; W&B's project splits nothing."""
+    runs = [_torchrun(f"g/{i}", w, thr, f"id{i}") for i, (w, thr) in enumerate(((1, 671.5), (1, 543.5), (2, 900.0),
+                                                                                (2, 800.0)))]
+    for r in (runs[0], runs[2]):
+        r["config"]["logger"] = {"name": "none"}
+    for r in (runs[1], runs[3]):
+        r["config"]["logger"] = {"name": "csv"}
+    _write(tmp_path, runs)
+    strong = [g for g in aggregate(tmp_path)["groups"] if g["kind"] == "strong"]
+    eff = {m["job"]: m["scaling_efficiency"] for g in strong for m in g["runs"]}
+    assert len(strong) == 2 and all(g["baseline_repeats"] == 1 for g in strong)
+    assert eff == pytest.approx({"g/0": 1.0, "g/2": 900 / (2 * 671.5), "g/1": 1.0, "g/3": 800 / (2 * 543.5)})
+    keys = efficiency_keys(aggregate(tmp_path)["groups"])
+    assert len([k for k in keys if "/x2/" in k]) == 2, keys    # two series, two keys at 2 ranks

@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from scalelab.results.record import num_nodes
-from scalelab.results.sweep import NOT_MEASURED, per_rank_batch, sweep_of_record
+from scalelab.results.sweep import MEASURED_LOGGER, NOT_MEASURED, per_rank_batch, sweep_of_record
 from scalelab.results.table import _show, flatten, lookup
 
 MIB = 2**20
@@ -92,7 +92,8 @@ def _apart(runs: list[dict], key, pooled: tuple = ()) -> dict[int, str]:
     for r in runs:
         by_key[key(r)].append(r)
     for members in by_key.values():
-        flat = [{k: v for k, v in flatten(r.get("config") or {}).items() if not k.startswith(_POOLED + pooled)}
+        flat = [{k: v for k, v in flatten(r.get("config") or {}).items()
+                 if not k.startswith(_POOLED + pooled) or k in MEASURED_LOGGER}
                 for r in members]
         keys = sorted({k for f in flat for k in f})
         vary = [k for k in keys if len({repr(f.get(k)) for f in flat}) > 1]

@@ -39,6 +39,15 @@ NOT_MEASURED = ("job.", "hydra.", "logger.", "cache_dir", "verbose", "launcher.r
                 # the profile MFU is divided by (hardware, hardware.*, hardware_profile): the same run,
                 # not another series (it split one)
                 "hardware")
+# ...but which logger, and W&B's mode, are measured: a logger's per-step work is in the step time
+# (csv: ~0.6 ms a step, 20-30 % of a tiny model's), and logger=none,csv were pooled as repeats of
+# one baseline 19 % apart. Its project, entity and tags are not.
+MEASURED_LOGGER = ("logger.name", "logger.mode")
+
+
+def not_measured(key: str) -> bool:
+    """A dotted config key that changes nothing a run measures (NOT_MEASURED, but MEASURED_LOGGER)."""
+    return key.startswith(NOT_MEASURED) and key not in MEASURED_LOGGER
 
 
 # What a record says of its run at its top level that no world size changes (not parallel.*, lr,
@@ -69,7 +78,7 @@ def _identity(rec: dict) -> str:
     for group, sub in cfg.items():
         for key, v in (sub.items() if isinstance(sub, dict) else [(None, sub)]):
             name = f"{group}.{key}" if key is not None else group
-            if name not in world and not name.startswith(NOT_MEASURED):
+            if name not in world and not not_measured(name):
                 flat[name] = v
     return json.dumps(sorted(flat.items()), default=str)
 
@@ -116,7 +125,7 @@ def aggregate(sweep_dir: Path | str, write: bool = True, problems: list[str] | N
             if len(worlds) < 2 or (kind == "weak" and len({m["global_batch_size"] for m in members}) < 2):
                 continue  # a weak group whose global batch never changed is the strong group again
             base = min(members, key=baseline_key)
-            # repeats of the baseline (runs differing only in NOT_MEASURED keys, e.g. logger=none,csv):
+            # repeats of the baseline (runs differing only in NOT_MEASURED keys, e.g. a torchrun rdzv_id):
             # their median, as the charts draw repeats; against the first folder's alone, a 1-rank
             # repeat read 0.83 and the chart's line started below the ideal one (found by review)
             repeats = [m for m in members if baseline_key(m)[:3] == baseline_key(base)[:3]]

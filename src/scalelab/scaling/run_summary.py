@@ -1,5 +1,5 @@
 """The run record's measured figures from every rank's StepMetrics summary (scaling.metrics):
-step time (the slowest rank's, per step), steady-state slice, throughput, loss curve, memory."""
+step time (the slowest rank's), steady-state slice, throughput, loss curve, memory."""
 from __future__ import annotations
 
 import math
@@ -37,12 +37,18 @@ def summarize(per_rank: list[dict], global_batch: int, tokens_per_sample: int | 
               warmup_steps: int, loss_ranks: list[int] | None = None, profiled_steps: int = 0) -> dict:
     """Combine per-rank summaries into the run record's measured fields.
 
-    A step ends when the slowest rank ends it, so the step time is the max over ranks.
-    The loss per step is the mean over the ranks that compute it (all, unless a pipeline's
-    last stage alone does: loss_ranks)."""
+    The run goes as fast as its slowest rank: the step times are those of the rank whose steady
+    steps took longest in all (each rank's own intervals; they sum to its elapsed time). The max
+    over ranks of each step's interval, taken step by step, summed to more than any rank's
+    elapsed time: the ranks' step boundaries jitter apart (rank 0 14 then 25 ms where rank 1 39
+    then 15 ms), so a fast interval never cancelled a slow one and every N > 1 run was 1.5-4 %
+    slower than it ran, its scaling efficiency and MFU low against a 1-rank baseline. The loss
+    per step is the mean over the ranks that compute it (all, unless a pipeline's last stage
+    alone does: loss_ranks)."""
     n_steps = min(len(r["step_times"]) for r in per_rank)
-    step = [max(r["step_times"][i] for r in per_rank) for i in range(n_steps)]
     start, end = steady_slice(n_steps, warmup_steps, profiled_steps)
+    slowest = max(per_rank, key=lambda r: (sum(r["step_times"][start:end]), sum(r["step_times"][:n_steps])))
+    step = slowest["step_times"][:n_steps]
     steady = step[start:end]
     src = [per_rank[i] for i in (loss_ranks or range(len(per_rank)))]
     curve = [[per_rank[0]["global_steps"][i], statistics.fmean(r["losses"][i] for r in src)]
