@@ -338,13 +338,25 @@ def check_keys(c: dict) -> None:
 
 def _restarts_under_srun(c: dict) -> None:
     """trainer.max_restarts > 0 with launcher=srun: srun never restarts ranks (only spawn and torchrun
-    do), so the setting was silently ignored and the first failure ended the job."""
+    do), so the setting was silently ignored and the first failure ended the job; with launcher=torchrun
+    on several nodes the restart cannot resume."""
     restarts = (c.get("trainer") or {}).get("max_restarts")
     if (c.get("launcher") or {}).get("name") == "srun" and isinstance(restarts, int) and restarts > 0:
         raise ConfigError(f"trainer.max_restarts={restarts} with launcher=srun: srun does not restart ranks, so it "
                           "would be ignored; on SLURM set trainer.max_restarts=0 and checkpoint.every_n_steps=N: a "
                           "preempted or timed-out job saves, requeues itself and resumes from its newest checkpoint "
                           "(`scontrol requeue JOBID` resumes a failed one there too)")
+    nodes = (c.get("trainer") or {}).get("num_nodes")
+    if (c.get("launcher") or {}).get("name") == "torchrun" and isinstance(restarts, int) and restarts > 0 \
+            and isinstance(nodes, int) and nodes > 1:
+        # each node's agent restarted alone, its static rendezvous store keeping the failed attempt's
+        # gloo addresses (pytorch#135712): the restarted rank was refused its connection and node 0
+        # hung on past trainer.collective_timeout_s, with no record (2 of 2 tries)
+        raise ConfigError(f"trainer.max_restarts={restarts} with launcher=torchrun on {nodes} nodes: each node's "
+                          "torchrun restarts alone and its rendezvous store keeps the failed attempt's addresses, so "
+                          "the restart cannot connect; set trainer.max_restarts=0 and run the same command again on "
+                          "every node (it resumes from the newest checkpoint), or let a pod's restartPolicy do it "
+                          "(scalelab k8s --pvc)")
 
 
 def _hardware_profile(value: Any) -> None:

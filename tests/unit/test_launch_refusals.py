@@ -118,6 +118,21 @@ def test_max_restarts_under_srun_is_refused():
     preflight(["launcher=srun", "trainer.accelerator=cpu", "trainer.max_restarts=0"], data=False, elsewhere=True)
 
 
+def test_max_restarts_under_multi_node_torchrun_is_refused():
+    """Each node's torchrun restarted alone, its static rendezvous store keeping the failed attempt's
+    gloo addresses: the restarted rank could not connect and node 0 hung, no record (review, 2 of 2)."""
+    node = ["launcher=torchrun", "trainer.accelerator=cpu", "launcher.rdzv_endpoint=127.0.0.1:29623",
+            "launcher.node_rank=0", "trainer.devices=1"]
+    with pytest.raises(ConfigError) as e:
+        preflight([*node, "trainer.num_nodes=2", "trainer.max_restarts=1"], data=False)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("trainer.max_restarts=1 with launcher=torchrun on 2 nodes: each node's "
+                                              "torchrun restarts alone")
+    assert "run the same command again on every node" in msg
+    preflight([*node, "trainer.num_nodes=2", "trainer.max_restarts=0"], data=False)   # no restarts: fine
+    preflight([*node, "trainer.num_nodes=1", "trainer.max_restarts=1"], data=False)   # one node restarts whole
+
+
 def test_slurm_render_refuses_max_restarts(capsys):
     code, out = run_cli([*SLURM, "trainer.max_restarts=1", "strategy=single"], capsys)
     _one_line_error(code, out, "trainer.max_restarts=1 with launcher=srun")
