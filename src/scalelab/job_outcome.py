@@ -90,12 +90,13 @@ def collect(job_dir: Path, rc: int, resolved: dict, spec, threads: int, since: f
     except (OSError, ValueError):
         pass
     if isinstance(measured, dict) and measured.get("status") == "completed":
-        measured.update(status="failed", returncode=rc, error=error_message(job_dir, rc), failed_after_record=True)
+        measured.update(status="failed", returncode=rc, error=error_message(job_dir, rc, _node_ranks(resolved, spec)),
+                        failed_after_record=True)
         return measured
     record = base_record(resolved, spec.batch, spec.lr, spec.run.world_size,
                          spec.plan.parallel_degrees(spec.run.world_size), spec.run.model_arch, None,
                          spec.run.accelerator, threads)
-    record.update(status="failed", returncode=rc, error=error_message(job_dir, rc))
+    record.update(status="failed", returncode=rc, error=error_message(job_dir, rc, _node_ranks(resolved, spec)))
     reached = read_mark(job_dir / PROGRESS)   # rank 0's progress mark (at most ~1 s old): how far it got
     # as a completed record says them: where this attempt started (a SLURM requeue, a rerun after a
     # crash) and the SLURM job (its requeue count, partition)
@@ -117,11 +118,19 @@ def collect(job_dir: Path, rc: int, resolved: dict, spec, threads: int, since: f
     return record
 
 
-def error_message(job_dir: Path, rc: int) -> str:
+def _node_ranks(resolved: dict, spec) -> list[int]:
+    """The global ranks this node's launcher started (launcher=torchrun: node_rank x devices on)."""
+    devices = int(spec.run.devices_per_node)
+    node = int((resolved.get("launcher") or {}).get("node_rank") or 0) if spec.run.num_nodes > 1 else 0
+    return list(range(node * devices, (node + 1) * devices))
+
+
+def error_message(job_dir: Path, rc: int, ranks: list[int] = ()) -> str:
     """The first failure: the rank the launcher saw fail first (scalelab.spawn notes it in
     ranks.log; its peers were ended after it and their errors are consequences), else the rank
     whose error file says why (launch.cause_rank: not a peer's connection ending, the oldest),
-    else the exit code and the log's last line."""
+    else the exit code and the log's last line. RANKS: this node's, for a collective's timeout
+    (the rank that timed out only waited: those of them that wrote no error are named)."""
     if rc == 124:   # the launcher ended the ranks: their errors (SIGTERM, a lost peer) are its doing
         return "timed out (trainer.timeout_s)"
     log = job_dir / "ranks.log"
@@ -149,7 +158,7 @@ def error_message(job_dir: Path, rc: int) -> str:
         # the only error files are its peers' (a lost connection, the SIGTERM that ended them)
         return f"{torchrun} (error-rank{cause}: {cause_line})"
     if cause is not None:   # worded as the local launcher's watch words it (it read "error-rank1: ...")
-        return f"rank {cause} failed first: {cause_line}"
+        return f"rank {cause} failed first: {cause_line}" + _hung(cause, cause_line, ranks, written)
     if torchrun:
         return torchrun
     # not one of scalelab's own notes (a killed launcher's log ended with the GLOO_SOCKET_IFNAME one,
@@ -157,6 +166,17 @@ def error_message(job_dir: Path, rc: int) -> str:
     tail = [ln for ln in text.splitlines() if ln.strip() and not _OWN_NOTE.match(ln)][-1:]
     signal_note = f" (killed by signal {-rc if rc < 0 else rc - 128})" if rc < 0 or rc > 128 else ""
     return f"ranks exited with code {rc}{signal_note}" + (f": {tail[0][:300]}" if tail else "")
+
+
+def _hung(cause: int, line: str | None, ranks, written: list[int]) -> str:
+    """'; rank R wrote no error ...' where CAUSE's error is a collective's timeout and ranks of this
+    node wrote none (torchrun ended them): as spawn._hung_peers says it under launcher=local. A rank
+    hung at a step was reported as its healthy peer's failure ("rank 0 failed first: ... Timed out")."""
+    silent = [r for r in ranks if r not in written and r != cause]
+    if not silent or not launch.TIMED_OUT.search(line or ""):
+        return ""
+    who = f"rank{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))}"
+    return f"; {who} wrote no error when its collective timed out: hung or slow there, look at {who} first"
 
 
 # what a checkpoint's load raises where its bytes are bad (torch's zip reader, unpickling, a
@@ -197,4 +217,9 @@ def failed_on_node(record: dict, job_dir: Path, layout: dict) -> None:
         # this node's first failure only lost its connection: not the job's first ("rank 0 failed first")
         record["error"] = re.sub(r"^rank (\d+) failed first", r"rank \1 failed on this node", str(record["error"]))
         record["error"] += (" (a peer's connection ended: the rank that failed first may be on another node, "
+                            "whose ranks.log says why)")
+    elif launch.TIMED_OUT.search(str(record.get("error"))) and "wrote no error" not in str(record["error"]):
+        # every rank here wrote its timeout: the one that hung or was slow is on another node
+        record["error"] = re.sub(r"^rank (\d+) failed first", r"rank \1 failed on this node", str(record["error"]))
+        record["error"] += (" (it waited for a peer: the rank that hung or was slow may be on another node, "
                             "whose ranks.log says why)")

@@ -96,3 +96,34 @@ def test_each_rank_removes_its_own_earlier_error_file_when_it_starts(tmp_path, m
     (tmp_path / "error-rank0.txt").write_text("ValueError: attempt 1\n")
     monkeypatch.setattr("sys.argv", ["worker", str(tmp_path)])
     assert worker.main() == 0 and not (tmp_path / "error-rank0.txt").exists()
+
+
+TIMEOUT = ("Traceback (most recent call last):\n  File \"w.py\"\nRuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:81] "
+           "Timed out waiting 15000ms for recv operation to complete\n")
+
+
+def test_under_torchrun_a_collective_timeout_names_the_rank_that_wrote_nothing(tmp_path):
+    """torchrun_local, rank 1 hung (SIGSTOP) at a step: rank 0's recv timed out and torchrun ended
+    rank 1, which wrote no error. The record said "rank 0 failed first: ... Timed out" (review); as
+    launcher=local says it, the hung one is named."""
+    (tmp_path / "ranks.log").write_text("step 3\n")
+    _write(tmp_path, 0, TIMEOUT, T)
+    line = "rank 0 failed first: RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting " \
+           "15000ms for recv operation to complete"
+    assert _error_message(tmp_path, 1, [0, 1]) == (line + "; rank 1 wrote no error when its collective timed out: "
+                                                   "hung or slow there, look at rank 1 first")
+    assert _error_message(tmp_path, 1, [0]) == line          # node 0 of 2 nodes: its one rank wrote it
+    _write(tmp_path, 1, RAISED, T + 1)                        # a rank that raised is no hung one
+    assert "wrote no error" not in _error_message(tmp_path, 1, [0, 1])
+
+
+def test_a_node_whose_ranks_all_timed_out_points_to_another_node(tmp_path):
+    from scalelab.job_outcome import failed_on_node
+
+    (tmp_path / "ranks.log").write_text("step 3\n")
+    _write(tmp_path, 0, TIMEOUT, T)
+    record = {"error": _error_message(tmp_path, 1, [0])}
+    failed_on_node(record, tmp_path, {"node_rank": 0, "endpoint": "127.0.0.1:29651"})
+    assert record["error"].startswith("rank 0 failed on this node: RuntimeError:")
+    assert record["error"].endswith("(it waited for a peer: the rank that hung or was slow may be on another node, "
+                                    "whose ranks.log says why)")
