@@ -118,6 +118,28 @@ def collect(job_dir: Path, rc: int, resolved: dict, spec, threads: int, since: f
     return record
 
 
+def stopped_record(job_dir: Path, resolved: dict, spec, threads: int, how: str, rc: int) -> dict:
+    """The record of a job its ranks stopped (saved at an agreed step, then exited): SLURM's SIGTERM
+    (a requeued attempt replaces it), Ctrl-C, a SIGTERM on another node. How far it got and its loss
+    so far, from the curves its checkpoint keeps (a cancelled job's row read "-" everywhere; a
+    Ctrl-C'd one had no record at all); a pipeline's loss is its last stage's."""
+    from scalelab.checkpointing import mean_curve
+    from scalelab.scaling.run_summary import loss_fields
+
+    record = collect(job_dir, 1, resolved, spec, threads)
+    record.update(status="failed", returncode=rc, error=f"stopped by {how}")
+    stop = requeue.stopped_at(job_dir)   # the step the ranks saved and stopped at
+    if stop is not None:
+        record["steps"] = stop[0]
+        curve = None if hasattr(spec.plan, "training_step") else mean_curve(
+            job_dir / "checkpoints" / f"step-{stop[0]:08d}.ckpt", spec.run.world_size)
+        if curve:
+            record["loss"] = loss_fields(curve)
+        if record.get("resumed_at_step"):
+            record["steps_this_attempt"] = stop[0] - record["resumed_at_step"]
+    return record
+
+
 def _node_ranks(resolved: dict, spec) -> list[int]:
     """The global ranks this node's launcher started (launcher=torchrun: node_rank x devices on)."""
     devices = int(spec.run.devices_per_node)

@@ -19,15 +19,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from scalelab import job_dir as job_dir_check
 from scalelab import launch, requeue, run_end, same_job, spawn, timing
-from scalelab.checkpointing import (PROGRESS, RESTARTS, RESUMED, goes_on_from, mean_curve, read_restarts,
+from scalelab.checkpointing import (PROGRESS, RESTARTS, RESUMED, goes_on_from, read_restarts,
                                     set_aside_damaged)
 from scalelab.errors import ConfigError
-from scalelab.job_outcome import RERUN_MARK, collect, failed_on_node, mark_attempt, node_record, one_line
+from scalelab.job_outcome import (RERUN_MARK, collect, failed_on_node, mark_attempt, node_record, one_line,
+                                  stopped_record)
 from scalelab.paths import conf_dir
 from scalelab.results.record import (RUN_FILE, BadRecord, install_log_redaction, load_record,
                                      redact_text, register_override_secrets, scrub, scrub_file, write_json)
 from scalelab.run_end import job_timeout, results_line, timed_out
-from scalelab.scaling.run_summary import loss_fields
 from scalelab.slurm_request import srun_cpus_per_task, srun_crowded
 
 # Light imports only at the top: main() starts the ranks' fork server before anything imports
@@ -179,6 +179,7 @@ def run_job(cfg: DictConfig) -> dict:
         signals = requeue.BatchSignals(job_dir)
         mark_attempt(job_dir)
     spawned = timing.now()
+    _MARKS["stop_record"] = (job_dir, resolved, spec, threads)   # what a Ctrl-C writes (_stop)
     if cfg.launcher.name == "local":   # forks of a pre-imported server (scalelab.spawn)
         auto, start = cfg.checkpoint.get("resume", "auto") == "auto", cfg.checkpoint.resume_from
         rc, elastic = spawn.run_job(job_dir, spec.run.devices_per_node, env, job_dir / "ranks.log",
@@ -199,20 +200,7 @@ def run_job(cfg: DictConfig) -> dict:
             if stopped.startswith("SIGTERM"):
                 # SLURM ends (scancel, the time limit) or requeues the job itself: a record of how far
                 # it got, which a requeued attempt replaces (scalelab slurm's finalize adds the state)
-                record = collect(job_dir, 1, resolved, spec, threads)
-                record.update(status="failed", returncode=143, error=f"stopped by {stopped}")
-                stop = requeue.stopped_at(job_dir)   # the step the ranks saved and stopped at
-                if stop is not None:
-                    record["steps"] = stop[0]
-                    # its loss so far, from the curves its checkpoint keeps (a cancelled job's row read
-                    # "-" everywhere, its 8 losses beside the checkpoint); a pipeline's is its last stage's
-                    curve = None if hasattr(spec.plan, "training_step") else mean_curve(
-                        job_dir / "checkpoints" / f"step-{stop[0]:08d}.ckpt", spec.run.world_size)
-                    if curve:
-                        record["loss"] = loss_fields(curve)
-                    if record.get("resumed_at_step"):
-                        record["steps_this_attempt"] = stop[0] - record["resumed_at_step"]
-                write_json(job_dir / RUN_FILE, scrub(record))
+                write_json(job_dir / RUN_FILE, scrub(stopped_record(job_dir, resolved, spec, threads, stopped, 143)))
             return {"status": "requeued", "job": resolved["job"]}
     else:  # torchrun (one node of several, or torchrun_local): its tracebacks stay in ranks.log
         console = launch.TracebackFilter() if not cfg.get("verbose", False) else None
@@ -324,6 +312,7 @@ def _hydra_main(cfg: DictConfig) -> float:
     # no job runs now: a Ctrl-C from here (between jobs, in the sweep's summary) named this finished
     # job as the one it interrupted, and told how to resume it
     _MARKS["finished_dir"] = _MARKS.pop("job_dir", None)
+    _MARKS.pop("stop_record", None)
     final = record.get("loss", {}).get("final")
     return float(final) if record["status"] == "completed" and final is not None else float("nan")
 
@@ -401,6 +390,7 @@ def _stop(e: KeyboardInterrupt) -> None:
     """Ctrl-C or SIGTERM: the line that says what it stopped and how to go on, and the exit code."""
     # on a terminal, the progress bar's line is still open (it rewrites itself with \r)
     how = (str(e) or "SIGTERM") if isinstance(e, _Terminated) else "Ctrl-C"
+    _record_stop(how, 143 if how.startswith("SIGTERM") else 130)
     print(("\n" if sys.stderr.isatty() else "") + _interrupted(_MARKS.get("job_dir"), _MARKS.get("sweep_dir"), how,
                                                               _MARKS.get("run_dir")), file=sys.stderr)
     _fast_exit(143 if how.startswith("SIGTERM") else 130)
@@ -436,13 +426,30 @@ def _terminated(signum, frame) -> None:
     raise _Terminated()
 
 
+def _record_stop(how: str, rc: int) -> None:
+    """The record of the job a Ctrl-C or SIGTERM stopped once its ranks ran (none was written: an
+    interrupted sweep's job was missing from `scalelab compare`), unless they completed it. Never
+    in the way of the exit."""
+    job_dir, resolved, spec, threads = _MARKS.get("stop_record") or (None,) * 4
+    if job_dir is None or _completed_since(job_dir / RUN_FILE, _attempt_since(job_dir)):
+        return
+    try:
+        write_json(job_dir / RUN_FILE, scrub(stopped_record(job_dir, resolved, spec, threads, how, rc)))
+    except Exception as exc:  # noqa: BLE001 - the exit line still comes
+        print(f"[scalelab] the stopped job's record was not written ({type(exc).__name__}: {exc})", file=sys.stderr)
+
+
+def _attempt_since(job_dir: Path) -> float:
+    """When this attempt began: Hydra's files of it in the same folder (one file system's clock:
+    the launcher's may differ from a shared file server's), else the launcher's clock."""
+    hydra_cfg = job_dir / ".hydra" / "config.yaml"
+    return hydra_cfg.stat().st_mtime if hydra_cfg.is_file() else _MARKS.get("job_start", 0.0)
+
+
 def _interrupted(job_dir: Path | None, sweep_dir: Path | None = None, signame: str = "Ctrl-C",
                  run_dir: Path | None = None) -> str:
     finished = _MARKS.get("finished_dir")
-    # since this attempt began: Hydra's files of it in the same folder (one file system's clock:
-    # the launcher's may differ from a shared file server's), else the launcher's clock
-    hydra_cfg = job_dir / ".hydra" / "config.yaml" if job_dir is not None else None
-    since = hydra_cfg.stat().st_mtime if hydra_cfg is not None and hydra_cfg.is_file() else _MARKS.get("job_start", 0.0)
+    since = _attempt_since(job_dir) if job_dir is not None else 0.0
     if job_dir is not None and _completed_since(job_dir / RUN_FILE, since):
         job_dir, finished = None, job_dir   # its ranks wrote its completed record: it is not the one stopped
     return run_end.interrupted_line(job_dir, sweep_dir, signame, run_dir, _MARKS.get("max_steps"),

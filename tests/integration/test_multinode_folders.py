@@ -108,8 +108,8 @@ def test_a_sigterm_on_one_node_stops_both_nodes_resumably(tmp_path):
     """A pod's eviction or a spot preemption SIGTERMs one node's launcher: the ranks of both nodes
     agree on a step, save there and exit 143. The other node used to take torchrun's report of that
     for a failure: a failed run.json and exit 1, which a pod's restart policy (ExitCode) does not
-    retry. Now it stops as the signalled node does: exit 143, the line saying how to go on, no
-    record; the same commands again resume both nodes from that step and complete."""
+    retry. Now it stops as the signalled node does: exit 143, the line saying how to go on, a
+    record of the stop (status failed, "stopped by ..."); the same commands again resume both nodes from that step and complete."""
     job, steps = tmp_path / "shared", 30
     args = [a for a in COMMON if not a.startswith(("trainer.max_steps=", "checkpoint."))]
     args += [f"trainer.max_steps={steps}", "checkpoint.save=true"]
@@ -135,9 +135,13 @@ def test_a_sigterm_on_one_node_stops_both_nodes_resumably(tmp_path):
         out, err = outs[k]
         assert procs[k].returncode == 143, (k, out[-2000:], err[-2000:])
         assert f"[scalelab] interrupted ({how}) in {folder}: {again}" in err, (k, err[-2000:])
-        assert "FAILED" not in out + err and not (folder / "run.json").exists(), (k, out[-2000:], err[-2000:])
+        assert "FAILED" not in out + err, (k, out[-2000:], err[-2000:])
     step = int(saved[0].name[len("step-"):-len(".ckpt")])
     assert 1 <= step < steps
+    for how, folder in (("SIGTERM on another node", job), ("SIGTERM", job / "node1")):   # each node's record
+        rec = json.loads((folder / "run.json").read_text())
+        assert (rec["status"], rec["returncode"], rec["error"]) == ("failed", 143, f"stopped by {how}"), rec
+    assert json.loads((job / "run.json").read_text())["steps"] == step
 
     (rc0, out0), (rc1, out1) = _nodes(job, tmp_path, free_port(), common=args)   # the same commands again
     assert rc0 == 0 and rc1 == 0, (out0[-3000:], out1[-3000:])

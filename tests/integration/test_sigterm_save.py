@@ -54,7 +54,11 @@ def test_sigterm_saves_at_an_agreed_step_and_the_same_command_resumes_there(tmp_
     assert f"[scalelab] interrupted (SIGTERM) in {job}: the same command with hydra.run.dir={job} goes on from its " \
            f"checkpoint {saved.name}" in err, err[-3000:]
     assert "Traceback" not in err and not worker_pids(tmp_path)
-    assert not (job / "run.json").exists()
+    # its record says how far it got (none was written: a stopped sweep job was missing from compare)
+    stopped = json.loads((job / "run.json").read_text())
+    assert (stopped["status"], stopped["returncode"], stopped["error"], stopped["steps"]) == \
+        ("failed", 143, "stopped by SIGTERM", step)
+    assert [s for s, _ in stopped["loss"]["curve"]] == list(range(1, step + 1))
 
     train([*ARGS, f"hydra.run.dir={job}"], tmp_path)   # the same command again
     rec = json.loads((job / "run.json").read_text())
