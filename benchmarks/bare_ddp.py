@@ -75,9 +75,12 @@ def main() -> None:
     # The run goes as fast as its slowest rank (as the platform's run.json counts it): the step
     # times of the rank whose steady steps took longest in all, exchanged once AFTER training (no
     # collective in the loop). (A max per step summed to more than any rank's elapsed time.)
-    every = [None] * world if world > 1 else [times]
-    if world > 1:
-        dist.all_gather_object(every, times)
+    every = [times]
+    if world > 1:   # tensors on the rank's own device (all_gather_object's go to the current one)
+        mine = torch.tensor(times, dtype=torch.float64, device=dev)
+        gathered = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(gathered, mine)
+        every = [t.cpu().tolist() for t in gathered]
     slowest = max(every, key=lambda t: sum(t[a.warmup:]))
     steady, steady0 = slowest[a.warmup:], times[a.warmup:]
     out = {"marks": marks, "step_s_median": statistics.median(steady),

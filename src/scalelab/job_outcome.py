@@ -118,7 +118,8 @@ def collect(job_dir: Path, rc: int, resolved: dict, spec, threads: int, since: f
     return record
 
 
-def stopped_record(job_dir: Path, resolved: dict, spec, threads: int, how: str, rc: int) -> dict:
+def stopped_record(job_dir: Path, resolved: dict, spec, threads: int, how: str, rc: int,
+                   layout: dict | None = None) -> dict:
     """The record of a job its ranks stopped (saved at an agreed step, then exited): SLURM's SIGTERM
     (a requeued attempt replaces it), Ctrl-C, a SIGTERM on another node. How far it got and its loss
     so far, from the curves its checkpoint keeps (a cancelled job's row read "-" everywhere; a
@@ -137,6 +138,10 @@ def stopped_record(job_dir: Path, resolved: dict, spec, threads: int, how: str, 
             record["loss"] = loss_fields(curve)
         if record.get("resumed_at_step"):
             record["steps_this_attempt"] = stop[0] - record["resumed_at_step"]
+    if layout is not None:   # node K's part of a torchrun job (results.record.other_node_part: not a run)
+        import socket
+
+        record.update(node_rank=layout["node_rank"], hostname=socket.gethostname(), rdzv_endpoint=layout["endpoint"])
     return record
 
 
@@ -240,7 +245,10 @@ def failed_on_node(record: dict, job_dir: Path, layout: dict) -> None:
         record["error"] = re.sub(r"^rank (\d+) failed first", r"rank \1 failed on this node", str(record["error"]))
         record["error"] += (" (a peer's connection ended: the rank that failed first may be on another node, "
                             "whose ranks.log says why)")
-    elif launch.TIMED_OUT.search(str(record.get("error"))) and "wrote no error" not in str(record["error"]):
+    elif launch.TIMED_OUT.search(str(record.get("error"))) and "wrote no error" in str(record["error"]):
+        # a peer here wrote none: hung, or ended by torchrun before its own timeout came
+        record["error"] += " (or on another node, whose ranks.log says why)"
+    elif launch.TIMED_OUT.search(str(record.get("error"))):
         # every rank here wrote its timeout: the one that hung or was slow is on another node
         record["error"] = re.sub(r"^rank (\d+) failed first", r"rank \1 failed on this node", str(record["error"]))
         record["error"] += (" (it waited for a peer: the rank that hung or was slow may be on another node, "

@@ -24,6 +24,11 @@ from pathlib import Path
 NODE_OWN = ("launcher.", "hydra.", "verbose", "cache_dir", "logger", "trainer.timeout_s",
             "trainer.collective_timeout_s", "trainer.threads_per_rank", "trainer.enable_progress_bar",
             "data.num_workers")
+# ...of which what a run measures all the same: a logger's per-step work is in the step time (csv:
+# ~0.6 ms a step), so which logger (and W&B's mode) makes another series in a sweep (results.sweep).
+# It is still the same job (job_dir.FREE): a run resumes, or its completed record is kept and the
+# rerun says so, whichever logger the same command gives.
+MEASURED_LOGGER = ("logger.name", "logger.mode")
 
 
 def shared_overrides(overrides: list[str]) -> dict[str, str]:

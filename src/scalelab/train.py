@@ -179,7 +179,7 @@ def run_job(cfg: DictConfig) -> dict:
         signals = requeue.BatchSignals(job_dir)
         mark_attempt(job_dir)
     spawned = timing.now()
-    _MARKS["stop_record"] = (job_dir, resolved, spec, threads)   # what a Ctrl-C writes (_stop)
+    _MARKS["stop_record"] = (job_dir, resolved, spec, threads, layout)   # what a Ctrl-C writes (_stop)
     if cfg.launcher.name == "local":   # forks of a pre-imported server (scalelab.spawn)
         auto, start = cfg.checkpoint.get("resume", "auto") == "auto", cfg.checkpoint.resume_from
         rc, elastic = spawn.run_job(job_dir, spec.run.devices_per_node, env, job_dir / "ranks.log",
@@ -430,11 +430,11 @@ def _record_stop(how: str, rc: int) -> None:
     """The record of the job a Ctrl-C or SIGTERM stopped once its ranks ran (none was written: an
     interrupted sweep's job was missing from `scalelab compare`), unless they completed it. Never
     in the way of the exit."""
-    job_dir, resolved, spec, threads = _MARKS.get("stop_record") or (None,) * 4
+    job_dir, resolved, spec, threads, layout = _MARKS.get("stop_record") or (None,) * 5
     if job_dir is None or _completed_since(job_dir / RUN_FILE, _attempt_since(job_dir)):
         return
     try:
-        write_json(job_dir / RUN_FILE, scrub(stopped_record(job_dir, resolved, spec, threads, how, rc)))
+        write_json(job_dir / RUN_FILE, scrub(stopped_record(job_dir, resolved, spec, threads, how, rc, layout)))
     except Exception as exc:  # noqa: BLE001 - the exit line still comes
         print(f"[scalelab] the stopped job's record was not written ({type(exc).__name__}: {exc})", file=sys.stderr)
 

@@ -142,6 +142,8 @@ def test_a_sigterm_on_one_node_stops_both_nodes_resumably(tmp_path):
         rec = json.loads((folder / "run.json").read_text())
         assert (rec["status"], rec["returncode"], rec["error"]) == ("failed", 143, f"stopped by {how}"), rec
     assert json.loads((job / "run.json").read_text())["steps"] == step
+    from scalelab.results.record import read_records
+    assert [r["error"] for r in read_records([job])] == ["stopped by SIGTERM on another node"]   # node 1's is its part
 
     (rc0, out0), (rc1, out1) = _nodes(job, tmp_path, free_port(), common=args)   # the same commands again
     assert rc0 == 0 and rc1 == 0, (out0[-3000:], out1[-3000:])

@@ -127,3 +127,13 @@ def test_a_node_whose_ranks_all_timed_out_points_to_another_node(tmp_path):
     assert record["error"].startswith("rank 0 failed on this node: RuntimeError:")
     assert record["error"].endswith("(it waited for a peer: the rank that hung or was slow may be on another node, "
                                     "whose ranks.log says why)")
+
+
+def test_on_a_node_with_a_silent_peer_the_other_nodes_stay_suspects(tmp_path):
+    from scalelab.job_outcome import failed_on_node
+
+    (tmp_path / "ranks.log").write_text("step 3\n")
+    _write(tmp_path, 0, TIMEOUT, T)
+    record = {"error": _error_message(tmp_path, 1, [0, 1])}
+    failed_on_node(record, tmp_path, {"node_rank": 0, "endpoint": "127.0.0.1:29651"})
+    assert record["error"].endswith("look at rank 1 first (or on another node, whose ranks.log says why)")

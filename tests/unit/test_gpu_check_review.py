@@ -39,3 +39,20 @@ def test_an_earlier_sweep_is_refused_in_one_line(tmp_path, capsys):
     assert e.value.code == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'sweep'} holds an earlier sweep: give a new --out " \
                                       "(or remove it)\n"
+
+
+def test_without_a_cuda_device_it_refuses_to_run_as_a_gpu_check(tmp_path):
+    """A CPU torch (this checkout's .venv carried along) ran the 86M sweep on CPU until its cut and
+    reported it as "GPU" (review): one line, exit 2, before any run. (--smoke is the CPU check.)"""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: gpu_check: no CUDA device here (torch "), proc.stderr
+    assert proc.stderr.count("\n") == 1 and not (tmp_path / "o").exists()
+
+
+def test_a_gpu_check_has_a_deadline_by_default():
+    gc = _gpu_check()
+    assert gc.DEFAULT_DEADLINE_S <= 360          # issue 11: under 6 minutes on one GPU

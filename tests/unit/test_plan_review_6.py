@@ -52,7 +52,7 @@ def test_a_listing_for_the_mlp_has_the_split_strategies_refused(capsys):
     assert code == 0
     rows = {d["inputs"]["strategy"]: d for d in json.loads(cap.out)}
     assert {n for n, d in rows.items() if "refused" in d} == {"tp", "fsdp_tp", "pipeline", "nd"}
-    assert "train_command" not in rows["ddp"] or "model=mlp" in rows["ddp"]["train_command"]
+    assert "model=mlp" in rows["ddp"]["train_command"]                 # the strategies that run it: a same job
 
 
 def test_attention_other_than_the_trainers_is_a_what_if_without_a_same_job(capsys):
@@ -81,7 +81,7 @@ def test_flash_with_dropout_on_a_cpu_profile_is_a_what_if_too(capsys):
     assert doc["train_command_note"].endswith("runs the math kernel on a cpu profile at dropout 0.1")
 
 
-def test_a_listing_where_nothing_fits_exits_1(capsys):
+def test_a_listing_where_nothing_fits_exits_1(capsys, tmp_path):
     code, cap = run_cli(["plan", "--params", "70B", "--strategy", "ddp,single", "--devices", "8", "--global-batch",
                          "64", "--hardware", "h100_sxm"], capsys)
     assert code == 1 and cap.err == "error: none of ddp, single fits device memory as asked (the rows above)\n"
@@ -89,6 +89,25 @@ def test_a_listing_where_nothing_fits_exits_1(capsys):
                          "--global-batch", "64", "--micro-batch", "1", "--activation-checkpointing", "full",
                          "--hardware", "h100_sxm"], capsys)
     assert code == 0 and cap.err == ""                     # zero3 fits: the listing answered
+    # a refused row is not named; an offload row that fits its device but not the host's RAM says host
+    code, cap = run_cli(["plan", "--params", "7B", "--strategy", "tp,zero3_offload", "--devices", "2",
+                         "--global-batch", "2", "--activation-checkpointing", "full", "--vocab", "50257",
+                         "--hardware", str(_small_host(tmp_path)), "--json"], capsys)
+    rows = {d["inputs"]["strategy"]: d for d in json.loads(cap.out)}
+    assert "refused" in rows["tp"] and not rows["zero3_offload"]["memory"]["fits"]
+    assert code == 1 and cap.err == "error: none of zero3_offload fits device or host memory as asked (the rows above)\n"
+
+
+def _small_host(tmp_path):
+    """The H100 profile with 64 GiB of host RAM per node: a 7B model's offloaded states do not fit."""
+    import yaml
+
+    from scalelab.plan.spec import conf_dir
+
+    d = yaml.safe_load((conf_dir() / "hardware" / "h100_sxm.yaml").read_text())
+    d["host"]["memory_bytes"] = 64 * 2 ** 30
+    (tmp_path / "small_host.yaml").write_text(yaml.safe_dump(d))
+    return tmp_path / "small_host.yaml"
 
 
 @pytest.mark.parametrize("key,value,says", [
@@ -101,6 +120,8 @@ def test_a_listing_where_nothing_fits_exits_1(capsys):
     ("intra_node.latency_s", -1e-6, "intra_node.latency_s must be a number >= 0, got -1e-06"),
     ("devices_per_node", 0, "devices_per_node must be a whole number >= 1, got 0"),
     ("strategy_overhead_s", [1], "strategy_overhead_s must be a mapping (key: value lines), got [1]"),
+    ("host", {"link_bandwidth_bytes_per_s": 25e9}, "host lacks memory_bandwidth_bytes_per_s (the PCIe link per "
+     "device; the node's host RAM bandwidth, which its ranks' offloaded optimizer steps share)"),
 ])
 def test_a_profile_with_a_bad_figure_is_one_line_naming_it(capsys, tmp_path, key, value, says):
     import yaml
@@ -142,6 +163,7 @@ def test_an_infinite_rate_a_calibration_wrote_loads(tmp_path):
     (["--calibrate", "{tmp}", "--params", "7B"], "--params with --calibrate"),
     (["--probe", "--strategy", "ddp"], "--strategy with --probe: the probe measures this CPU and takes only --out"),
     (["--probe", "--hardware", "h100_sxm"], "--hardware with --probe"),
+    (["--validate", "{tmp}", "--devices", "0"], "--devices with --validate"),      # 0 is a value given
 ])
 def test_the_measured_modes_refuse_plan_flags(capsys, tmp_path, argv, says):
     code, cap = run_cli(["plan", *[a.format(tmp=tmp_path) for a in argv]], capsys)

@@ -127,3 +127,20 @@ def test_page_names_the_sweeps_series(two):
     names = [d["name"] for d in _figs(page)["throughput"]["data"]]
     assert names == [f"{A}: ddp b16", f"{A}: ddp b32", f"{B}: ddp b16", f"{B}: ddp b32"]
     assert not re.search(r"\[job\.sweep_dir=/", page)
+
+
+def test_the_logger_splits_speeds_not_losses(tmp_path):
+    """logger=none,csv in one sweep: csv's per-step save is in the step time, so the throughput chart
+    has a series per logger; the loss does not depend on it, so the LR chart keeps one series
+    (b16: median(3.0, 2.8) = 2.9)."""
+    d = _sweep(tmp_path, A, [("ddp", 1, 16, 25600.0, 3.0), ("ddp", 1, 16, 20000.0, 2.8), ("ddp", 2, 32, 48000.0, 2.5)])
+    for i, name in enumerate(("none", "csv", "none")):
+        rec = json.loads((d / str(i) / "run.json").read_text())
+        rec.setdefault("config", {})["logger"] = {"name": name}
+        write_json(d / str(i) / "run.json", rec)
+    recs = read_records([d])
+    speeds = charts.throughput(recs)
+    assert sorted((t["name"], t["x"], t["y"]) for t in speeds["traces"]) == [
+        ("ddp 16/rank logger=csv", [1], [20000.0]), ("ddp 16/rank logger=none", [1, 2], [25600.0, 48000.0])]
+    losses = charts.lr_scaling(recs)
+    assert [(t["x"], t["y"]) for t in losses["traces"]] == [([16, 32], [2.9, 2.5])]

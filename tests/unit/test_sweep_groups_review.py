@@ -135,7 +135,7 @@ def test_the_summary_s_sweep_dir_is_absolute(tmp_path, monkeypatch):
 
 
 def _spec():
-    run = SimpleNamespace(world_size=2, model_arch=None, accelerator="cpu")
+    run = SimpleNamespace(world_size=2, model_arch=None, accelerator="cpu", devices_per_node=2, num_nodes=1)
     return SimpleNamespace(batch=SimpleNamespace(global_batch_size=16, micro_batch_size=8, accumulate=1), lr=0.1,
                            run=run, plan=SimpleNamespace(parallel_degrees=lambda w: {"dp": w}))
 
@@ -307,3 +307,11 @@ def test_the_logger_is_a_measured_setting_its_project_is_not(tmp_path):
     assert eff == pytest.approx({"g/0": 1.0, "g/2": 900 / (2 * 671.5), "g/1": 1.0, "g/3": 800 / (2 * 543.5)})
     keys = efficiency_keys(aggregate(tmp_path)["groups"])
     assert len([k for k in keys if "/x2/" in k]) == 2, keys    # two series, two keys at 2 ranks
+    # W&B's project and tags are where it logs, not what is measured: one series
+    projects = [_torchrun(f"p/{i}", w, thr, f"id{i}") for i, (w, thr) in enumerate(((1, 600.0), (2, 900.0)))]
+    projects[1]["config"]["logger"].update(project="other", tags=["x"])
+    other = tmp_path / "projects"
+    other.mkdir()
+    _write(other, projects)
+    (group,) = [g for g in aggregate(other)["groups"] if g["kind"] == "strong"]
+    assert {m["job"]: m["scaling_efficiency"] for m in group["runs"]} == pytest.approx({"p/0": 1.0, "p/1": 0.75})

@@ -347,10 +347,12 @@ def _plan(a, job_terms=None) -> int:
         order = {n: i for i, n in enumerate(names)}     # the refused rows in the listing's order
         docs = sorted(docs + refused, key=lambda d: order.get(d["inputs"]["strategy"], len(order)))
         print(json.dumps(docs, indent=2) if a.json else render_rows(docs) + _fits_with_note(docs))
-        if not any(d["memory"]["fits"] for d in docs if d.get("memory")):
+        planned = [d for d in docs if d.get("memory")]
+        if not any(d["memory"]["fits"] for d in planned):
             # as one strategy that does not fit (`--strategy ddp,single` for a 70B model exited 0)
-            print(f"error: none of {', '.join(n for n in names if n)} fits device memory as asked "
-                  "(the rows above)", file=sys.stderr)
+            host = any(d["memory"]["total_bytes_per_device"] <= d["memory"]["device_memory_bytes"] for d in planned)
+            print(f"error: none of {', '.join(d['inputs']['strategy'] for d in planned)} fits "
+                  f"{'device or host' if host else 'device'} memory as asked (the rows above)", file=sys.stderr)
             return 1
         return 0
     doc, (terms, hw, _) = docs[0], plans[0]

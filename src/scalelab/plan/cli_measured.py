@@ -49,7 +49,7 @@ def refuse_unused(a) -> None:
     if modes:
         # `--validate SWEEP --strategy zero3 --devices 8 --params 7B` exited 0, the four dropped
         given = [f for f in _PLAN_FLAGS + (("hardware", "json") if a.probe else ())
-                 if getattr(a, f, None) not in (None, False)]
+                 if getattr(a, f, None) is not None and getattr(a, f) is not False]   # --devices 0 is given
         if given or getattr(a, "overrides", None):
             what = "--" + given[0].replace("_", "-") if given else a.overrides[0]
             if a.probe:

@@ -205,6 +205,10 @@ def parse_hardware(d: dict, source: str = "") -> Hardware:
             raise PlanError(f"hardware profile {source!r}: {k} must be a whole number >= 1, got {kw[k]!r}")
     if "host" in d:
         host = dict(_mapping(d["host"], "host", source))
+        missing = [k for k in _HOST_POSITIVE if k not in host]
+        if missing:   # filled with the dataclass's default, 50e9 for a whole GPU node: offload planned ~7x slow
+            raise PlanError(f"hardware profile {source!r}: host lacks {', '.join(missing)} (the PCIe link per "
+                            "device; the node's host RAM bandwidth, which its ranks' offloaded optimizer steps share)")
         for k, v in host.items():
             if k in _HOST_POSITIVE or (v is not None and (k.endswith("_bytes") or k.endswith("_per_rank"))):
                 host[k] = _number(v, f"host.{k}", source, positive=k in _HOST_POSITIVE)

@@ -92,8 +92,10 @@ def _apart(runs: list[dict], key, pooled: tuple = ()) -> dict[int, str]:
     for r in runs:
         by_key[key(r)].append(r)
     for members in by_key.values():
+        # which logger splits a series of speeds (its per-step work is timed), not one of losses
+        # (a chart's own `pooled`: logger.)
         flat = [{k: v for k, v in flatten(r.get("config") or {}).items()
-                 if not k.startswith(_POOLED + pooled) or k in MEASURED_LOGGER}
+                 if not k.startswith(_POOLED + pooled) or (k in MEASURED_LOGGER and not k.startswith(pooled))}
                 for r in members]
         keys = sorted({k for f in flat for k in f})
         vary = [k for k in keys if len({repr(f.get(k)) for f in flat}) > 1]

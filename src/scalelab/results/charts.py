@@ -270,7 +270,8 @@ def lr_scaling(records: list[dict], names: dict | None = None) -> dict:
     sweeps = sweep_labels([sweep_of(r) for r in runs], names)
     base = lambda r: (sweeps.get(_norm(sweep_of(r)), ""), str(r.get("lr_rule")))  # noqa: E731
     # strategies and world sizes pooled where each computes the same loss at one global batch
-    apart = _apart(runs, base, pooled=("strategy.", "lr_scaling.rule", "lr_scaling.decay", "data.micro_batch_size"))
+    apart = _apart(runs, base, pooled=("strategy.", "lr_scaling.rule", "lr_scaling.decay", "data.micro_batch_size",
+                                       "logger."))
     for r in runs:
         own = "" if exact_gradient(r) else f" {r.get('strategy')} x{r.get('world_size')}"
         series[(*base(r), own + apart[id(r)])][r.get("global_batch_size") or 0].append(r)

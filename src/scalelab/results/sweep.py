@@ -19,6 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from scalelab.paths import SWEEP_MARKS
+from scalelab.same_job import MEASURED_LOGGER
 from scalelab.results.record import RUN_FILE, num_nodes, read_records, write_json
 
 SWEEP_FILE = "sweep.json"
@@ -39,10 +40,8 @@ NOT_MEASURED = ("job.", "hydra.", "logger.", "cache_dir", "verbose", "launcher.r
                 # the profile MFU is divided by (hardware, hardware.*, hardware_profile): the same run,
                 # not another series (it split one)
                 "hardware")
-# ...but which logger, and W&B's mode, are measured: a logger's per-step work is in the step time
-# (csv: ~0.6 ms a step, 20-30 % of a tiny model's), and logger=none,csv were pooled as repeats of
-# one baseline 19 % apart. Its project, entity and tags are not.
-MEASURED_LOGGER = ("logger.name", "logger.mode")
+# ...but which logger, and W&B's mode, are measured (same_job.MEASURED_LOGGER): logger=none,csv
+# were pooled as repeats of one baseline 19 % apart. Its project, entity and tags are not.
 
 
 def not_measured(key: str) -> bool:
