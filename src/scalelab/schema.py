@@ -334,6 +334,32 @@ def check_keys(c: dict) -> None:
         unknown = sorted(set(node) - set(table) - {"_target_"}) if group in CLOSED else []
         if unknown:
             raise ConfigError(not_a_key(group, unknown[0], table))
+        other = _another_options_key(group, node) if group in CLOSED else None
+        if other:
+            raise ConfigError(other)
+
+
+def _another_options_key(group: str, node: dict) -> str | None:
+    """A key of the group's table set beside an option that has no such key: `+data.hub_name=x` under
+    data=stdlib trained stdlib's corpus with the key unread (the table is every option's keys). The
+    option chosen is the one whose conf/GROUP/*.yaml has the node's `source` or `name`."""
+    from scalelab.paths import conf_dir
+    import yaml
+
+    folder = conf_dir() / group
+    ident = next((k for k in ("source", "name") if k in node), None)
+    if ident is None or not folder.is_dir():
+        return None
+    files = {f.stem: yaml.safe_load(f.read_text()) or {} for f in sorted(folder.glob("*.yaml"))}
+    chosen = [stem for stem, d in files.items() if isinstance(d, dict) and d.get(ident) == node[ident]]
+    if len(chosen) != 1:
+        return None
+    for key in sorted(set(node) - set(files[chosen[0]]) - {"_target_"}):
+        owners = [stem for stem, d in files.items() if isinstance(d, dict) and key in d]
+        if owners:
+            return (f"{group}.{key} is a key of {', '.join(f'{group}={o}' for o in owners)}, not of {group}="
+                    f"{chosen[0]}: choose it too ({group}={owners[0]} {group}.{key}=...)")
+    return None
 
 
 def _restarts_under_srun(c: dict) -> None:

@@ -36,3 +36,17 @@ def test_scalelab_help_says_how_to_train(capsys):
     code, cap = run_cli(["train", "strategy=ddp"], capsys)
     assert code == 2 and cap.err.count("\n") == 1
     assert "invalid choice: 'train'" in cap.err and "; to train: scalelab-train KEY=VALUE ..." in cap.err
+
+
+@pytest.mark.parametrize("args,line", [
+    # with +, Hydra adds the key and the run trained the chosen option's data, the key unread
+    (["+data.hub_name=roneneldan/TinyStories"], "data.hub_name is a key of data=hub, not of data=stdlib: choose it "
+     "too (data=hub data.hub_name=...)"),
+    (["+launcher.rdzv_endpoint=n0:29500"], "launcher.rdzv_endpoint is a key of launcher=torchrun, not of "
+     "launcher=local"),
+    (["data=hub", "data.hub_name=x", "+data.files=[a.txt]"], "data.files is a key of data=text_files, not of data=hub"),
+])
+def test_an_added_key_of_another_option_is_refused(args, line):
+    with pytest.raises(ConfigError) as e:
+        preflight(args, data=False)
+    assert str(e.value).startswith(line) and "\n" not in str(e.value)
