@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 PY=python3
 # .venv's python where it has a CUDA torch (or for --smoke); else the env's python3 (.gpu/env.sh's,
 # whose packed packages a CPU-only .venv carried along would shadow); gpu_check.py refuses a CPU torch
-if [ -x .venv/bin/python ] && { [[ " $* " == *" --smoke "* ]] || .venv/bin/python -c     'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }; then
+if [ -x .venv/bin/python ] && { [[ " $* " == *" --smoke "* ]] || .venv/bin/python -c \
+    'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }; then
   PY=.venv/bin/python
 fi
 exec "$PY" benchmarks/gpu_check.py "$@"

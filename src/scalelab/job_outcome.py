@@ -139,10 +139,15 @@ def stopped_record(job_dir: Path, resolved: dict, spec, threads: int, how: str, 
         if record.get("resumed_at_step"):
             record["steps_this_attempt"] = stop[0] - record["resumed_at_step"]
     if layout is not None:   # node K's part of a torchrun job (results.record.other_node_part: not a run)
-        import socket
-
-        record.update(node_rank=layout["node_rank"], hostname=socket.gethostname(), rdzv_endpoint=layout["endpoint"])
+        record.update(_node_fields(layout))
     return record
+
+
+def _node_fields(layout: dict) -> dict:
+    """Which node of a launcher=torchrun job a record is from."""
+    import socket
+
+    return {"node_rank": layout["node_rank"], "hostname": socket.gethostname(), "rdzv_endpoint": layout["endpoint"]}
 
 
 def _node_ranks(resolved: dict, spec) -> list[int]:
@@ -197,13 +202,12 @@ def error_message(job_dir: Path, rc: int, ranks: list[int] = ()) -> str:
 
 def _hung(cause: int, line: str | None, ranks, written: list[int]) -> str:
     """'; rank R wrote no error ...' where CAUSE's error is a collective's timeout and ranks of this
-    node wrote none (torchrun ended them): as spawn._hung_peers says it under launcher=local. A rank
+    node wrote none (torchrun ended them): launch.hung_note, as spawn._hung_peers says it under launcher=local. A rank
     hung at a step was reported as its healthy peer's failure ("rank 0 failed first: ... Timed out")."""
     silent = [r for r in ranks if r not in written and r != cause]
     if not silent or not launch.TIMED_OUT.search(line or ""):
         return ""
-    who = f"rank{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))}"
-    return f"; {who} wrote no error when its collective timed out: hung or slow there, look at {who} first"
+    return launch.hung_note(silent, "wrote no error")
 
 
 # what a checkpoint's load raises where its bytes are bad (torch's zip reader, unpickling, a
@@ -231,9 +235,7 @@ def _torchrun_root_cause(text: str) -> str | None:
 def failed_on_node(record: dict, job_dir: Path, layout: dict) -> None:
     """launcher=torchrun, this node's ranks failed: which node the failed record is from, the steps
     only where this node knows them, and the rendezvous's or a peer's part in the error."""
-    import socket
-
-    record.update(node_rank=layout["node_rank"], hostname=socket.gethostname(), rdzv_endpoint=layout["endpoint"])
+    record.update(_node_fields(layout))
     # global rank 0 notes the steps: on node 0 (the static rendezvous)
     if (layout["node_rank"] != 0 and record.get("resumed_at_step") is None
             and not (job_dir / PROGRESS).exists()):
@@ -245,11 +247,10 @@ def failed_on_node(record: dict, job_dir: Path, layout: dict) -> None:
         record["error"] = re.sub(r"^rank (\d+) failed first", r"rank \1 failed on this node", str(record["error"]))
         record["error"] += (" (a peer's connection ended: the rank that failed first may be on another node, "
                             "whose ranks.log says why)")
-    elif launch.TIMED_OUT.search(str(record.get("error"))) and "wrote no error" in str(record["error"]):
-        # a peer here wrote none: hung, or ended by torchrun before its own timeout came
-        record["error"] += " (or on another node, whose ranks.log says why)"
     elif launch.TIMED_OUT.search(str(record.get("error"))):
-        # every rank here wrote its timeout: the one that hung or was slow is on another node
-        record["error"] = re.sub(r"^rank (\d+) failed first", r"rank \1 failed on this node", str(record["error"]))
-        record["error"] += (" (it waited for a peer: the rank that hung or was slow may be on another node, "
-                            "whose ranks.log says why)")
+        if "wrote no error" in record["error"]:   # a peer here wrote none: hung, or ended before its own timeout
+            record["error"] += " (or on another node, whose ranks.log says why)"
+        else:   # every rank here wrote its timeout: the one that hung or was slow is on another node
+            record["error"] = re.sub(r"^rank (\d+) failed first", r"rank \1 failed on this node", record["error"])
+            record["error"] += (" (it waited for a peer: the rank that hung or was slow may be on another node, "
+                                "whose ranks.log says why)")

@@ -151,6 +151,14 @@ TIMED_OUT = re.compile(r"Timed out waiting \d+ms|Watchdog caught collective oper
 ENDED = re.compile(r"SIGTERMException|KeyboardInterrupt|^SystemExit")
 
 
+def hung_note(ranks: list[int], state: str) -> str:
+    """'; rank R STATE when its collective timed out: ...', where the first failure is a collective's
+    timeout and RANKS did not fail with one (spawn: still running; a torchrun job: wrote no error):
+    the rank that timed out only waited for them."""
+    who = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+    return f"; {who} {state} when its collective timed out: hung or slow there, look at {who} first"
+
+
 def last_error_line(job_dir: Path, rank: int) -> str | None:
     """The exception line of error-rank<R>.txt (what the worker wrote as its exception left the rank)."""
     try:

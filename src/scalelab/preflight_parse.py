@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from scalelab.errors import ConfigError
 from scalelab.paths import conf_dir
-from scalelab.schema import CLOSED, check_keys, near_top_level, not_a_key
+from scalelab.schema import CLOSED, check_keys, near_top_level, not_a_key, options_with
 from scalelab.strategies.registry import choices
 
 # Hydra flags that print the composed config (--cfg) or what composed it (--info): their overrides
@@ -128,7 +128,7 @@ def _unknown_key(text: str, overrides: list[str]) -> str | None:
     for i, part in enumerate(parts):
         name, parent = ".".join(parts[:i + 1]), ".".join(parts[:i])
         if part not in node.keys():
-            owners = _options_with(key) if parent else []
+            owners = options_with(key) if parent else []   # (not the one chosen: Hydra found none)
             if owners:   # `data.hub_name=x` listed stdlib's keys and never said data=hub has it
                 return (f"{key} is a key of {', '.join(f'{parts[0]}={o}' for o in owners)}, not of the {parts[0]} "
                         f"chosen: choose it too ({parts[0]}={owners[0]} {key}=...)")
@@ -139,21 +139,6 @@ def _unknown_key(text: str, overrides: list[str]) -> str | None:
             return f"{name} is a value ({value}), not a group of keys: set it with {name}=VALUE"
         node = node.get(part)
     return None
-
-
-def _options_with(key: str) -> list[str]:
-    """The options of KEY's config group (conf/GROUP/*.yaml) whose own file sets KEY: the one
-    chosen does not (else Hydra would have found it)."""
-    group, *path = key.split(".")
-    folder = conf_dir() / group
-    owners = []
-    for f in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
-        node = OmegaConf.to_container(OmegaConf.load(f), resolve=False)
-        for part in path:
-            node = node[part] if isinstance(node, dict) and part in node else KeyError
-        if node is not KeyError:
-            owners.append(f.stem)
-    return owners
 
 
 def override_parser() -> OverridesParser:

@@ -14,6 +14,7 @@ strategies, which run after this.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -296,7 +297,7 @@ def check(c: dict) -> None:
     # which hardware profile, and a resume path the ranks can use (they would only fail on it)
     _hardware_profile(c.get("hardware_profile", "auto"))
     check_resume_from(c)   # a checkpoint the ranks could not load, or one at or past max_steps
-    _restarts_under_srun(c)
+    _restarts_refused(c)
     warm = (c.get("lr_scaling") or {}).get("warmup_steps")
     if isinstance(warm, float) and warm >= 1 and not warm.is_integer():
         raise ConfigError(f"lr_scaling.warmup_steps={warm!r} {GROUPS['lr_scaling']['warmup_steps'].what()}: "
@@ -343,26 +344,48 @@ def _another_options_key(group: str, node: dict) -> str | None:
     """A key of the group's table set beside an option that has no such key: `+data.hub_name=x` under
     data=stdlib trained stdlib's corpus with the key unread (the table is every option's keys). The
     option chosen is the one whose conf/GROUP/*.yaml has the node's `source` or `name`."""
-    from scalelab.paths import conf_dir
-    import yaml
-
-    folder = conf_dir() / group
+    files = _option_files(group)
     ident = next((k for k in ("source", "name") if k in node), None)
-    if ident is None or not folder.is_dir():
-        return None
-    files = {f.stem: yaml.safe_load(f.read_text()) or {} for f in sorted(folder.glob("*.yaml"))}
-    chosen = [stem for stem, d in files.items() if isinstance(d, dict) and d.get(ident) == node[ident]]
+    chosen = [stem for stem, d in files.items() if ident and d.get(ident) == node[ident]]
     if len(chosen) != 1:
         return None
     for key in sorted(set(node) - set(files[chosen[0]]) - {"_target_"}):
-        owners = [stem for stem, d in files.items() if isinstance(d, dict) and key in d]
+        owners = options_with(f"{group}.{key}")
         if owners:
             return (f"{group}.{key} is a key of {', '.join(f'{group}={o}' for o in owners)}, not of {group}="
                     f"{chosen[0]}: choose it too ({group}={owners[0]} {group}.{key}=...)")
     return None
 
 
-def _restarts_under_srun(c: dict) -> None:
+def options_with(key: str) -> list[str]:
+    """The options of KEY's config group (conf/GROUP/*.yaml) whose own file sets the dotted KEY."""
+    group, *path = key.split(".")
+    owners = []
+    for stem, node in _option_files(group).items():
+        for part in path:
+            node = node[part] if isinstance(node, dict) and part in node else KeyError
+        if node is not KeyError:
+            owners.append(stem)
+    return owners
+
+
+def _option_files(group: str) -> dict[str, dict]:
+    """{option: its conf/GROUP/OPTION.yaml as a mapping} (read once a process per conf folder: a
+    config is checked several times, each job of a sweep too)."""
+    from scalelab.paths import conf_dir
+
+    return _read_option_files(str(conf_dir() / group))
+
+
+@functools.lru_cache(maxsize=None)
+def _read_option_files(folder: str) -> dict[str, dict]:
+    import yaml
+
+    files = {f.stem: yaml.safe_load(f.read_text()) for f in sorted(Path(folder).glob("*.yaml"))}
+    return {stem: d for stem, d in files.items() if isinstance(d, dict)}
+
+
+def _restarts_refused(c: dict) -> None:
     """trainer.max_restarts > 0 with launcher=srun: srun never restarts ranks (only spawn and torchrun
     do), so the setting was silently ignored and the first failure ended the job; with launcher=torchrun
     on several nodes the restart cannot resume."""

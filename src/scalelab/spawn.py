@@ -259,8 +259,7 @@ def _hung_peers(job_dir: Path, rank: int, procs) -> str:
     alive = [i for i, p in enumerate(procs) if p.exitcode is None and i != rank]
     if not alive or not launch.TIMED_OUT.search(launch.last_error_line(job_dir, rank) or ""):
         return ""
-    who = f"rank{'s' if len(alive) > 1 else ''} {', '.join(map(str, alive))}"
-    return f"; {who} still running when its collective timed out: hung or slow there, look at {who} first"
+    return launch.hung_note(alive, "still running")
 
 
 def _first_failure(procs, failed: list[tuple[int, int]], pump, cause, grace_s: float = 1.0) -> tuple[int, int]:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .hardware import Hardware, Link, _cpu_name, _host_key, _usable_cores, save_hardware
+from .hardware import CALIBRATED_HEADER, Hardware, Link, _cpu_name, _host_key, _usable_cores, save_hardware
 from .spec import conf_dir
 from .host_floor import fitted_floors, split_host_bound
 from .run_records import (SPEED_WINDOW, as_dirs, check_accelerators, measured, runtime_bytes_from_rss,
@@ -293,8 +293,7 @@ def calibrate(sweep_dir, base: Hardware, out_path=None,
                f"{hw.calibration['date']} (base: {base.name}) || " + base_note)
     if out_path is not None:
         dirs = " ".join(str(d) for d in as_dirs(sweep_dir))
-        save_hardware(hw, out_path, header=f"# Fitted by `scalelab plan --calibrate {dirs}`; "
-                                           f"use with --hardware {out_path}")
+        save_hardware(hw, out_path, header=f"{CALIBRATED_HEADER} {dirs}`; use with --hardware {out_path}")
     return hw, {"profile": hw.to_dict(), "theta": theta, "runs": report,
                 "skipped": [{"run": str(p), "reason": r} for p, r in skipped]}
 

@@ -71,11 +71,6 @@ def measured(a) -> int:
     return _calibrate(a) if a.calibrate else _validate(a)
 
 
-# the first line --probe and --calibrate write (hardware.py, calibrate.py): a file that starts with
-# neither is a profile someone wrote, which neither replaces
-WRITTEN_BY = ("# Fitted by `scalelab plan --calibrate", "# This CPU, measured by a matmul/copy probe")
-
-
 def _out(a, out: Path) -> None:
     """--out (given, or the default OUT) is checked before the probe or the fit (one PlanError
     line): never a run's or a sweep's record, nor inside their folders (`--calibrate SWEEP --out
@@ -88,9 +83,11 @@ def _out(a, out: Path) -> None:
     if problem:
         raise PlanError(problem)
     if out.is_file():
+        from .hardware import CALIBRATED_HEADER, PROBE_HEADER
+
         with open(out, errors="replace") as f:
             first = f.readline()
-        if not first.startswith(WRITTEN_BY):
+        if not first.startswith((CALIBRATED_HEADER, PROBE_HEADER)):   # a profile someone wrote
             how = "--out" if a.out else "the default --out"
             raise PlanError(f"{how} {out} is a hardware profile that `scalelab plan --probe/--calibrate` did not "
                             "write: it would be replaced; give --out a new path (or delete it first)")

@@ -206,13 +206,13 @@ def parse_hardware(d: dict, source: str = "") -> Hardware:
     if "host" in d:
         host = dict(_mapping(d["host"], "host", source))
         missing = [k for k in _HOST_POSITIVE if k not in host]
-        if missing:   # filled with the dataclass's default, 50e9 for a whole GPU node: offload planned ~7x slow
+        if missing:   # it was filled with the default, 50e9 for a whole GPU node: offload planned ~7x slow
             raise PlanError(f"hardware profile {source!r}: host lacks {', '.join(missing)} (the PCIe link per "
                             "device; the node's host RAM bandwidth, which its ranks' offloaded optimizer steps share)")
         for k, v in host.items():
             if k in _HOST_POSITIVE or (v is not None and (k.endswith("_bytes") or k.endswith("_per_rank"))):
                 host[k] = _number(v, f"host.{k}", source, positive=k in _HOST_POSITIVE)
-        kw["host"] = {**Hardware.__dataclass_fields__["host"].default_factory(), **host}
+        kw["host"] = host
 
     def numbers(key: str, positive: bool = False) -> dict:
         return {str(k): _number(v, f"{key}.{k}", source, positive)
@@ -307,6 +307,12 @@ def _warn_other_host(hw: Hardware) -> None:
     print(f"warning: hardware profile {hw.source} was calibrated on another host "
           f"({hw.calibration.get('host') or key}): its rates may not hold here; "
           "calibrate again on this host (scalelab plan --calibrate SWEEP_DIR)", file=sys.stderr)
+
+
+# the first line of a profile --probe wrote, and how that of one --calibrate wrote starts: what
+# they may write over again (cli_measured._out), a profile someone wrote never
+PROBE_HEADER = "# This CPU, measured by a matmul/copy probe (scalelab plan --probe). See `note`."
+CALIBRATED_HEADER = "# Fitted by `scalelab plan --calibrate"
 
 
 def save_hardware(hw: Hardware, path: str | Path, header: str = "") -> Path:
@@ -420,8 +426,7 @@ def probe_cpu(out_path: str | Path | None = None, threads: int = 1, budget_s: fl
               "`scalelab plan --calibrate SWEEP_DIR` to fit them. Cost and power are assumptions "
               "(a cloud vCPU-hour, a core's share of a server's power)."))
     if out_path is not None:
-        save_hardware(hw, out_path, header="# This CPU, measured by a matmul/copy probe "
-                                           "(scalelab plan --probe). See `note`.")
+        save_hardware(hw, out_path, header=PROBE_HEADER)
     return hw
 
 
