@@ -38,6 +38,19 @@ def test_k8s_refuses_a_secret_in_the_command(override, capsys):
     assert override.split("=")[1] not in out.err
 
 
+@pytest.mark.parametrize("override", ["+hydra.job.env_set={WANDB_API_KEY:0123456789abcdef}",
+                                      "+logger.settings={api_key:XyZ-api-987}", "+x={a:1,hf_token:XyZ-api-987}"])
+def test_a_secret_as_a_key_of_a_dict_literal_is_refused_by_both_renders(override, capsys):
+    # review 2026-12-04: the first key of a Hydra dict literal ({KEY:VALUE}) passed both refusals and
+    # went into the manifest and the job script as written (a list's [KEY:VALUE] was refused)
+    secret = override.rsplit(":", 1)[1].rstrip("}")
+    code, out = run_cli([*K8S, "--cpu", "strategy=ddp", override], capsys)
+    _one_line_error(code, out, "would be written into the PyTorchJob's container command")
+    code, out = run_cli([*SLURM, "strategy=ddp", override], capsys)
+    _one_line_error(code, out, "SLURM job script")
+    assert secret not in out.err
+
+
 def test_k8s_secret_becomes_the_pods_environment(capsys):
     code, out = run_cli([*K8S, "--cpu", "--secret", "wandb", "--secret", "hf.token", "strategy=ddp",
                          "logger=wandb", "logger.mode=online"], capsys)

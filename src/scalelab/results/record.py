@@ -13,10 +13,11 @@ REDACTED = "<redacted>"
 # A key that names a secret: api_key, *token (not tokens_per_s, tokenizer), secret, password, ...
 _SECRET = re.compile(r"(api[_-]?key|access[_-]?key|private[_-]?key|token(?![a-z])|secret|password|passwd|"
                      r"credential|auth(?![a-z]))", re.I)
-# KEY=VALUE inside a string (a Hydra override `+logger.api_key=XYZ`, an env line) whose KEY names a secret
-_SECRET_ASSIGN = re.compile(r"((?:^|(?<=[\s'\"\[,(]))[+~]*[\w.-]*?(?:api[_-]?key|access[_-]?key|private[_-]?key|"
+# KEY=VALUE inside a string (a Hydra override `+logger.api_key=XYZ`, an env line) whose KEY names a secret;
+# KEY:VALUE in a Hydra list or dict literal, its first key too (`+hydra.job.env_set={WANDB_API_KEY:...}`)
+_SECRET_ASSIGN = re.compile(r"((?:^|(?<=[\s'\"\[{,(]))[+~]*[\w.-]*?(?:api[_-]?key|access[_-]?key|private[_-]?key|"
                             r"token(?![a-z])|secret|password|passwd|credential|auth(?![a-z]))[\w.-]*\s*[=:]\s*)"
-                            r"(?!<redacted>)(\"[^\"]*\"|'[^']*'|[^\s,'\"\])]+)", re.I)
+                            r"(?!<redacted>)(\"[^\"]*\"|'[^']*'|[^\s,'\"\]})]+)", re.I)
 # Values that are secrets wherever they appear: set from the environment (WANDB_API_KEY, *_TOKEN, ...)
 # and from secret-named overrides of this command (register_secrets).
 _KNOWN: set[str] = set()
