@@ -176,13 +176,23 @@ def _aggregate(args: argparse.Namespace) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    logger = {"name": "wandb", "project": args.project, "mode": args.wandb} if args.wandb != "disabled" else None
+    # the project and entity the sweep's jobs logged to (the summary run beside them, as the sweep's own
+    # aggregation put it): a re-aggregation "resumed" it into project scalelab, another run elsewhere
+    logged = [((r.get("config") or {}).get("logger") or {}) for r in records]
+    logger = ({"name": "wandb", "mode": args.wandb, "project": args.project or _one_value(logged, "project") or "scalelab",
+               "entity": args.entity or _one_value(logged, "entity")} if args.wandb != "disabled" else None)
     summary = summarize_sweep(sweep, logger)
     if not summary["num_completed"]:   # a script told "aggregated" from "nothing to aggregate" by the exit
         print(f"error: no completed run in {sweep} ({summary['num_failed']} failed): no scaling efficiency",
               file=sys.stderr)
         return 1
     return 0
+
+
+def _one_value(dicts: list[dict], key: str):
+    """The value every dict that has KEY gives it; None where none or several."""
+    values = {d.get(key) for d in dicts} - {None, ""}
+    return values.pop() if len(values) == 1 else None
 
 
 class _OneLineErrors(argparse.ArgumentParser):
@@ -219,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     agg.add_argument("sweep_dir")
     agg.add_argument("--wandb", choices=["offline", "online", "disabled"], default="disabled",
                      help="also log the sweep-summary run to W&B")
-    agg.add_argument("--project", default="scalelab")
+    agg.add_argument("--project", help="W&B project (default: the one the sweep's jobs logged to, else scalelab)")
+    agg.add_argument("--entity", help="W&B entity (default: the one the sweep's jobs logged to)")
     agg.set_defaults(func=_aggregate)
     from scalelab import slurm
 

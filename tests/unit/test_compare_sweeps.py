@@ -207,3 +207,72 @@ def test_aggregate_of_a_sweep_whose_runs_all_failed_exits_1_saying_so(tmp_path, 
     # before: exit 0, an empty groups list: a script could not tell it from an aggregated sweep
     assert code == 1 and err == f"error: no completed run in {sw} (2 failed): no scaling efficiency\n", err
     assert "0 completed, 2 failed" in out and json.loads((sw / "sweep.json").read_text())["groups"] == []
+
+
+@pytest.fixture()
+def wandb_settings_read_anew():
+    """W&B reads its settings (WANDB_INIT_TIMEOUT, WANDB_BASE_URL) once per process: an earlier
+    test's were kept, and this test's would be kept for the next one."""
+    import wandb
+
+    wandb.teardown()
+    yield
+    wandb.teardown()
+
+
+def test_an_online_summary_that_cannot_connect_is_logged_offline_also_when_resumed(two, tmp_path, wandb_env,
+                                                                                  monkeypatch, capsys,
+                                                                                  wandb_settings_read_anew):
+    """Review 2026-12-04: a rerun of an online sweep with no network (the summary run's id stored in
+    sweep.json) retried offline with the id W&B's service still held ("run ID ... is in use"): no
+    table, no report.html, an empty offline-run folder. Now: a new id offline, with one warning line,
+    then the table and the report; and a W&B failure never costs the table or the report."""
+    from scalelab.results import wandb_summary
+    from scalelab.results.callbacks import summarize_sweep
+    from scalelab.results.wandb_offline import find_runs, read_run
+
+    monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef" * 2 + "01234567")
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")   # discard port: connection refused
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "5")
+    a = two[0]
+    offline = {"name": "wandb", "mode": "offline", "project": "p"}
+    first = summarize_sweep(a, offline, str(tmp_path / "cache"))["wandb_run_id"]
+    (a / "report.html").unlink()
+    capsys.readouterr()
+    second = summarize_sweep(a, {**offline, "mode": "online"}, str(tmp_path / "cache"))["wandb_run_id"]
+    out = capsys.readouterr()
+    assert out.out.count("W&B online init failed") == 1 and "the sweep summary is logged offline" in out.out, out
+    assert "== sweep" in out.out and (a / "report.html").exists()
+    assert second and second != first and json.loads((a / "sweep.json").read_text())["wandb_run_id"] == second
+    runs = find_runs(a / "wandb")
+    assert sorted(read_run(p)["run"]["run_id"] for p in runs) == sorted([first, second])
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("service died\nsecond line")
+
+    monkeypatch.setattr(wandb_summary, "log_sweep", broken)
+    (a / "report.html").unlink()
+    summary = summarize_sweep(a, offline, str(tmp_path / "cache"))
+    out = capsys.readouterr()
+    assert out.err.count("\n") == 1 and "the sweep summary was not logged to W&B (RuntimeError: service died)" \
+        in out.err, out.err
+    assert "== sweep" in out.out and (a / "report.html").exists() and summary["num_completed"] == 2
+    assert json.loads((a / "sweep.json").read_text())["wandb_run_id"] == second   # kept for the next aggregation
+
+
+def test_aggregate_logs_the_summary_run_to_the_project_its_jobs_logged_to(tmp_path, wandb_env, capsys):
+    """Review 2026-12-04: `scalelab aggregate DIR --wandb offline` put the summary run in project
+    `scalelab` (--project's default) while the sweep's jobs and its first summary were in theirs."""
+    from scalelab.results.wandb_offline import find_runs, read_run
+
+    sw = _sweep(tmp_path / "sw", [100.0, 150.0])
+    for rec_path in sw.glob("*/run.json"):
+        rec = json.loads(rec_path.read_text())
+        rec["config"]["logger"] = {"name": "wandb", "project": "myproj", "entity": None}
+        write_json(rec_path, rec)
+    code, out, err = _run(["aggregate", str(sw), "--wandb", "offline"], capsys)
+    assert code == 0, err
+    code, out, err = _run(["aggregate", str(sw), "--wandb", "offline", "--project", "other"], capsys)
+    assert code == 0, err
+    projects = sorted(read_run(p)["run"]["project"] for p in find_runs(sw / "wandb"))
+    assert projects == ["myproj", "other"]

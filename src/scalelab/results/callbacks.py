@@ -2,6 +2,7 @@
 the comparison table."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +57,19 @@ def summarize_sweep(sweep_dir: Path, logger_cfg: Any = None, cache_dir: str | No
         from scalelab.results.wandb_summary import log_sweep
 
         # the summary run an earlier aggregation logged (aggregate kept its id in sweep.json) is resumed
-        summary["wandb_run_id"] = log_sweep(sweep_dir, summary, records, logger_cfg.get("project", "scalelab"),
-                                            logger_cfg.get("mode", "offline"), logger_cfg.get("entity"),
-                                            Path(cache_dir) if cache_dir else None,
-                                            run_id=summary_run_id(sweep_dir))
-        from scalelab.results.record import write_json
+        try:
+            summary["wandb_run_id"] = log_sweep(sweep_dir, summary, records, logger_cfg.get("project", "scalelab"),
+                                                logger_cfg.get("mode", "offline"), logger_cfg.get("entity"),
+                                                Path(cache_dir) if cache_dir else None,
+                                                run_id=summary_run_id(sweep_dir))
+        except Exception as exc:  # noqa: BLE001 - W&B's failure costs its summary run, never the table or report
+            why = (str(exc).strip().splitlines() or [""])[0][:200]
+            print(f"[scalelab] warning: the sweep summary was not logged to W&B ({type(exc).__name__}: {why}); "
+                  f"sweep.json, the table and report.html are written as usual", file=sys.stderr, flush=True)
+        else:
+            from scalelab.results.record import write_json
 
-        write_json(sweep_dir / "sweep.json", summary)
+            write_json(sweep_dir / "sweep.json", summary)
     print(f"\n== sweep {sweep_dir}: {headline(summary)} ==")
     print_table(records)   # on a terminal the rich table `scalelab compare` prints, fitted to its width
     if note := cpu_note(records):
