@@ -303,8 +303,10 @@ def _link_checkpoints(folder: Path, target: Path, relative: Path) -> None:
 
 
 @hydra.main(config_path=str(conf_dir()), config_name="train", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> float:
-    """Returns the objective for sweepers that optimize (Optuna): the final loss, NaN if failed."""
+def _hydra_main(cfg: DictConfig) -> float | None:
+    """Returns the objective for sweepers that optimize (Optuna): the final loss; None for a failed
+    job or one with no final loss (the Optuna sweeper then records a failed trial and goes on; a NaN
+    ended the search: scalelab.results.optuna_trials)."""
     try:
         record = run_job(cfg)
     except ConfigError as e:   # a value only the job sees (an Optuna trial's): one line, and the sweep goes on
@@ -314,7 +316,7 @@ def _hydra_main(cfg: DictConfig) -> float:
     _MARKS["finished_dir"] = _MARKS.pop("job_dir", None)
     _MARKS.pop("stop_record", None)
     final = record.get("loss", {}).get("final")
-    return float(final) if record["status"] == "completed" and final is not None else float("nan")
+    return float(final) if record["status"] == "completed" and final is not None and math.isfinite(final) else None
 
 
 def _sweep_and_num(hc, multirun: bool) -> tuple[Path | None, int]:

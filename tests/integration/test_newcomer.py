@@ -74,6 +74,25 @@ def test_an_optuna_sweep_prints_no_library_noise(tmp_path):
     assert "alembic" not in console and "\x1b[" not in console and "A new study created" not in console
 
 
+def test_failed_trials_of_an_optuna_search_are_one_line_each_and_the_search_goes_on(tmp_path):
+    """Review 2026-12-04: a failed job returned NaN, which Optuna refused (and the sweeper's fallback
+    again): the first failed trial ended the search with a two-exception traceback, no summary. Every
+    trial fails here (rank 1 raises at step 3): each is its job's FAILED line, the second trial
+    runs, the sweep is summarized, and the command says no trial completed, exit 1."""
+    sweep = tmp_path / "lr"
+    proc = train(["-m", "experiment=lr_search", "hydra.sweeper.n_trials=2", "trainer.max_steps=5", "logger=none",
+                  "strategy._target_=tests.slurm.crash.CrashingDDP", f"hydra.sweep.dir={sweep}"], tmp_path,
+                 check=False)
+    console = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in console, console[-3000:]
+    assert console.count("injected rank crash at step 3") >= 2 and "error: 2 job(s) failed" in console, console[-3000:]
+    assert "[scalelab] no trial of the search completed" in console
+    assert "float-castable" not in console and "max_failure_rate" not in console, console[-3000:]
+    assert [json.loads((sweep / n / "run.json").read_text())["status"] for n in ("0", "1")] == ["failed", "failed"]
+    summary = json.loads((sweep / "sweep.json").read_text())
+    assert (summary["num_failed"], summary["num_completed"]) == (2, 0) and (sweep / "report.html").exists()
+
+
 def test_selective_checkpointing_is_the_run(short_job):
     job, _ = short_job
     rec = json.loads((job / "run.json").read_text())

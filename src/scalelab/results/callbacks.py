@@ -106,6 +106,9 @@ class SweepSummary(Callback):
             import optuna
 
             optuna.logging.set_verbosity(optuna.logging.WARNING)
+            from scalelab.results import optuna_trials
+
+            optuna_trials.install()   # a failed trial is one line and the search goes on
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
