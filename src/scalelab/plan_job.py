@@ -45,19 +45,27 @@ def terms_for_job(overrides: list[str], target: str | None = None):
     return terms_from_run(record), hardware
 
 
-def check_job(overrides: list[str], target: str) -> None:
+_ONE_JOB = "a plan is of one job; give each of those keys one value"
+
+
+def check_job(overrides: list[str], target: str, one_job: str = _ONE_JOB) -> None:
     """Compose and validate `scalelab-train OVERRIDES` for a `target` device, as terms_for_job does,
     without planning it; a bad value is one PlanError line (recommend's --train-arg, before its search)."""
-    _validated(overrides, target)
+    _validated(overrides, target, one_job)
 
 
-def _validated(overrides: list[str], target: str | None):
-    """(composed config, JobSpec, target, hardware profile name) of one job; PlanError if invalid."""
+def _validated(overrides: list[str], target: str | None, one_job: str = _ONE_JOB):
+    """(composed config, JobSpec, target, hardware profile name) of one job; PlanError if invalid.
+    An experiment that sweeps (experiment=strategy_scaling) is refused, ONE_JOB saying why: its
+    config's first values were planned, and the same-job line printed a command scalelab-train refuses."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    from omegaconf import open_dict
+
     from scalelab.config import smoke_warmup, validate, warmup_given
     from scalelab.paths import conf_dir
+    from scalelab.preflight import sweep_left
     from scalelab.preflight_parse import compose_job, override_parser, parse
     from scalelab.scaling.mfu import is_cpu_profile, profile_name
 
@@ -67,7 +75,12 @@ def _validated(overrides: list[str], target: str | None):
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             parse(override_parser(), overrides)   # a parse error: one line naming the override (as preflight's)
-            cfg = compose_job(overrides)
+            cfg = compose_job(overrides, hydra_cfg=True)
+        swept = sweep_left(cfg, overrides)
+        if swept:
+            raise ConfigError(f"{swept}: {one_job}")
+        with open_dict(cfg):
+            cfg.pop("hydra")
         smoke_warmup(cfg, warmup_given(overrides))   # trainer.max_steps=3 under the default warm-up: as scalelab-train
         requested = cfg.get("hardware_profile", "auto")
         if target is None:

@@ -240,16 +240,24 @@ def _refuse_a_sweep_run_once(cfg, job: list[str]) -> None:
     at 1 rank of its 4 jobs, without a word: found by review). Where the command gives every swept
     key a value it is one job of the sweep, as the SLURM launcher runs each job (python -m
     scalelab.train experiment=X strategy=... without -m) and `slurm render`/`k8s render` take it."""
+    swept = sweep_left(cfg, job)
+    if swept:
+        raise ConfigError(f"{swept}: run it with -m (scalelab-train -m {' '.join(job)}), or give each of those keys "
+                          "one value; without -m Hydra runs one job of it")
+
+
+def sweep_left(cfg, job: list[str]) -> str | None:
+    """'experiment=X is a sweep (KEY=a,b ...)' where CFG (composed with its hydra node) sweeps keys
+    the overrides JOB give no value (every swept key pinned: one job of it, a SLURM launcher's job,
+    `slurm render`); None where it is one job."""
     params = OmegaConf.to_container(cfg.hydra.sweeper, resolve=False).get("params") or {}
     given = {o.split("=", 1)[0].lstrip("+~") for o in job}
     params = {k: v for k, v in params.items() if k not in given}
-    if not params:   # every swept key pinned: one job of it (a SLURM launcher's job, `slurm render`)
-        return
+    if not params:
+        return None
     named = [o for o in job if o.split("=", 1)[0].lstrip("+") == "experiment"]
     what = named[-1] if named else "this config"
-    listed = " ".join(f"{k}={v}" for k, v in params.items())
-    raise ConfigError(f"{what} is a sweep ({listed}): run it with -m (scalelab-train -m {' '.join(job)}), or "
-                      "give each of those keys one value; without -m Hydra runs one job of it")
+    return f"{what} is a sweep ({' '.join(f'{k}={v}' for k, v in params.items())})"
 
 
 def preflight(args: list[str], data: bool = True, elsewhere: bool = False) -> int:

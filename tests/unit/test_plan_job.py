@@ -163,3 +163,19 @@ def test_piping_into_head_and_version():
     assert proc.returncode == 0 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "scalelab.cli", "--version"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith("scalelab ")
+
+
+@pytest.mark.parametrize("argv,swept", [
+    (["experiment=strategy_scaling"], "strategy=single,ddp trainer.devices=1,2"),
+    (["experiment=strategy_scaling", "strategy=ddp"], "trainer.devices=1,2"),
+    (["experiment=lr_search", "--strategy", "ddp,fsdp"], "optim.lr=tag(log, interval(3e-4, 3e-2)) "
+                                                         "lr_scaling.warmup_steps=choice(0, 0.1, 0.25)")])
+def test_an_experiment_that_sweeps_is_no_plan_unless_each_swept_key_is_given(capsys, argv, swept):
+    """Review 2026-12-04: `plan experiment=strategy_scaling` planned ddp on 1 device (the config's first
+    values, one of no job of the sweep) and printed `the same job: scalelab-train experiment=...`,
+    which scalelab-train refuses (a sweep without -m)."""
+    code, out, err = plan(capsys, *argv)
+    assert code == 2 and not out, out
+    assert err == f"error: {argv[0]} is a sweep ({swept}): a plan is of one job; give each of those keys one value\n"
+    pinned = plan_json(capsys, "experiment=strategy_scaling", "strategy=ddp", "trainer.devices=2")
+    assert pinned["train_command"] == "scalelab-train experiment=strategy_scaling strategy=ddp trainer.devices=2"

@@ -155,7 +155,11 @@ def test_train_args_recommend_sets_are_refused_before_the_search(capsys, tmp_pat
 
 
 @pytest.mark.parametrize("arg,named", [("trainer.max_stepz=3", "did you mean trainer.max_steps"),
-                                       ("trainer.log_every_n_steps=2,4", "a sweep value")])
+                                       ("trainer.log_every_n_steps=2,4", "a sweep value"),
+                                       # review 2026-12-04: its sweep of trainer.devices=1,2 ran each
+                                       # candidate at 1 and 2 ranks, their median its measured figure
+                                       ("experiment=weak_scaling", "experiment=weak_scaling is a sweep "
+                                        "(trainer.devices=1,2): recommend runs one job per candidate")])
 def test_a_bad_train_arg_is_refused_before_the_search(capsys, tmp_path, monkeypatch, arg, named):
     monkeypatch.setattr(rec_mod, "enumerate_candidates", lambda req: pytest.fail("searched"))
     err = refused(capsys, "--model", "gpt_nano", "--devices", "2", "--hardware", "h200", "--train-arg", arg,

@@ -156,7 +156,9 @@ def check_train_args(extra: list[str], req, steps: int | None, slurm: bool = Fal
     if job:
         base = [f"model={req.model_name}"] if req.model_name else []
         try:
-            check_job([*base, *(short_run(steps) if steps else []), *job], req.hardware.kind)
+            check_job([*base, *(short_run(steps) if steps else []), *job], req.hardware.kind,
+                      one_job="recommend runs one job per candidate, its layout its own; give the settings you "
+                              "want from the experiment as --train-arg KEY=VALUE")
         except PlanError as exc:
             raise PlanError(f"--train-arg is not valid: {exc}") from None
 
