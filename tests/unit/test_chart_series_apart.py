@@ -48,3 +48,21 @@ def test_two_models_strong_scaling_lines_are_named_by_their_model(tmp_path):
     # was "ddp b16 lr_rule=none (base fx/0)" and "... (base fx/2)": told apart by job ids only
     assert sorted((t["name"], t["y"][-1]) for t in ch["traces"]) == [
         ("ddp b16 model=gpt_nano", 0.75), ("ddp b16 model=gpt_small", 0.9), ("ideal", 1.0)]
+
+
+def test_launchers_are_apart_and_a_pooled_or_short_point_says_so():
+    """Review 2026-12-04: `compare runA runB --format html` (launcher=local 39.8k tokens/s, torchrun_local
+    42.6k, a short run) drew one point, 41.2k, their median, with no note: the chart pooled every
+    launcher.* key (sweep.json splits launcher.name) and marked no short run."""
+    local, torchrun = _rec(0, "ddp", 2, 16, 39_800 / 64), _rec(1, "ddp", 2, 16, 42_600 / 64, short_run=True)
+    local["config"]["launcher"], torchrun["config"]["launcher"] = {"name": "local"}, {"name": "torchrun_local"}
+    local["job"], torchrun["job"] = {"name": "res"}, {"name": "trl"}
+    chart = charts.throughput([local, torchrun])
+    assert [(t["name"], t["y"]) for t in chart["traces"]] == [("ddp b16 launcher=local", [39_800.0]),
+                                                             ("ddp b16 launcher=torchrun_local", [42_600.0])]
+    assert chart["notes"] == ["short runs (fewer than 5 measured steps), their points not steady-state: trl"]
+    again = _rec(2, "ddp", 2, 16, 41_000 / 64)   # the same config run again as its own command: a repeat
+    again["config"]["launcher"], again["job"] = {"name": "local"}, {"name": "res2"}
+    chart = charts.throughput([local, again])
+    assert [(t["name"], t["y"]) for t in chart["traces"]] == [("ddp b16", [40_400.0])]
+    assert chart["notes"] == ["ddp b16 at 2: the median of 2 runs (res, res2)"]

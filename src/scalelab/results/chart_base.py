@@ -77,8 +77,10 @@ def _suffix(rec: dict, group_by: str | None, sweep_shown: bool = False) -> str:
 
 
 # Config keys in which the runs one series pools may differ: what the series' own key and x axis
-# hold, and what does not change the figure (a repeat's seed, where its files and logs go).
-_POOLED = (*NOT_MEASURED, "launcher.", "seed", "trainer.devices", "trainer.num_nodes", "data.global_batch_size",
+# hold, and what does not change the figure (a repeat's seed, where its files and logs go). Not
+# launcher.name or extra_args (sweep.NOT_MEASURED: srun's --cpu-bind changes the speed; a series
+# pooled launcher=local's and torchrun_local's runs as repeats).
+_POOLED = (*NOT_MEASURED, "seed", "trainer.devices", "trainer.num_nodes", "data.global_batch_size",
            "lr_scaling.base_batch_size")
 
 

@@ -118,6 +118,7 @@ def throughput(records: list[dict], group_by: str | None = None, names: dict | N
     node layouts of one world size (node_split: a series each). Where no run has a token
     throughput (an mlp model has no tokens: the chart was empty), samples/s, and the axis says so."""
     series: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    pooled: dict[tuple, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     done = completed(records)
     metric, unit = "tokens_per_s", "tokens/s"
     runs = [r for r in done if _finite((r.get("throughput") or {}).get(metric))]
@@ -132,11 +133,20 @@ def throughput(records: list[dict], group_by: str | None = None, names: dict | N
     for r in runs:
         key = (*base(r), layout[id(r)] + _suffix(r, group_by, bool(sweeps)) + apart[id(r)])
         series[key][r["world_size"]].append(float(r["throughput"][metric]))
-    traces = [{"name": f"{sw}: {st} {_batch_label(b)}{sx}" if sw else f"{st} {_batch_label(b)}{sx}", "x": sorted(v),
-               "y": [_median(v[w]) for w in sorted(v)], "strategy": st}
-              for (sw, st, b, sx), v in sorted(series.items())]
+        pooled[key][r["world_size"]].append(r)
+    names = {k: f"{k[0]}: {k[1]} {_batch_label(k[2])}{k[3]}" if k[0] else f"{k[1]} {_batch_label(k[2])}{k[3]}"
+             for k in series}
+    traces = [{"name": names[k], "x": sorted(v), "y": [_median(v[w]) for w in sorted(v)], "strategy": k[1]}
+              for k, v in sorted(series.items())]
     notes = [] if traces else ["no completed run with a throughput"]
     shown, labels = {id(r) for r in runs}, job_labels(records)
+    # a point that is several runs (repeats in a sweep; lone runs of one config given together) says so,
+    # and a short run's point is no steady figure (the table marks it *): both were drawn unmarked
+    notes += [f"{names[k]} at {w}: the median of {len(rs)} runs ({', '.join(job_name(r, labels) for r in rs)})"
+              for k, by_world in sorted(pooled.items()) for w, rs in sorted(by_world.items()) if len(rs) > 1]
+    short = [job_name(r, labels) for r in runs if r.get("short_run")]
+    notes += ["short runs (fewer than 5 measured steps), their points not steady-state: " + ", ".join(short)] \
+        if short else []
     left = [job_name(r, labels) for r in done if id(r) not in shown
             and _finite((r.get("throughput") or {}).get("samples_per_s"))]
     notes += [f"not shown, no token throughput (samples/s only): {', '.join(left)}"] if left else []
