@@ -232,6 +232,10 @@ def run_job(cfg: DictConfig) -> dict:
             record["error"] = timed_out(cfg)
         if layout is not None and rc != 0:   # one node of a multi-node job (launcher=torchrun) failed
             failed_on_node(record, job_dir, layout)
+        if record.get("failed_after_record"):   # rank 0 closed its W&B run as finished before the failure
+            from scalelab.results.run_logger import mark_failed
+
+            mark_failed(job_dir, resolved.get("logger") or {}, redact_text(record["error"]), cache)
     record.update(elastic)                   # restarts and steps redone (launcher=local, torchrun)
     t = record.setdefault("timing", {})
     # The whole command's start for the first job of a command; later jobs of a sweep start at

@@ -123,3 +123,28 @@ def test_efficiency_keys_of_two_groups_at_one_strategy_and_batch_stay_apart():
     assert keys == {"efficiency/strong/ddp/x1/b16/base=s/0": 1.0, "efficiency/strong/ddp/x2/b16/base=s/0": 0.9,
                     "efficiency/strong/ddp/x1/b16/base=s/2": 1.0, "efficiency/strong/ddp/x2/b16/base=s/2": 0.6,
                     "efficiency/strong/fsdp/x1/b16": 1.0, "efficiency/strong/fsdp/x2/b16": 0.8}
+
+
+def test_a_job_that_fails_after_its_record_ends_its_w_and_b_run_failed(tmp_path, wandb_env):
+    """Review 2026-12-04: trainer.timeout_s fired after rank 0 had recorded the run and closed its W&B
+    run as finished: run.json said failed (failed_after_record), W&B finished OK. The launcher resumes
+    the run by its id and closes it failed, the error in its summary."""
+    import wandb
+
+    from scalelab.results.run_logger import WANDB_ID, mark_failed
+    from scalelab.results.wandb_offline import find_runs, read_run
+
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / WANDB_ID).write_text("abcd1234ef56")
+    run = wandb.init(id="abcd1234ef56", mode="offline", dir=str(job), project="p")   # rank 0's run
+    run.log({"train/loss": 3.0})
+    run.finish()
+    mark_failed(job, {"name": "csv"}, "x")                                               # no W&B run: nothing
+    assert len(find_runs(job)) == 1
+    mark_failed(job, {"name": "wandb", "mode": "offline", "project": "p"}, "timed out after trainer.timeout_s=4 s")
+    runs = [read_run(p) for p in find_runs(job)]
+    assert [r["run"]["run_id"] for r in runs] == ["abcd1234ef56"] * 2
+    assert sorted(r["exit_code"] for r in runs) == [0, 1]
+    failed = next(r for r in runs if r["exit_code"] == 1)
+    assert failed["summary"]["status"] == "failed" and failed["summary"]["error"].startswith("timed out after")

@@ -146,3 +146,39 @@ def log_summary(logger, record: dict) -> None:
         logger.finish(summary)     # one W&B run per job, closed by the job
     else:
         logger.save()
+
+
+def mark_failed(job_dir: Path, logger_cfg: dict, error: str, cache_dir: Path | None = None) -> None:
+    """The job's W&B run, closed as finished by rank 0 after it recorded a completed run, ends failed
+    when the job fails after that (a peer in its teardown, trainer.timeout_s in an exit that hung:
+    job_outcome.collect's failed_after_record): run.json said failed, W&B finished OK (found by review).
+    The launcher resumes the run by its id (offline: another offline-run-*-ID folder of it, which
+    `wandb sync` joins), adds status and error to its summary and closes it with exit code 1."""
+    import sys
+
+    path = Path(job_dir) / WANDB_ID
+    if (logger_cfg or {}).get("name") != "wandb" or logger_cfg.get("mode") == "disabled" or not path.exists():
+        return
+    run_id = path.read_text().strip()
+    # online only where the job's run is online: one that fell back offline left offline folders alone
+    offline = logger_cfg.get("mode") != "online" or any((Path(job_dir) / "wandb").glob(f"offline-run-*-{run_id}"))
+    if cache_dir is not None:   # where the ranks keep W&B's cache and settings (launch.rank_env)
+        for var, sub in (("WANDB_CACHE_DIR", "wandb-cache"), ("WANDB_CONFIG_DIR", "wandb-config"),
+                         ("WANDB_DATA_DIR", "wandb-data")):
+            os.environ.setdefault(var, str(Path(cache_dir) / sub))
+    os.environ.setdefault("WANDB_SILENT", "true")
+    from scalelab.results.record import redact_argv
+
+    argv = redact_argv()   # W&B keeps sys.argv in the run's metadata
+    try:
+        import wandb
+
+        run = wandb.init(id=run_id, resume="allow", mode="offline" if offline else "online", dir=str(job_dir),
+                         project=logger_cfg.get("project"), entity=logger_cfg.get("entity"), reinit="create_new")
+        run.summary.update({"status": "failed", "error": error})
+        run.finish(exit_code=1)
+    except Exception as e:  # noqa: BLE001 - the record says failed whatever W&B does
+        print(f"[scalelab] warning: the job's W&B run {run_id} still reads finished: it could not be marked failed "
+              f"({type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]})", file=sys.stderr)
+    finally:
+        sys.argv[:] = argv
