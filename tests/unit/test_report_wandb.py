@@ -148,3 +148,31 @@ def test_a_job_that_fails_after_its_record_ends_its_w_and_b_run_failed(tmp_path,
     assert sorted(r["exit_code"] for r in runs) == [0, 1]
     failed = next(r for r in runs if r["exit_code"] == 1)
     assert failed["summary"]["status"] == "failed" and failed["summary"]["error"].startswith("timed out after")
+
+
+def test_every_w_and_b_summary_key_is_a_compare_key_of_the_same_value():
+    """Review 2026-12-04: `compare --sort breakdown/rank0/compute_s` (the W&B name log_summary writes)
+    was 'no run has this key'. Each summary key the job's W&B run gets reads the same value in compare."""
+    from scalelab.results.run_logger import log_summary
+    from scalelab.results.select import lookup
+
+    from .test_report import _rec
+
+    rec = _rec(0, "ddp", 2, 16, 100.0, breakdown={
+        "comm_fraction": 0.25, "wait_fraction": 0.1, "compute_imbalance": 1.05,
+        "per_rank": [{"compute_s": 1.5, "transfer_s": 0.5, "wait_s": 0.25}, {"compute_s": 1.25, "transfer_s": 0.75,
+                                                                             "wait_s": 0.125}]})
+    rec["memory"]["peak_device_bytes_per_rank"] = [7, 9]
+
+    class Logged:
+        def log_metrics(self, metrics, step):
+            self.metrics = metrics
+
+        def save(self):
+            pass
+
+    logger = Logged()
+    log_summary(logger, rec)
+    assert {"breakdown/rank1/wait_s", "memory/peak_device_bytes_max", "mfu"} <= set(logger.metrics)
+    assert {k: lookup(rec, k) for k in logger.metrics} == logger.metrics
+    assert lookup(rec, "breakdown/rank1/transfer_s") == 0.75 and logger.metrics["memory/peak_device_bytes_max"] == 9

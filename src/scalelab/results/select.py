@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 
 def sort_key(r: dict):
@@ -50,7 +51,13 @@ def lookup(rec: dict, key: str):
     metric name (`throughput/tokens_per_s`, `step_time/median_s`, `loss/final`)."""
     if key in WANDB_KEYS:
         return WANDB_KEYS[key](rec)
+    per_rank = _RANK_KEY.fullmatch(key)   # run_logger.log_summary's breakdown/rankN/compute_s
+    if per_rank:
+        return _path(rec, f"breakdown.per_rank.{per_rank.group(1)}.{per_rank.group(2)}")
     return _path(rec, key.replace("/", "."))
+
+
+_RANK_KEY = re.compile(r"breakdown/rank(\d+)/(\w+)")
 
 
 class SelectError(ValueError):
