@@ -81,3 +81,6 @@ def test_global_samples_count_each_sample_once_under_tensor_parallel():
     tp4 = logged(4, 4)
     assert tp4["device/samples_per_sec"] == 16 and tp4["samples_per_sec"] == 16 and tp4["items_per_sec"] == 128
     assert logged(4, 2)["samples_per_sec"] == 32 and logged(4, 1)["samples_per_sec"] == 64   # dp 2; plain ddp
+    # one rank: the job's figures are the device's (Lightning logged device/* only: review 2026-12-04)
+    one = logged(1, 1)
+    assert (one["samples_per_sec"], one["items_per_sec"], one["batches_per_sec"]) == (16, 128, 4)

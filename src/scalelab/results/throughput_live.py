@@ -28,15 +28,21 @@ def _no_sync(device: Any = None) -> None:
     return None
 
 
-class _ReplicatedThroughput(Throughput):
+class _JobThroughput(Throughput):
     """Lightning's global figures are the device's times the world size; where `replicas` devices
     (tensor-parallel peers, pipeline stages) work on the same samples, the job's are the device's
-    times the data-parallel size (world / replicas): tp=4 at 16 samples/s logged 64."""
+    times the data-parallel size (world / replicas): tp=4 at 16 samples/s logged 64. At world size
+    1 Lightning logs the device's figures only: the job's are the same (a W&B chart of
+    train/samples_per_sec across a sweep had no point of its 1-rank jobs)."""
 
     replicas = 1
 
     def compute(self) -> dict:
         out = super().compute()
+        if self.world_size == 1:
+            for key in ("batches_per_sec", "samples_per_sec", "items_per_sec", "flops_per_sec"):
+                if f"device{self.separator}{key}" in out:
+                    out[key] = out[f"device{self.separator}{key}"]
         for key in ("batches_per_sec", "samples_per_sec", "items_per_sec"):
             if key in out:
                 out[key] /= self.replicas
@@ -46,7 +52,7 @@ class _ReplicatedThroughput(Throughput):
 class LiveThroughput(ThroughputMonitor):
     """ThroughputMonitor whose per-batch update does not synchronize the CUDA device, and whose
     global samples/items per second count each sample once (`replicas`: devices that share each
-    sample, tp x pp)."""
+    sample, tp x pp) and are logged at world size 1 too."""
 
     def __init__(self, *args: Any, replicas: int = 1, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -54,9 +60,8 @@ class LiveThroughput(ThroughputMonitor):
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        if self.replicas > 1:
-            for t in self._throughputs.values():   # built by Lightning's setup: same state, our compute
-                t.__class__, t.replicas = _ReplicatedThroughput, self.replicas
+        for t in self._throughputs.values():   # built by Lightning's setup: same state, our compute
+            t.__class__, t.replicas = _JobThroughput, self.replicas
 
     def _update(self, trainer: Any, pl_module: Any, batch: Any, iter_num: int) -> None:
         # Lightning's _update calls torch.cuda.synchronize() by attribute at call time; for the
