@@ -281,11 +281,17 @@ def node_folder(job_dir: Path, node_rank: int) -> Path:
     Its checkpoints/ is the job folder's (a relative link): the ranks of every node write their
     parts of one checkpoint into one folder, as they did in the shared folder. A folder given per
     node (NAME/nodeK) links to node 0's, NAME/node0/checkpoints: node K's pipeline / DCP shards went
-    to its own folder, which rank 0 never renamed, listed or pruned, and a resume failed to find them."""
+    to its own folder, which rank 0 never renamed, listed or pruned, and a resume failed to find them;
+    and a sweep folder given per node (NAME/nodeK/NUM) to NAME/node0/NUM/checkpoints (its job NUM
+    was NAME/nodeK/NUM/nodeK, its loss curves beside no checkpoint of node 0's)."""
     if not node_rank:
         return job_dir
     if job_dir.name == f"node{node_rank}":
         _link_checkpoints(job_dir, job_dir.parent / "node0" / "checkpoints", Path("..") / "node0" / "checkpoints")
+        return job_dir
+    if job_dir.parent.name == f"node{node_rank}":   # a sweep folder given per node (NAME/nodeK/NUM): as above
+        node0 = job_dir.parent.parent / "node0" / job_dir.name
+        _link_checkpoints(job_dir, node0 / "checkpoints", Path("..") / ".." / "node0" / job_dir.name / "checkpoints")
         return job_dir
     own = job_dir / f"node{node_rank}"
     own.mkdir(exist_ok=True)

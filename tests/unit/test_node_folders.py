@@ -29,6 +29,19 @@ def test_a_folder_given_per_node_links_to_node_0_s_checkpoints(tmp_path):
     assert not (name / "node0" / "checkpoints").is_symlink()
 
 
+def test_a_sweep_folder_given_per_node_links_each_job_to_node_0_s_job(tmp_path):
+    # review 2026-12-04: hydra.sweep.dir=NAME/node${RANK} made node 1's job 0 NAME/node1/0/node1, its
+    # checkpoints NAME/node1/0's and its loss curves beside no checkpoint node 0 kept or pruned
+    name = tmp_path / "NAME"
+    (name / "node1" / "0").mkdir(parents=True)
+    own = node_folder(name / "node1" / "0", 1)
+    assert own == name / "node1" / "0" and os.readlink(own / "checkpoints") == "../../node0/0/checkpoints"
+    (own / "checkpoints" / "step-00000010.ckpt.curve-rank1.json").write_text("[]")
+    assert (name / "node0" / "0" / "checkpoints" / "step-00000010.ckpt.curve-rank1.json").is_file()
+    (tmp_path / "sw" / "0").mkdir(parents=True)
+    assert node_folder(tmp_path / "sw" / "0", 1) == tmp_path / "sw" / "0" / "node1"   # one shared sweep folder
+
+
 def test_a_k8s_job_or_sweep_is_grouped_by_its_name_not_its_node_folder():
     from pathlib import Path
 
