@@ -84,6 +84,15 @@ def test_a_folder_of_data_files_is_split_by_file_name_as_datasets_does(tmp_path)
     jsonl(s / "b" / "part-1.jsonl", [{"text": "b1"}])
     jsonl(s / "a.jsonl", [{"text": "a1"}])
     assert [x for _, x in corpus.hub_documents(str(s), "train", "text")] == [b"a1", b"b1"]
+    # where names say splits, a file in none is read by no split, as datasets.load_dataset(folder) does
+    # (review 2026-12-04: heldout.jsonl beside train.jsonl and test.jsonl was trained on), and it is said
+    jsonl(d / "heldout.jsonl", [{"text": "h1"}])
+    info: dict = {}
+    assert [f.name for f in tables.data_files(str(d), "train", info)[1]] == ["train.jsonl"]
+    assert [x for _, x in corpus.hub_documents(str(d), "train", "text")] == [b"t1", b"t2"]
+    assert info["left_out"]["in no split by its name (heldout.jsonl; train-*.jsonl and the like are the split "
+                            "train)"] == 1
+    assert dict(datasets.load_dataset(str(d)).num_rows) == {"train": 2, "test": 1}   # the rule it follows
 
 
 # ---------------------------------------------------------------- bad values: one line each

@@ -29,6 +29,13 @@ def test_a_folder_s_files_left_out_are_on_the_data_line(tmp_path, capsys):
     jsonl(d / "unit-test-logs.jsonl", ROWS)          # `datasets` names it the split 'test'
     jsonl(d / "dev_set_b.jsonl", ROWS)               # ... and this one 'validation'
     (d / "old.jsonl.gz").write_bytes(gzip.compress(b'{"body": "x"}\n'))   # passed over beside plain files
+    # as datasets reads the folder: chat-2023.jsonl is in no split once other names say theirs (it was
+    # read as 'train')
+    with pytest.raises(ConfigError, match=r"^data.hub_split='train' is not in .*d: its data files make the split\(s\) "
+                                          r"validation, test; chat-2023.jsonl in none \(as datasets reads a folder once "
+                                          r"a file's name says a split: name it train-\*.jsonl to read it as train\)$"):
+        prepare(hub_cfg(d, text_column="body"), 63, tmp_path / "cache")
+    (d / "chat-2023.jsonl").rename(d / "train-2023.jsonl")
     out = prepare(hub_cfg(d, text_column="body"), 63, tmp_path / "cache")
     line = capsys.readouterr().out
     assert read_meta(out)["documents"] == 40                     # one file of 40 rows read

@@ -103,14 +103,14 @@ def data_files(name: str, split: str, info: dict | None = None) -> tuple[str, li
             raise ConfigError(f"data.hub_name={str(name)!r} matches {names}: give a pattern of files of one of "
                               f"{', '.join(FORMATS)} (or {'/'.join(COMPRESSED)} of the first three)")
         fmt = formats.pop()
-        splits = {"train": files}
+        splits, unsplit = {"train": files}, []
     elif not path.is_dir():
         fmt = FORMATS.get(data_ext(path))
         if fmt is None:
             raise ConfigError(f"data.hub_name={str(path)!r} is a file but not one of {', '.join(FORMATS)} (or "
                               f"{'/'.join(COMPRESSED)} of the first three; for plain text files use data=text_files "
                               "data.files=[...])")
-        splits = {"train": [path]}
+        splits, unsplit = {"train": [path]}, []
     else:
         found = [f for f in _folder_files(path)[0] if data_ext(f) in FOLDER_EXTS]
         # compressed ones only in a folder of them: beside plain data files (which alone were read before:
@@ -127,8 +127,15 @@ def data_files(name: str, split: str, info: dict | None = None) -> tuple[str, li
             return "", []
         fmt = next(iter(by_format))
         splits = _split_by_name(path, files)
+        unsplit = splits.pop(None, [])
+        if not splits:
+            raise ConfigError(f"data.hub_name={str(path)!r}: none of its data files is in a split by its name")
         if info is not None:   # nothing said they were not read (a test-logs.jsonl is the split 'test')
             left = {f"of the split {k} (data.hub_split={k} reads it)": len(v) for k, v in splits.items() if k != split}
+            if unsplit:   # as datasets leaves them out once some file names a split
+                left[f"in no split by its name ({', '.join(f.name for f in unsplit[:3])}"
+                     f"{' ...' if len(unsplit) > 3 else ''}; train-*.jsonl and the like are the split train)"] = \
+                    len(unsplit)
             if len(files) < len(found):
                 left["compressed, beside plain ones"] = len(found) - len(files)
             info["left_out"] = left
@@ -136,13 +143,20 @@ def data_files(name: str, split: str, info: dict | None = None) -> tuple[str, li
         refuse_twins(f"data.hub_name={str(name)!r}", [f for fs in splits.values() for f in fs])
     if split not in splits:
         raise ConfigError(f"data.hub_split={split!r} is not in {name}: its data files make the split(s) "
-                          f"{', '.join(splits)}")
+                          f"{', '.join(splits)}" + (f"; {', '.join(f.name for f in unsplit[:3])}"
+                                                   f"{' ...' if len(unsplit) > 3 else ''} in none (as datasets "
+                                                   "reads a folder once a file's name says a split: name it "
+                                                   f"{split}-*{data_ext(unsplit[0])} to read it as {split})"
+                                                   if unsplit else ""))
     return fmt, splits[split]
 
 
-def _split_by_name(folder: Path, files: list[Path]) -> dict[str, list[Path]]:
+def _split_by_name(folder: Path, files: list[Path]) -> dict[str | None, list[Path]]:
     """files grouped by split as `datasets` names them from file and folder names (its
-    get_data_patterns); files in no split's pattern, and all files where it cannot tell, are 'train'."""
+    get_data_patterns; no name says a split: all are 'train'). Where some do, a file in no split's
+    pattern is in none (key None), as datasets leaves it out: it was 'train' (review 2026-12-04: a
+    heldout.jsonl beside train.jsonl and test.jsonl was trained on). All 'train' where datasets'
+    rules do not apply."""
     try:
         from datasets.data_files import DataFilesDict, get_data_patterns
 
@@ -150,9 +164,9 @@ def _split_by_name(folder: Path, files: list[Path]) -> dict[str, list[Path]]:
         where = {os.path.realpath(str(f)): str(k) for k, fs in resolved.items() for f in fs}
     except Exception:  # noqa: BLE001 - its layout rules did not apply: one split
         where = {}
-    out: dict[str, list[Path]] = {}
+    out: dict[str | None, list[Path]] = {}
     for f in files:
-        out.setdefault(where.get(os.path.realpath(str(f)), "train"), []).append(f)
+        out.setdefault(where.get(os.path.realpath(str(f))) if where else "train", []).append(f)
     return out
 
 
