@@ -168,6 +168,14 @@ def test_a_data_files_content_and_path_are_in_the_cache_key(tmp_path):
     st = os.stat(f)
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))   # same size, new mtime
     assert prepared_dir(hub_cfg(f), 1, tmp_path) != after
+    # revised with its size and mtime kept (cp -p, rsync -t, tar x): served stale before (review 2026-12-04)
+    kept = prepared_dir(hub_cfg(f), 1, tmp_path)
+    st = os.stat(f)
+    time.sleep(0.01)
+    jsonl(tmp_path / "x.jsonl", [{"text": "xyz"}])
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(f).st_size, os.stat(f).st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    assert prepared_dir(hub_cfg(f), 1, tmp_path) != kept
     d = tmp_path / "d"
     jsonl(d / "a.jsonl", [{"text": "ab"}])
     key = prepared_dir(hub_cfg(d), 1, tmp_path)

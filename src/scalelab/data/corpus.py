@@ -297,13 +297,15 @@ def split_blocks(n_blocks: int, val_fraction: float, seed: int, block_bytes: int
 
 
 def _tree_stamp(p: Path) -> list:
-    """What changes when the data under p changes: (name, size, mtime) of the file or of every
-    file under the folder."""
+    """What changes when the data under p changes: (name, size, mtime, ctime) of the file or of every
+    file under the folder. ctime too: a revised file whose size and mtime were kept (cp -p, rsync -t,
+    touch -r, tar x) was served from the cache as it was before (review 2026-12-04); its ctime, which
+    no user sets, changed."""
     files = _folder_files(p)[0] if p.is_dir() else [p]
     out = []
     for f in files:
         st = f.stat()
-        out.append([str(f), st.st_size, st.st_mtime_ns])
+        out.append([str(f), st.st_size, st.st_mtime_ns, st.st_ctime_ns])
     return out
 
 
@@ -320,6 +322,10 @@ def source_key(cfg: dict) -> str:
         paths = tables.local_paths(cfg["hub_name"])   # a file, a folder, a pattern's files; none for a hub id
     if paths:  # where the data is and its content (sizes, mtimes) must invalidate the cache
         src["stamp"] = [[str(p.resolve()), _tree_stamp(p)] for p in paths if p.exists()]
+        if cfg.get("source") == "hub" and any(p.is_dir() for p in paths):
+            # a folder's files in no split by their names are read by none now (tables._split_by_name):
+            # its caches prepared when they were 'train' hold other blocks
+            src["folder_splits"] = 2
     if cfg.get("source") == "stdlib":
         # the interpreter's own library, which differs between Python versions: a cache folder
         # shared by virtualenvs of two Pythons (~/.cache/scalelab) must not serve one the other's
