@@ -107,3 +107,31 @@ def test_a_pattern_in_data_files_says_where_patterns_go(tmp_path):
     with pytest.raises(ConfigError, match=r"data.files: '.*\*.txt' is a pattern: data=text_files reads files and "
                                           r"folders .*data=hub data.hub_name takes a pattern"):
         text_files.file_documents([str(tmp_path / "*.txt")])
+
+
+def test_a_cut_saved_dataset_and_an_unreadable_text_file_are_one_line(tmp_path, monkeypatch):
+    """Review 2026-12-04: a save_to_disk folder whose Arrow file was cut short, and a file of a text
+    folder the user may not read, ended preflight with a traceback (exit 1)."""
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_dict({"text": ["some text " * 50] * 200}).save_to_disk(str(saved))
+    (arrow,) = saved.glob("*.arrow")
+    os.truncate(arrow, arrow.stat().st_size // 2)
+    with pytest.raises(ConfigError, match=r"^data.hub_name='.*saved': its dataset written by save_to_disk could not "
+                                          r"be read \(\w+: .*\): is a file of it cut short or unreadable\?$") as e:
+        list(corpus.hub_documents(str(saved), "train", "text"))
+    assert "\n" not in str(e.value)
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "a.txt").write_text("readable text")
+    (folder / "b.txt").write_text("not for us")
+    read = type(folder).read_bytes
+
+    def denied(self):
+        if self.name == "b.txt":   # as root no permission stops a read: the OS's error, raised
+            raise PermissionError(13, "Permission denied", str(self))
+        return read(self)
+
+    monkeypatch.setattr(type(folder), "read_bytes", denied)
+    with pytest.raises(ConfigError, match=r"^data.files: .*b.txt cannot be read \(Permission denied\): make it "
+                                          r"readable, or move it out of the data$"):
+        list(text_files.iter_file_documents([str(folder)]))

@@ -149,6 +149,10 @@ def iter_hub_documents(name: str, split: str, text_column: str, config: str | No
                 raise ConfigError(f"data.hub_name={name!r} is a folder but not a dataset written by save_to_disk "
                                   f"({str(e).splitlines()[0][:200]}) nor holds {', '.join(tables.FOLDER_EXTS)} "
                                   "files; for plain text files use data=text_files") from e
+            except Exception as e:  # noqa: BLE001 - a cut or unreadable Arrow file (OSError, ArrowInvalid): one line
+                why = (str(e).strip().splitlines() or [""])[0][:200]
+                raise ConfigError(f"data.hub_name={name!r}: its dataset written by save_to_disk could not be read "
+                                  f"({type(e).__name__}: {why}): is a file of it cut short or unreadable?") from e
             if isinstance(ds, datasets.DatasetDict):
                 if split not in ds:
                     raise ConfigError(f"data.hub_split={split!r} is not in {name}: choose one of {', '.join(ds)}")

@@ -21,7 +21,11 @@ def _read_file(p: Path) -> bytes | None:
     the whole file inflated to be skipped. None where it does not decompress (not text either)."""
     codec = _DECOMPRESS.get(p.suffix.lower())
     if codec is None:
-        return p.read_bytes()
+        try:
+            return p.read_bytes()
+        except OSError as e:   # a traceback before (review 2026-12-04: a file of a folder without read permission)
+            raise ConfigError(f"data.files: {p} cannot be read ({e.strerror or type(e).__name__}): make it readable, "
+                              "or move it out of the data") from e
     import importlib
     import lzma
     import zlib
