@@ -219,8 +219,16 @@ class TracebackFilter:
         # where the console's line is a progress bar's (its line ends only with the run): the
         # dropped count then, to tell a traceback's exception that follows it (another rank's)
         self.bar_open: int | None = None
+        self.muted = False   # mute(): the launcher ended the ranks (trainer.timeout_s)
+
+    def mute(self) -> None:
+        """The ranks' output from now on to ranks.log only: the launcher ends them (trainer.timeout_s),
+        and each rank's SIGTERMException line read as a crash before the job's own 'timed out' line."""
+        self.muted = True
 
     def feed(self, chunk: bytes) -> bytes:
+        if self.muted:
+            return b""
         *lines, self.pending = (self.pending + chunk).split(b"\n")
         out = b""
         for ln in lines:

@@ -238,6 +238,8 @@ def _watch(procs, read_fd: int, keep_open: int, log_path: Path, deadline: float,
                     log.write(f"\n[scalelab] rank {rank} failed first ({how}); ending the other ranks\n".encode())
                     _stop(procs, launch.KILL_WAIT_S, pump)
                 if time.monotonic() > deadline:
+                    if console is not None:   # the job's 'timed out' line says it; the ranks' ends go to ranks.log
+                        console.mute()
                     _stop(procs, launch.KILL_WAIT_S, pump)
                     log.write(b"\njob exceeded trainer.timeout_s\n")
                     code = 124

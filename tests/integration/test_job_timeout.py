@@ -34,3 +34,7 @@ def test_a_given_limit_ends_the_job_and_fails_it(tmp_path):
     out = proc.stdout + proc.stderr   # one FAILED line (with the limit), and where the record is
     assert out.count("FAILED: timed out after trainer.timeout_s=5 s") == 1 and ": failed\n" not in out, out[-2000:]
     assert f"results: {tmp_path / 'j' / 'run.json'}" in out, out[-2000:]
+    # the ranks the launcher ended print no exception line each (review 2026-12-04: a SIGTERMException
+    # per rank and a count of traceback lines read as a crash): ranks.log keeps them
+    assert "SIGTERMException" not in out and "not shown here" not in out, out[-2000:]
+    assert "SIGTERMException" in (tmp_path / "j" / "ranks.log").read_text()
