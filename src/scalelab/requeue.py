@@ -195,7 +195,10 @@ class RequeueOnSignal:
                 then = ("stopping for the requeue" if sig == signal.SIGUSR1 else
                         "stopping (SLURM requeues or ends the job)" if self.slurm else
                         "stopping (the same command in the same folder goes on from it)")
-                print(f"[scalelab] {signal.Signals(sig).name}: checkpoint {path} saved at step {step}; {then}", flush=True)
+                # outside SLURM the signal is the launcher's forwarding of whatever stopped it (a Ctrl-C read
+                # "SIGTERM: ..."): its own line after this one names the cause
+                said = f"{signal.Signals(sig).name}: " if self.slurm or sig == signal.SIGUSR1 else ""
+                print(f"[scalelab] {said}checkpoint {path} saved at step {step}; {then}", flush=True)
             self.stopped_at = step
             trainer.should_stop = True
 
