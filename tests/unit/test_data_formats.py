@@ -463,3 +463,15 @@ def test_a_file_beside_its_compressed_copy_is_read_once(tmp_path):
     docs = text_files.file_documents([str(texts)], info)
     assert [(os.path.basename(n), d) for n, d in docs] == [("notes.txt", b"hello\n"), ("other.txt.gz", b"other text\n")]
     assert info["skipped_files"] == {"empty": 0, "binary": 1, "duplicate": 2}
+
+
+def test_local_data_files_temporary_copy_goes_under_the_jobs_cache_folder(tmp_path, monkeypatch):
+    """Review 2026-12-04: with cache_dir=X the blocks went to X but the whole Arrow copy of the files to
+    $SCALELAB_CACHE or ~/.cache/scalelab/tmp (a home quota on a cluster)."""
+    monkeypatch.setenv("SCALELAB_CACHE", str(tmp_path / "elsewhere"))
+    seen = []
+    clear = tables.clear_stale
+    monkeypatch.setattr(tables, "clear_stale", lambda folder, *a: seen.append(folder) or clear(folder, *a))
+    f = jsonl(tmp_path / "x.jsonl", [{"text": "some text " * 30}] * 20)
+    prepare(hub_cfg(f), 63, tmp_path / "mine")
+    assert tmp_path / "mine" / "tmp" in seen and not (tmp_path / "elsewhere").exists(), seen

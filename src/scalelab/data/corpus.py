@@ -126,7 +126,7 @@ def hub_documents(name: str, split: str, text_column: str, config: str | None = 
 
 
 def iter_hub_documents(name: str, split: str, text_column: str, config: str | None = None,
-                       info: dict | None = None) -> Iterator[tuple[str, bytes]]:
+                       info: dict | None = None, tmp_root: Path | None = None) -> Iterator[tuple[str, bytes]]:
     """The non-empty `text_column` values of a hub dataset (`config`: its configuration name, as
     load_dataset's second argument, e.g. wikitext's wikitext-2-raw-v1), of a folder written by
     save_to_disk, or of local data files (tables.py: a .jsonl/.json/.csv/.parquet file, a folder of
@@ -141,7 +141,7 @@ def iter_hub_documents(name: str, split: str, text_column: str, config: str | No
                               "path (set data.hub_config=null)")
         fmt, files = ("", []) if tables.is_saved_dataset(path) else tables.data_files(str(name), split, info)
         if files:
-            ds = tables.load_files(str(name), fmt, files)
+            ds = tables.load_files(str(name), fmt, files, tmp_root)
         else:
             try:
                 ds = datasets.load_from_disk(str(path))
@@ -342,8 +342,9 @@ def load_documents(cfg: dict, info: dict | None = None) -> list[tuple[str, bytes
     return list(iter_documents(cfg, info))
 
 
-def iter_documents(cfg: dict, info: dict | None = None) -> Iterator[tuple[str, bytes]]:
-    """The source's (name, bytes) documents, in order, read one at a time (at most max_documents)."""
+def iter_documents(cfg: dict, info: dict | None = None, tmp_root: Path | None = None) -> Iterator[tuple[str, bytes]]:
+    """The source's (name, bytes) documents, in order, read one at a time (at most max_documents).
+    tmp_root: where local data files' temporary Arrow copy goes (the job's cache folder)."""
     source = cfg["source"]
     if source == "stdlib":
         docs = iter_stdlib_documents()
@@ -351,7 +352,7 @@ def iter_documents(cfg: dict, info: dict | None = None) -> Iterator[tuple[str, b
         docs = iter_file_documents(list(cfg.get("files") or []), info)
     elif source == "hub":
         docs = iter_hub_documents(cfg["hub_name"], cfg.get("hub_split", "train"), cfg.get("text_column", "text"),
-                                  cfg.get("hub_config"), info)
+                                  cfg.get("hub_config"), info, tmp_root)
     else:
         raise ConfigError(f"data.source={source!r} is not known: choose one of stdlib, files, hub")
     if cfg.get("max_documents"):

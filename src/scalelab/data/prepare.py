@@ -64,7 +64,7 @@ def prepare(cfg: dict, seq_len: int, cache_root: Path, progress: bool = True) ->
     info: dict[str, Any] = {}
     # the corpus is held once: documents go into one buffer as they are read, the train blocks are
     # moved together inside it (only the val blocks are copied), and Arrow wraps it
-    flat, n_docs, n_bytes = corpus.stream(corpus.iter_documents(cfg, info))
+    flat, n_docs, n_bytes = corpus.stream(corpus.iter_documents(cfg, info, Path(cache_root) / "tmp"))
     n_blocks = len(flat) // block
     blocks = flat[: n_blocks * block].reshape(n_blocks, block)
     seed = corpus.split_seed(cfg)

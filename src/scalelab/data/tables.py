@@ -214,10 +214,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def load_files(name: str, fmt: str, files: list[Path]):
+def load_files(name: str, fmt: str, files: list[Path], tmp_root: Path | None = None):
     """datasets.load_dataset(fmt, data_files=files, split='train'): a Dataset, memory-mapped from
-    its Arrow copy in a temporary folder under scalelab's cache (not $TMPDIR, often small or in RAM
-    on a cluster node), removed with the Dataset once its rows are read (prepare caches the blocks;
+    its Arrow copy in a temporary folder under TMP_ROOT, the job's cache folder's tmp/ (not $TMPDIR,
+    often small or in RAM on a cluster node; not the default cache under $HOME where cache_dir says
+    otherwise: review 2026-12-04), removed with the Dataset once its rows are read (prepare caches the blocks;
     a second copy under ~/.cache/huggingface would only take disk). keep_in_memory held the whole
     table in RAM beside the byte stream prepare builds from it."""
     import logging
@@ -231,7 +232,7 @@ def load_files(name: str, fmt: str, files: list[Path]):
     ds_log = logging.getLogger("datasets")
     level = ds_log.level
     ds_log.setLevel(logging.CRITICAL)   # a parse error is logged as well as raised: the one line below instead
-    tmp = tempfile.TemporaryDirectory(prefix=tmp_prefix(), dir=clear_stale(cache_dir() / "tmp"),
+    tmp = tempfile.TemporaryDirectory(prefix=tmp_prefix(), dir=clear_stale(Path(tmp_root or cache_dir() / "tmp")),
                                       ignore_cleanup_errors=True)
     try:
         ds = datasets.load_dataset(fmt, data_files=[str(f) for f in files], split="train", cache_dir=tmp.name)
