@@ -296,9 +296,13 @@ def _validate(cfg: DictConfig, target: str | None = None) -> JobSpec:
         if cfg.launcher.name != "srun" and devices > torch.cuda.device_count():
             raise ConfigError(f"trainer.devices={devices} but only {torch.cuda.device_count()} GPU(s) are visible")
     if cfg.data.source == "files":
+        from scalelab.data.tables import is_pattern
+        from scalelab.data.text_files import pattern_refusal
+
         for f in cfg.data.files or []:
-            if not Path(str(f)).expanduser().exists():
-                raise ConfigError(f"data.files: {f!r} does not exist (give existing text files or folders)")
+            if not Path(str(f)).expanduser().exists():   # a pattern's own line (it never showed: found by review)
+                raise ConfigError(pattern_refusal(f) if is_pattern(str(f)) else
+                                  f"data.files: {f!r} does not exist (give existing text files or folders)")
     val_every = _validation(cfg)
     arch = model_arch(cfg)
     seq_len = getattr(arch, "seq_len", None) or getattr(arch, "in_features")

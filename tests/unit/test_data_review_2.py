@@ -107,6 +107,11 @@ def test_a_pattern_in_data_files_says_where_patterns_go(tmp_path):
     with pytest.raises(ConfigError, match=r"data.files: '.*\*.txt' is a pattern: data=text_files reads files and "
                                           r"folders .*data=hub data.hub_name takes a pattern"):
         text_files.file_documents([str(tmp_path / "*.txt")])
+    # as the command gives it: the config's existence check said "does not exist" first (review 2026-12-04)
+    from scalelab.preflight import preflight
+
+    with pytest.raises(ConfigError, match=r"^data.files: '.*\*.txt' is a pattern: data=text_files reads files"):
+        preflight(["model=gpt_nano", "data=text_files", f"data.files=[{tmp_path}/*.txt]"], data=False)
 
 
 def test_a_cut_saved_dataset_and_an_unreadable_text_file_are_one_line(tmp_path, monkeypatch):

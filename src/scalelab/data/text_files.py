@@ -15,6 +15,12 @@ _BINARY_PROBE = 8192
 _DECOMPRESS = dict(zip(COMPRESSED, ("gzip", "bz2", "lzma")))
 
 
+def pattern_refusal(raw) -> str:
+    """The line for a glob pattern in data.files (config.validate's existence check comes first)."""
+    return (f"data.files: {raw!r} is a pattern: data=text_files reads files and folders (give the folder: its text "
+            "files are read, recursively); data=hub data.hub_name takes a pattern of .jsonl/.csv/.parquet files")
+
+
 def _read_file(p: Path) -> bytes | None:
     """A text file's bytes; a .gz / .bz2 / .xz file's decompressed, as a stream: where its first
     _BINARY_PROBE bytes hold a NUL (a .pt.gz, a .tar.gz: not text) only those are returned, not
@@ -94,9 +100,7 @@ def iter_file_documents(paths: list[str], info: dict | None = None) -> Iterator[
     for raw in paths:
         p = Path(str(raw)).expanduser()
         if not p.exists() and is_pattern(str(raw)):
-            raise ConfigError(f"data.files: {raw!r} is a pattern: data=text_files reads files and folders (give "
-                              "the folder: its text files are read, recursively); data=hub data.hub_name takes a "
-                              "pattern of .jsonl/.csv/.parquet files")
+            raise ConfigError(pattern_refusal(raw))
         if not p.exists():
             raise ConfigError(f"data.files: {raw!r} does not exist (give existing text files or folders)")
         if not p.is_dir():   # named: read, or said why not (a folder's empty and binary files are skipped)
