@@ -237,6 +237,9 @@ def run_job(cfg: DictConfig) -> dict:
 
             mark_failed(job_dir, resolved.get("logger") or {}, redact_text(record["error"]), cache)
     record.update(elastic)                   # restarts and steps redone (launcher=local, torchrun)
+    from scalelab.data.prepare import run_data
+
+    record["data"] = run_data(resolved["job"]["data_prepared"], resolved["data"])   # what it trained on
     t = record.setdefault("timing", {})
     # The whole command's start for the first job of a command; later jobs of a sweep start at
     # their own job_start (the launcher's start-up is paid once per sweep).

@@ -42,6 +42,9 @@ def test_one_small_file_trains_on_two_ddp_ranks_and_validates(tmp_path):
                                 "trainer.max_steps=10", "trainer.val_every_n_steps=5"])
     assert rec["status"] == "completed" and rec["steps"] == 10 and rec["world_size"] == 2
     assert (meta["blocks"], meta["train_blocks"], meta["val_blocks"]) == (923, 905, 18)
+    # the record says which notes.txt (its path resolved) and what was prepared from it
+    assert rec["data"]["paths"] == [str(tmp_path / "notes.txt")] and rec["config"]["data"]["files"] == ["notes.txt"]
+    assert (rec["data"]["documents"], rec["data"]["blocks"], rec["data"]["val_blocks"]) == (1, 923, 18)
     val = rec["val"]
     assert val["every_n_steps"] == 5 and [s for s, _ in val["curve"]] == [5, 10]
     # the batches used, not only the cap (val_batches 8): 18 val blocks / 2 ranks = 9 per rank, micro-batch 8

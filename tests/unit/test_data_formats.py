@@ -475,3 +475,22 @@ def test_local_data_files_temporary_copy_goes_under_the_jobs_cache_folder(tmp_pa
     f = jsonl(tmp_path / "x.jsonl", [{"text": "some text " * 30}] * 20)
     prepare(hub_cfg(f), 63, tmp_path / "mine")
     assert tmp_path / "mine" / "tmp" in seen and not (tmp_path / "elsewhere").exists(), seen
+
+
+def test_run_data_says_what_the_run_trained_on(tmp_path, monkeypatch):
+    """Review 2026-12-04: run.json had the config as typed (data.files=[notes.txt]: relative, no working
+    folder): runs on two notes.txt of two folders read alike. run_data resolves the paths and copies
+    the prepared data's counts: 3 documents of 100 bytes, 300 bytes, in 4 blocks of 64 + 1 bytes,
+    1 of them val (round(4 x 0.25))."""
+    from scalelab.data.prepare import run_data
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    for i in range(3):
+        (tmp_path / "d" / f"{i}.txt").write_text(chr(97 + i) * 100)
+    cfg = {"source": "files", "files": ["d"], "val_fraction": 0.25}
+    got = run_data(prepare(cfg, 64, tmp_path / "cache"), cfg)
+    assert got["paths"] == [str(tmp_path / "d")] and got["prepared"].startswith(str(tmp_path / "cache"))
+    assert {k: got[k] for k in ("documents", "bytes", "blocks", "train_blocks", "val_blocks", "block_bytes")} == {
+        "documents": 3, "bytes": 300, "blocks": 4, "train_blocks": 3, "val_blocks": 1, "block_bytes": 65}
+    assert got["fingerprint"].startswith("3 documents, 300 bytes (blocks ")

@@ -180,3 +180,25 @@ def prepare_for_run(cfg: Any, spec: Any, progress: bool = True) -> Path:
     check_size(read_meta(out), spec.batch.global_batch_size, spec.batch.dp_size,
                bool(cfg["trainer"].get("val_every_n_steps")), length_key)
     return out
+
+
+def run_data(prepared: str | Path, data_cfg: dict) -> dict:
+    """run.json `data`: what the run trained on. The record had only the config as typed (relative
+    paths, no working folder) and the prepared folder's name: two runs on two notes.txt of two
+    folders read alike (found by review). Here: the source's paths resolved, the prepared folder
+    and its fingerprint (data_identity), and its documents, bytes, blocks, split seed and the files
+    read and skipped (meta.json)."""
+    out: dict[str, Any] = {"source": data_cfg.get("source"), "prepared": str(Path(prepared).resolve())}
+    if data_cfg.get("source") == "files":
+        out["paths"] = [str(Path(str(f)).expanduser().resolve()) for f in data_cfg.get("files") or []]
+    elif data_cfg.get("source") == "hub" and data_cfg.get("hub_name"):
+        local = tables.local_paths(str(data_cfg["hub_name"]))
+        out["paths"] = [str(p.resolve()) for p in local] if local else None   # none: a hub dataset id
+    out["fingerprint"] = data_identity(prepared)
+    try:
+        meta = read_meta(prepared)
+    except (OSError, ValueError):
+        return out
+    keys = ("documents", "bytes", "blocks", "train_blocks", "val_blocks", "block_bytes", "split_seed", "files",
+            "skipped_files", "left_out")
+    return {**out, **{k: meta[k] for k in keys if k in meta}}
