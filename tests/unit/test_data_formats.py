@@ -463,6 +463,10 @@ def test_a_file_beside_its_compressed_copy_is_read_once(tmp_path):
     docs = text_files.file_documents([str(texts)], info)
     assert [(os.path.basename(n), d) for n, d in docs] == [("notes.txt", b"hello\n"), ("other.txt.gz", b"other text\n")]
     assert info["skipped_files"] == {"empty": 0, "binary": 1, "duplicate": 2}
+    # the folder and a copy in it named too, in either order: read once (review 2026-12-04: twice)
+    for named in ([texts, texts / "notes.txt.bz2"], [texts / "notes.txt.bz2", texts]):
+        docs = text_files.file_documents([str(p) for p in named])
+        assert sorted(d for _, d in docs) == [b"hello\n", b"other text\n"], named
 
 
 def test_local_data_files_temporary_copy_goes_under_the_jobs_cache_folder(tmp_path, monkeypatch):

@@ -79,10 +79,15 @@ def iter_file_documents(paths: list[str], info: dict | None = None) -> Iterator[
     """file_documents, one file at a time (prepare keeps none of them: each goes into the stream)."""
     docs, skipped = 0, {"empty": 0, "binary": 0}
     any_text = False
-    seen: set[Path] = set()   # resolved paths read (or skipped) already: a file reached twice counts once
+    # resolved paths read (or skipped) already, a compressed file as the file it holds (notes.txt.gz as
+    # notes.txt): a file reached twice counts once, and so does a folder's file and its copy named beside
+    # it (data.files=[tf,tf/notes.txt.gz] read the text twice: found by review)
+    seen: set[Path] = set()
 
     def first_time(f: Path) -> bool:
         real = f.resolve()
+        if real.suffix.lower() in COMPRESSED:
+            real = real.with_suffix("")
         if real in seen:
             return False
         seen.add(real)
