@@ -222,13 +222,15 @@ class TracebackFilter:
         self.muted = False   # mute(): the launcher ended the ranks (trainer.timeout_s)
 
     def mute(self) -> None:
-        """The ranks' output from now on to ranks.log only: the launcher ends them (trainer.timeout_s),
-        and each rank's SIGTERMException line read as a crash before the job's own 'timed out' line."""
+        """The ranks' output from now on to ranks.log only, but for their own `[scalelab]` lines (a save
+        at the stop: where the job goes on from): the launcher ends them (trainer.timeout_s), and each
+        rank's SIGTERMException line read as a crash before the job's own 'timed out' line."""
         self.muted = True
 
     def feed(self, chunk: bytes) -> bytes:
         if self.muted:
-            return b""
+            *lines, self.pending = (self.pending + chunk).split(b"\n")
+            return b"".join(ln + b"\n" for ln in lines if self._PREFIX.sub(b"", ln.lstrip(b"\r")).startswith(b"[scalelab]"))
         *lines, self.pending = (self.pending + chunk).split(b"\n")
         out = b""
         for ln in lines:
@@ -241,6 +243,8 @@ class TracebackFilter:
         return out
 
     def flush(self) -> bytes:
+        if self.muted:
+            return self.feed(b"\n") if self.pending else b""
         rest, self.pending = self._line(self.pending) if self.pending else b"", b""
         return rest
 

@@ -328,8 +328,9 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     # job as the one it interrupted, and told how to resume it
     _MARKS["finished_dir"] = _MARKS.pop("job_dir", None)
     _MARKS.pop("stop_record", None)
-    final = record.get("loss", {}).get("final")
-    return float(final) if record["status"] == "completed" and final is not None and math.isfinite(final) else None
+    from scalelab.results.optuna_trials import objective
+
+    return objective(record)
 
 
 def _sweep_and_num(hc, multirun: bool) -> tuple[Path | None, int]:

@@ -4,7 +4,9 @@ ended at it and fails saying so."""
 from __future__ import annotations
 
 import json
+import re
 import time
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -38,3 +40,17 @@ def test_a_given_limit_ends_the_job_and_fails_it(tmp_path):
     # per rank and a count of traceback lines read as a crash): ranks.log keeps them
     assert "SIGTERMException" not in out and "not shown here" not in out, out[-2000:]
     assert "SIGTERMException" in (tmp_path / "j" / "ranks.log").read_text()
+
+
+def test_a_job_that_checkpoints_says_where_it_goes_on_from_when_its_limit_ends_it(tmp_path):
+    """The ranks' own save line at the stop stays on the console (the SIGTERMException lines do not):
+    muting the ranks' output at the limit hid where the job goes on from (review 2026-12-04)."""
+    job = tmp_path / "j"
+    proc = train([*FAST, "strategy=ddp", "trainer.devices=2", "trainer.max_steps=1000000", "logger=none",
+                  "trainer.timeout_s=5", "checkpoint.every_n_steps=100000", f"hydra.run.dir={job}"], tmp_path,
+                 timeout=120, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "FAILED: timed out after trainer.timeout_s=5 s" in out, out[-2000:]
+    saved = re.search(r"\[scalelab\] checkpoint (\S+) saved at step (\d+); stopping \(the same command in the same "
+                      r"folder goes on from it\)", out)
+    assert saved and Path(saved.group(1)).exists() and "SIGTERMException" not in out, out[-2000:]

@@ -171,3 +171,15 @@ def test_lr_warmup_longer_than_the_run_is_refused():
     for ok in ("30", "0.5"):
         assert preflight(["lr_scaling=linear", f"lr_scaling.warmup_steps={ok}", "trainer.max_steps=30"],
                          data=False) == 1
+
+
+def test_the_objective_a_sweeper_gets_is_the_final_loss_or_none():
+    """scalelab.train's and the SLURM launcher's return value (review 2026-12-04: the SLURM launcher still
+    returned NaN for a failed job, which ended an Optuna search at its first failed trial)."""
+    from scalelab.results.optuna_trials import objective
+
+    assert objective({"status": "completed", "loss": {"final": 3.25}}) == 3.25
+    assert objective({"status": "failed", "loss": {"final": 3.25}}) is None      # failed after its record
+    assert objective({"status": "completed", "loss": {"final": None}}) is None   # diverged: no final loss
+    assert objective({"status": "completed", "loss": {"final": float("nan")}}) is None
+    assert objective({"status": "failed"}) is None

@@ -225,8 +225,9 @@ def test_an_online_summary_that_cannot_connect_is_logged_offline_also_when_resum
                                                                                   wandb_settings_read_anew):
     """Review 2026-12-04: a rerun of an online sweep with no network (the summary run's id stored in
     sweep.json) retried offline with the id W&B's service still held ("run ID ... is in use"): no
-    table, no report.html, an empty offline-run folder. Now: a new id offline, with one warning line,
-    then the table and the report; and a W&B failure never costs the table or the report."""
+    table, no report.html, an empty offline-run folder. Now: the same run offline (a new service),
+    with one warning line, then the table and the report; and a W&B failure never costs the table
+    or the report."""
     from scalelab.results import wandb_summary
     from scalelab.results.callbacks import summarize_sweep
     from scalelab.results.wandb_offline import find_runs, read_run
@@ -243,9 +244,11 @@ def test_an_online_summary_that_cannot_connect_is_logged_offline_also_when_resum
     out = capsys.readouterr()
     assert out.out.count("W&B online init failed") == 1 and "the sweep summary is logged offline" in out.out, out
     assert "== sweep" in out.out and (a / "report.html").exists()
-    assert second and second != first and json.loads((a / "sweep.json").read_text())["wandb_run_id"] == second
-    runs = find_runs(a / "wandb")
-    assert sorted(read_run(p)["run"]["run_id"] for p in runs) == sorted([first, second])
+    assert second == first and json.loads((a / "sweep.json").read_text())["wandb_run_id"] == first
+    runs = find_runs(a / "wandb")   # two aggregations of one summary run, each a finished offline run
+    assert [read_run(p)["run"]["run_id"] for p in runs] == [first, first]
+    assert [read_run(p)["exit_code"] for p in runs] == [0, 0]
+    assert all(list(d.glob("*.wandb")) for d in (a / "wandb").glob("offline-run-*"))   # no empty one to sync
 
     def broken(*args, **kwargs):
         raise RuntimeError("service died\nsecond line")
@@ -257,7 +260,7 @@ def test_an_online_summary_that_cannot_connect_is_logged_offline_also_when_resum
     assert out.err.count("\n") == 1 and "the sweep summary was not logged to W&B (RuntimeError: service died)" \
         in out.err, out.err
     assert "== sweep" in out.out and (a / "report.html").exists() and summary["num_completed"] == 2
-    assert json.loads((a / "sweep.json").read_text())["wandb_run_id"] == second   # kept for the next aggregation
+    assert json.loads((a / "sweep.json").read_text())["wandb_run_id"] == first   # kept for the next aggregation
 
 
 def test_aggregate_logs_the_summary_run_to_the_project_its_jobs_logged_to(tmp_path, wandb_env, capsys):

@@ -93,6 +93,11 @@ def test_a_folder_of_data_files_is_split_by_file_name_as_datasets_does(tmp_path)
     assert info["left_out"]["in no split by its name (heldout.jsonl; train-*.jsonl and the like are the split "
                             "train)"] == 1
     assert dict(datasets.load_dataset(str(d)).num_rows) == {"train": 2, "test": 1}   # the rule it follows
+    # no name says a split: what datasets' catch-all pattern passes over (under __cache__/) stays train
+    jsonl(s / "__cache__" / "c.jsonl", [{"text": "c1"}])
+    info = {}
+    assert [f.name for f in tables.data_files(str(s), "train", info)[1]] == ["c.jsonl", "a.jsonl", "part-1.jsonl"]
+    assert info["left_out"] == {}
 
 
 # ---------------------------------------------------------------- bad values: one line each

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import datasets
 import pytest
@@ -140,3 +141,16 @@ def test_a_cut_saved_dataset_and_an_unreadable_text_file_are_one_line(tmp_path, 
     with pytest.raises(ConfigError, match=r"^data.files: .*b.txt cannot be read \(Permission denied\): make it "
                                           r"readable, or move it out of the data$"):
         list(text_files.iter_file_documents([str(folder)]))
+    # a compressed one too (it was counted as binary in a folder, and named "does not decompress")
+    (folder / "b.txt").unlink()
+    (folder / "c.txt.gz").write_bytes(gzip.compress(b"not for us either"))
+
+    def opened(path, *args, **kwargs):
+        if Path(path).name == "c.txt.gz":
+            raise PermissionError(13, "Permission denied", str(path))
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(text_files, "open", opened, raising=False)
+    for given in ([str(folder)], [str(folder / "c.txt.gz")]):
+        with pytest.raises(ConfigError, match=r"^data.files: .*c.txt.gz cannot be read \(Permission denied\)"):
+            list(text_files.iter_file_documents(given))

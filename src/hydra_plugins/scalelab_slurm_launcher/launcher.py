@@ -32,13 +32,13 @@ class ScalelabSlurmLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
         import json
-        import math
         import subprocess
 
         from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
         from omegaconf import OmegaConf, open_dict
 
         from scalelab import launch, slurm, slurm_jobs
+        from scalelab.results.optuna_trials import objective
         from scalelab.results.record import scrub, scrub_file
 
         setup_globals()
@@ -127,10 +127,11 @@ class ScalelabSlurmLauncher(Launcher):
             if rec.get("status") != "completed":
                 launch.FAILED_JOBS.append(f"{meta['name']} (SLURM job {job_id}): {scrub(rec.get('error'))}")
                 log.error(f"[scalelab] job {meta['name']} (SLURM job {job_id}) FAILED: {scrub(rec.get('error'))}")
-            final = (rec.get("loss") or {}).get("final")
             ret = JobReturn(overrides=overrides, cfg=cfg, hydra_cfg=cfg, working_dir=str(job_dir),
                             task_name=str(cfg.hydra.job.name), status=JobStatus.COMPLETED)
-            ret.return_value = float(final) if rec.get("status") == "completed" and final is not None else math.nan
+            # None for a failed job, as scalelab.train's: the Optuna sweeper records a failed trial and goes on
+            # (a NaN ended the search: scalelab.results.optuna_trials)
+            ret.return_value = objective(rec)
             runs.append(ret)
         return runs
 

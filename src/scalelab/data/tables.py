@@ -160,13 +160,17 @@ def _split_by_name(folder: Path, files: list[Path]) -> dict[str | None, list[Pat
     try:
         from datasets.data_files import DataFilesDict, get_data_patterns
 
-        resolved = DataFilesDict.from_patterns(get_data_patterns(str(folder)), base_path=str(folder))
+        patterns = get_data_patterns(str(folder))
+        resolved = DataFilesDict.from_patterns(patterns, base_path=str(folder))
         where = {os.path.realpath(str(f)): str(k) for k, fs in resolved.items() for f in fs}
+        # only names that say a split leave a file out (what datasets' catch-all pattern passes over, a
+        # file under __pycache__/, stays 'train' as it was)
+        named = list(patterns) != ["train"] or any(p != "**" for p in patterns.get("train", []))
     except Exception:  # noqa: BLE001 - its layout rules did not apply: one split
-        where = {}
+        where, named = {}, False
     out: dict[str | None, list[Path]] = {}
     for f in files:
-        out.setdefault(where.get(os.path.realpath(str(f))) if where else "train", []).append(f)
+        out.setdefault(where.get(os.path.realpath(str(f))) if named else "train", []).append(f)
     return out
 
 

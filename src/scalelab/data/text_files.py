@@ -21,6 +21,11 @@ def pattern_refusal(raw) -> str:
             "files are read, recursively); data=hub data.hub_name takes a pattern of .jsonl/.csv/.parquet files")
 
 
+def _unreadable(p: Path, e: OSError) -> ConfigError:
+    return ConfigError(f"data.files: {p} cannot be read ({e.strerror or type(e).__name__}): make it readable, or "
+                       "move it out of the data")
+
+
 def _read_file(p: Path) -> bytes | None:
     """A text file's bytes; a .gz / .bz2 / .xz file's decompressed, as a stream: where its first
     _BINARY_PROBE bytes hold a NUL (a .pt.gz, a .tar.gz: not text) only those are returned, not
@@ -30,14 +35,17 @@ def _read_file(p: Path) -> bytes | None:
         try:
             return p.read_bytes()
         except OSError as e:   # a traceback before (review 2026-12-04: a file of a folder without read permission)
-            raise ConfigError(f"data.files: {p} cannot be read ({e.strerror or type(e).__name__}): make it readable, "
-                              "or move it out of the data") from e
+            raise _unreadable(p, e) from e
     import importlib
     import lzma
     import zlib
 
     try:
-        with importlib.import_module(codec).open(p, "rb") as f:
+        raw = open(p, "rb")
+    except OSError as e:   # the file itself, not its codec's "not mine" below
+        raise _unreadable(p, e) from e
+    try:
+        with raw, importlib.import_module(codec).open(raw, "rb") as f:
             head = f.read(_BINARY_PROBE)
             if b"\x00" in head:
                 return head

@@ -11,6 +11,15 @@ ending in Optuna's "No trials are completed yet" traceback before the sweep's su
 from __future__ import annotations
 
 import logging
+import math
+
+def objective(record: dict) -> float | None:
+    """What a job returns to an optimizing sweeper (scalelab.train's and the SLURM launcher's): its
+    final loss; None for a failed job or one with no finite final loss (a failed trial)."""
+    final = (record.get("loss") or {}).get("final")
+    ok = record.get("status") == "completed" and isinstance(final, (int, float)) and math.isfinite(final)
+    return float(final) if ok else None
+
 
 _SWEEPER_NOISE = ("Return value must be float-castable. Got 'None'", "with max_failure_rate=")
 

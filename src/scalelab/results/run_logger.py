@@ -64,17 +64,15 @@ def build_logger(cfg, job_dir: Path, resumed: bool = False):
     except Exception as exc:  # noqa: BLE001 - wandb raises UsageError, CommError, AuthenticationError, ...
         import wandb
 
-        try:
-            wandb.finish()
-        except Exception:  # noqa: BLE001 - nothing was started
-            pass
         why = (str(exc).strip().splitlines() or [""])[0][:200]
         print(f"[scalelab] warning: W&B online init failed ({type(exc).__name__}: {why}); logging offline "
               f"instead: sync later with `wandb sync {job_dir}/wandb/offline-run-*`", flush=True)
-        # W&B's service keeps the failed run's id ("run ID ... is in use"): the offline run gets a
-        # new one, saved in the job dir for this job's resumptions.
-        kw.pop("resume", None)
-        kw.update(_wandb_identity(job_dir, resumed=False))
+        # W&B's service keeps the failed run's id ("run ID ... is in use"): a new service, and the offline
+        # run is the job's own (a new id made a requeued attempt's offline run another run once synced)
+        try:
+            wandb.teardown()
+        except Exception:  # noqa: BLE001 - nothing was started
+            pass
         return make("offline")
 
 

@@ -98,10 +98,10 @@ def log_sweep(sweep_dir: Path, summary: dict, records: list[dict], project: str,
             print(f"[scalelab] warning: W&B online init failed ({type(exc).__name__}: {why}); the sweep summary is "
                   f"logged offline instead: sync later with `wandb sync {Path(sweep_dir) / 'wandb'}/offline-run-*`",
                   flush=True)
-            # W&B's service keeps the failed run's id ("run ID ... is in use" when the offline run
-            # took it too): the offline summary gets a new id, kept in sweep.json for the next aggregation
-            kw.pop("resume", None)
-            kw["id"] = _new_id()
+            # W&B's service keeps the failed run's id ("run ID ... is in use" when the offline run took
+            # it too: no table, no report): a new service, and the offline summary is the same run (a new
+            # id made a second summary run of the sweep once synced, and replaced the id in sweep.json)
+            wandb.teardown()
             run = wandb.init(mode="offline", **kw)
     finally:
         sys.argv[:] = argv
@@ -120,12 +120,6 @@ def log_sweep(sweep_dir: Path, summary: dict, records: list[dict], project: str,
         return run.id
     finally:
         run.finish()
-
-
-def _new_id() -> str:
-    import uuid
-
-    return uuid.uuid4().hex[:8]
 
 
 def efficiency_keys(groups: list[dict]) -> dict:
