@@ -230,7 +230,8 @@ class TracebackFilter:
     def feed(self, chunk: bytes) -> bytes:
         if self.muted:
             *lines, self.pending = (self.pending + chunk).split(b"\n")
-            return b"".join(ln + b"\n" for ln in lines if self._PREFIX.sub(b"", ln.lstrip(b"\r")).startswith(b"[scalelab]"))
+            own = [ln for ln in lines if self._PREFIX.sub(b"", ln.lstrip(b"\r")).startswith(b"[scalelab]")]
+            return b"".join(ln + b"\n" for ln in own)
         *lines, self.pending = (self.pending + chunk).split(b"\n")
         out = b""
         for ln in lines:

@@ -143,8 +143,10 @@ def test_a_job_that_fails_after_its_record_ends_its_w_and_b_run_failed(tmp_path,
     mark_failed(job, {"name": "csv"}, "x")                                               # no W&B run: nothing
     assert len(find_runs(job)) == 1
     mark_failed(job, {"name": "wandb", "mode": "offline", "project": "p"}, "timed out after trainer.timeout_s=4 s")
+    wandb.teardown()   # the service has written both runs' files out (a loaded CI host read one before it had)
     runs = [read_run(p) for p in find_runs(job)]
-    assert [r["run"]["run_id"] for r in runs] == ["abcd1234ef56"] * 2
+    assert [p.name for p in find_runs(job)] == ["run-abcd1234ef56.wandb"] * 2
+    assert [r["run"].get("run_id") for r in runs] == ["abcd1234ef56"] * 2, runs
     assert sorted(r["exit_code"] for r in runs) == [0, 1]
     failed = next(r for r in runs if r["exit_code"] == 1)
     assert failed["summary"]["status"] == "failed" and failed["summary"]["error"].startswith("timed out after")
