@@ -17,6 +17,7 @@ from pathlib import Path
 
 # the ranks' stop (grace, wait, process-group signals) and the rendezvous live in their own modules;
 # their names stay importable from here
+from scalelab.paths import wandb_dirs
 from scalelab.rank_stop import KILL_WAIT_S, STOP_GRACE_S, kill_group, stop_grace_s, stopping_line, wait_for
 from scalelab.rendezvous import RDZV_BACKENDS, free_port, parse_endpoint, torchrun_layout
 
@@ -99,9 +100,7 @@ def rank_env(cache_dir: Path, threads: int, job_dir: Path, verbose: bool = False
     env.update(OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
                # DeepSpeed/torch JIT-built ops: one known folder, built once per machine.
                TORCH_EXTENSIONS_DIR=env.get("TORCH_EXTENSIONS_DIR", str(cache_dir / "torch_extensions")),
-               WANDB_DIR=str(job_dir), WANDB_CACHE_DIR=str(cache_dir / "wandb-cache"),
-               WANDB_CONFIG_DIR=str(cache_dir / "wandb-config"), WANDB_DATA_DIR=str(cache_dir / "wandb-data"),
-               WANDB_SILENT="true", WANDB_CONSOLE="off",
+               WANDB_DIR=str(job_dir), **wandb_dirs(cache_dir), WANDB_SILENT="true", WANDB_CONSOLE="off",
                # the step line is rewritten in place only where this command's console is a terminal
                SCALELAB_CONSOLE_TTY="1" if sys.stdout.isatty() else "0")
     return env
@@ -228,11 +227,10 @@ class TracebackFilter:
         self.muted = True
 
     def feed(self, chunk: bytes) -> bytes:
-        if self.muted:
-            *lines, self.pending = (self.pending + chunk).split(b"\n")
-            own = [ln for ln in lines if self._PREFIX.sub(b"", ln.lstrip(b"\r")).startswith(b"[scalelab]")]
-            return b"".join(ln + b"\n" for ln in own)
         *lines, self.pending = (self.pending + chunk).split(b"\n")
+        if self.muted:
+            return b"".join(ln + b"\n" for ln in lines
+                            if self._PREFIX.sub(b"", ln.lstrip(b"\r")).startswith(b"[scalelab]"))
         out = b""
         for ln in lines:
             shown = self._line(ln + b"\n")

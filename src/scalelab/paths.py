@@ -28,6 +28,20 @@ def command(name: str) -> str:
         return str(script)
 
 
+def wandb_dirs(cache: Path) -> dict[str, str]:
+    """W&B's cache, settings and data folders under scalelab's cache folder CACHE."""
+    return {"WANDB_CACHE_DIR": str(Path(cache) / "wandb-cache"), "WANDB_CONFIG_DIR": str(Path(cache) / "wandb-config"),
+            "WANDB_DATA_DIR": str(Path(cache) / "wandb-data")}
+
+
+def default_wandb_env(cache: Path | None) -> None:
+    """This process's own W&B runs (a sweep's summary, a failed job's amendment) keep W&B's folders
+    where the ranks keep them (launch.rank_env), unless the environment names others; quiet."""
+    for var, value in (wandb_dirs(cache) if cache is not None else {}).items():
+        os.environ.setdefault(var, value)
+    os.environ.setdefault("WANDB_SILENT", "true")
+
+
 def conf_dir() -> Path:
     return Path(os.environ.get("SCALELAB_CONF_DIR", REPO_ROOT / "conf")).resolve()
 

@@ -99,8 +99,7 @@ def data_files(name: str, split: str, info: dict | None = None) -> tuple[str, li
         files = glob_files(name)
         formats = {FORMATS.get(data_ext(f)) for f in files}
         if None in formats or len(formats) != 1:
-            names = ", ".join(f.name for f in files[:4]) + (" ..." if len(files) > 4 else "")
-            raise ConfigError(f"data.hub_name={str(name)!r} matches {names}: give a pattern of files of one of "
+            raise ConfigError(f"data.hub_name={str(name)!r} matches {_first([f.name for f in files], 4)}: give a pattern of files of one of "
                               f"{', '.join(FORMATS)} (or {'/'.join(COMPRESSED)} of the first three)")
         fmt = formats.pop()
         splits, unsplit = {"train": files}, []
@@ -120,7 +119,7 @@ def data_files(name: str, split: str, info: dict | None = None) -> tuple[str, li
         for f in files:
             by_format.setdefault(FORMATS[data_ext(f)], []).append(f.name)
         if len(by_format) > 1:
-            mixed = "; ".join(f"{k}: {', '.join(v[:3])}{' ...' if len(v) > 3 else ''}" for k, v in by_format.items())
+            mixed = "; ".join(f"{k}: {_first(v)}" for k, v in by_format.items())
             raise ConfigError(f"data.hub_name={str(path)!r} mixes data file formats ({mixed}): give a folder of one "
                               "format")
         if not files:
@@ -133,9 +132,8 @@ def data_files(name: str, split: str, info: dict | None = None) -> tuple[str, li
         if info is not None:   # nothing said they were not read (a test-logs.jsonl is the split 'test')
             left = {f"of the split {k} (data.hub_split={k} reads it)": len(v) for k, v in splits.items() if k != split}
             if unsplit:   # as datasets leaves them out once some file names a split
-                left[f"in no split by its name ({', '.join(f.name for f in unsplit[:3])}"
-                     f"{' ...' if len(unsplit) > 3 else ''}; train-*.jsonl and the like are the split train)"] = \
-                    len(unsplit)
+                left[f"in no split by its name ({_first([f.name for f in unsplit])}; train-*.jsonl and the like are "
+                     "the split train)"] = len(unsplit)
             if len(files) < len(found):
                 left["compressed, beside plain ones"] = len(found) - len(files)
             info["left_out"] = left
@@ -143,12 +141,16 @@ def data_files(name: str, split: str, info: dict | None = None) -> tuple[str, li
         refuse_twins(f"data.hub_name={str(name)!r}", [f for fs in splits.values() for f in fs])
     if split not in splits:
         raise ConfigError(f"data.hub_split={split!r} is not in {name}: its data files make the split(s) "
-                          f"{', '.join(splits)}" + (f"; {', '.join(f.name for f in unsplit[:3])}"
-                                                   f"{' ...' if len(unsplit) > 3 else ''} in none (as datasets "
-                                                   "reads a folder once a file's name says a split: name it "
+                          f"{', '.join(splits)}" + (f"; {_first([f.name for f in unsplit])} in none (as datasets reads "
+                                                   "a folder once a file's name says a split: name it "
                                                    f"{split}-*{data_ext(unsplit[0])} to read it as {split})"
                                                    if unsplit else ""))
     return fmt, splits[split]
+
+
+def _first(names: list[str], n: int = 3) -> str:
+    """The first N names, and ' ...' where there are more."""
+    return ", ".join(names[:n]) + (" ..." if len(names) > n else "")
 
 
 def _split_by_name(folder: Path, files: list[Path]) -> dict[str | None, list[Path]]:

@@ -117,8 +117,7 @@ def throughput(records: list[dict], group_by: str | None = None, names: dict | N
     global batch: the median over the repeats of one sweep, never over two sweeps, nor over two
     node layouts of one world size (node_split: a series each). Where no run has a token
     throughput (an mlp model has no tokens: the chart was empty), samples/s, and the axis says so."""
-    series: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    pooled: dict[tuple, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    series: dict[tuple, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))   # its runs per world size
     done = completed(records)
     metric, unit = "tokens_per_s", "tokens/s"
     runs = [r for r in done if _finite((r.get("throughput") or {}).get(metric))]
@@ -132,18 +131,18 @@ def throughput(records: list[dict], group_by: str | None = None, names: dict | N
     layout = node_split(runs, lambda r: (*base(r), apart[id(r)]))
     for r in runs:
         key = (*base(r), layout[id(r)] + _suffix(r, group_by, bool(sweeps)) + apart[id(r)])
-        series[key][r["world_size"]].append(float(r["throughput"][metric]))
-        pooled[key][r["world_size"]].append(r)
+        series[key][r["world_size"]].append(r)
     names = {k: f"{k[0]}: {k[1]} {_batch_label(k[2])}{k[3]}" if k[0] else f"{k[1]} {_batch_label(k[2])}{k[3]}"
              for k in series}
-    traces = [{"name": names[k], "x": sorted(v), "y": [_median(v[w]) for w in sorted(v)], "strategy": k[1]}
+    traces = [{"name": names[k], "x": sorted(v), "y": [_median([float(r["throughput"][metric]) for r in v[w]])
+                                                        for w in sorted(v)], "strategy": k[1]}
               for k, v in sorted(series.items())]
     notes = [] if traces else ["no completed run with a throughput"]
     shown, labels = {id(r) for r in runs}, job_labels(records)
     # a point that is several runs (repeats in a sweep; lone runs of one config given together) says so,
     # and a short run's point is no steady figure (the table marks it *): both were drawn unmarked
     notes += [f"{names[k]} at {w}: the median of {len(rs)} runs ({', '.join(job_name(r, labels) for r in rs)})"
-              for k, by_world in sorted(pooled.items()) for w, rs in sorted(by_world.items()) if len(rs) > 1]
+              for k, by_world in sorted(series.items()) for w, rs in sorted(by_world.items()) if len(rs) > 1]
     short = [job_name(r, labels) for r in runs if r.get("short_run")]
     notes += ["short runs (fewer than 5 measured steps), their points not steady-state: " + ", ".join(short)] \
         if short else []

@@ -160,12 +160,10 @@ def mark_failed(job_dir: Path, logger_cfg: dict, error: str, cache_dir: Path | N
     run_id = path.read_text().strip()
     # online only where the job's run is online: one that fell back offline left offline folders alone
     offline = logger_cfg.get("mode") != "online" or any((Path(job_dir) / "wandb").glob(f"offline-run-*-{run_id}"))
-    if cache_dir is not None:   # where the ranks keep W&B's cache and settings (launch.rank_env)
-        for var, sub in (("WANDB_CACHE_DIR", "wandb-cache"), ("WANDB_CONFIG_DIR", "wandb-config"),
-                         ("WANDB_DATA_DIR", "wandb-data")):
-            os.environ.setdefault(var, str(Path(cache_dir) / sub))
-    os.environ.setdefault("WANDB_SILENT", "true")
+    from scalelab.paths import default_wandb_env
     from scalelab.results.record import redact_argv
+
+    default_wandb_env(cache_dir)   # where the ranks keep W&B's cache and settings
 
     argv = redact_argv()   # W&B keeps sys.argv in the run's metadata
     try:

@@ -3,9 +3,9 @@ dashboard's charts (efficiency, throughput, memory, loss, LR rule, breakdown, pl
 charts, in the same W&B group as the sweep's job runs so dashboards compare them side by side."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from scalelab.paths import default_wandb_env
 from scalelab.results.record import max_of, num_nodes
 from scalelab.results.table import sort_key
 
@@ -70,11 +70,7 @@ def log_sweep(sweep_dir: Path, summary: dict, records: list[dict], project: str,
     # absolute: a relative dir (`scalelab aggregate fx`) was resolved by W&B's service process, whose
     # working folder is the one it started in, and the offline run landed there, not in fx/wandb
     sweep_dir = Path(sweep_dir).resolve()
-    if cache_dir is not None:
-        for var, sub in (("WANDB_CACHE_DIR", "wandb-cache"), ("WANDB_CONFIG_DIR", "wandb-config"),
-                         ("WANDB_DATA_DIR", "wandb-data")):
-            os.environ.setdefault(var, str(Path(cache_dir) / sub))
-    os.environ.setdefault("WANDB_SILENT", "true")
+    default_wandb_env(cache_dir)
     # the W&B group its job runs are in (train.py's job.group, which results.run_logger logs them with), so
     # the summary sits beside them whatever that group is; the folder's name where no record says
     groups = {(r.get("job") or {}).get("group") for r in records} - {None, ""}
