@@ -40,6 +40,10 @@ def terms_for_job(overrides: list[str], target: str | None = None):
     threads = threads_per_rank(cfg.trainer.threads_per_rank, spec.run.devices_per_node, target)
     record = base_record(resolved, spec.batch, spec.lr, world, spec.plan.parallel_degrees(world),
                          spec.run.model_arch, n_params, target, threads)
+    # the trainer frees gradients after each optimizer step (models/lit.py frees_grads_after_step,
+    # recorded so by every run): without the flag the planner reads the record as an old run's and
+    # holds the gradients through the peak (a pipeline's and DeepSpeed's are decided by their layout)
+    record["memory"]["grads_freed_after_step"] = True
     if getattr(spec.plan, "microbatches", None):  # a pipeline cuts the per-rank batch into these
         record["parallel"]["microbatches"] = int(spec.plan.microbatches)
     return terms_from_run(record), hardware

@@ -36,3 +36,18 @@ def test_params_below_the_smallest_guessed_gpt_is_refused():
     with pytest.raises(PlanError, match=r"has 271,104 parameters .* embedding and head 73,984\); give the shape"):
         ModelSpec.trainer_gpt_for_params(1e5, seq_len=64, vocab=256)
     assert ModelSpec.trainer_gpt_for_params(7e9).n_params == 7_064_420_352
+
+
+def test_a_small_params_count_is_guessed_with_its_embeddings_in_mind():
+    """--params 125M was guessed 2 layers x 1024 (the width chosen as if all 125M were blocks, then
+    the embedding and untied head took 105M of them). By hand, at GPT-2's vocabulary and seq 2048:
+    the width solves 12 h^3 / 128 + (2 x 50,257 + 2,048) h = 125M: h = 768 gives 42.5M + 78.8M =
+    121.3M, h = 1024 gives 100.7M + 105.0M = 205.7M, so h ~ 790, 768 on the 256 grid. Ends: 2 x
+    50,257 x 768 + 2,048 x 768 + 2 x 768 = 78,769,152; a layer 12 x 768^2 + 4 x 768 = 7,080,960;
+    (125M - ends) / layer = 6.5 -> 7 layers (49,566,720): 128,335,872 in all."""
+    m = ModelSpec.trainer_gpt_for_params(125e6)
+    assert (m.n_layers, m.hidden, m.heads, m.n_params) == (7, 768, 6, 128_335_872)
+    # the tied-head form (the Megatron-style count): 12 h^3 / 128 + 52,305 h = 125M at h ~ 930 -> 1024;
+    # (125M - 52,305 x 1024) / (12 x 1024^2) = 5.7 -> 6 layers
+    tied = ModelSpec.from_params(125e6)
+    assert (tied.n_layers, tied.hidden) == (6, 1024)

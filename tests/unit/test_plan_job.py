@@ -179,3 +179,36 @@ def test_an_experiment_that_sweeps_is_no_plan_unless_each_swept_key_is_given(cap
     assert err == f"error: {argv[0]} is a sweep ({swept}): a plan is of one job; give each of those keys one value\n"
     pinned = plan_json(capsys, "experiment=strategy_scaling", "strategy=ddp", "trainer.devices=2")
     assert pinned["train_command"] == "scalelab-train experiment=strategy_scaling strategy=ddp trainer.devices=2"
+
+
+@pytest.mark.parametrize("strategy", ["single", "fsdp", "tp"])
+def test_the_override_form_frees_gradients_after_the_step_as_the_flag_form_and_the_run_do(capsys, strategy):
+    """Without accumulation the peak holds the larger of gradients and activations, not both: the
+    override form held the gradients through the peak (its job record had no grads_freed_after_step,
+    read as an old run's) and planned 5.28 GiB more than the flag form for a 1.4B model on one H100."""
+    devices = "1" if strategy == "single" else "2"
+    flags = plan_json(capsys, "--layers", "4", "--hidden", "512", "--heads", "8", "--vocab", "256", "--seq-len",
+                      "256", "--strategy", strategy, "--devices", devices, "--global-batch", "8",
+                      "--hardware", "h100_sxm")
+    again = plan_json(capsys, *shlex.split(flags["train_command"])[1:])
+    assert again["inputs"]["parallel"]["micro_batches_per_step"] == 1
+    assert flags["memory"]["gradients_at_peak"] is False and again["memory"]["gradients_at_peak"] is False
+    assert again["memory"] == flags["memory"]
+
+
+def test_a_profile_given_as_a_path_is_no_hardware_profile_of_the_same_job(capsys, tmp_path):
+    """`--hardware /x/cal2.yaml` printed `hardware_profile=cal2` (the YAML's name:), which
+    scalelab-train refuses; a copy keeping a stock profile's name would name the stock profile."""
+    import yaml
+
+    stock = yaml.safe_load((REPO / "conf" / "hardware" / "h100_sxm.yaml").read_text())
+    for stem, name in (("cal2", "cal2"), ("edited", "h100_sxm")):
+        (tmp_path / f"{stem}.yaml").write_text(yaml.safe_dump({**stock, "name": name}))
+        flags = plan_json(capsys, "--model", "gpt_nano", "--strategy", "zero2", "--devices", "2",
+                          "--hardware", str(tmp_path / f"{stem}.yaml"))
+        assert "hardware_profile" not in flags["train_command"], flags["train_command"]
+        plan_json(capsys, *shlex.split(flags["train_command"])[1:])      # a job the trainer composes
+    named = plan_json(capsys, "--model", "gpt_nano", "--strategy", "zero2", "--devices", "2", "--hardware", "h100_sxm")
+    assert "hardware_profile=h100_sxm" in shlex.split(named["train_command"])
+    here = plan_json(capsys, "--model", "gpt_nano", "--strategy", "ddp", "--devices", "2", "--hardware", "this_cpu")
+    assert "hardware_profile=this_cpu" in shlex.split(here["train_command"])

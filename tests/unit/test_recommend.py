@@ -284,6 +284,8 @@ def test_published_configurations_get_a_layout_that_fits():
     (["--memory-headroom", "1.5"], "--memory-headroom"),
     (["--verify", "1", "--nodes", "2"], "--slurm"),
     (["--published", "gpt3"], "'gpt3'"),
+    # tp 2 divides gpt_small (the plan accepts fsdp_tp at dp 1): what rules it out is dp 2 / 2 = 1
+    (["--strategies", "fsdp_tp"], "leaves dp 1 on 1x2 devices"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, argv, named):
     base = ["recommend", "--model", "gpt_small", "--devices", "2", "--hardware", "this_cpu"]

@@ -246,7 +246,7 @@ def _plan(a, job_terms=None) -> int:
     strategy. `job_terms(overrides) -> (Terms, hardware name)` builds a job from scalelab-train
     overrides (scalelab.plan_job: the training config code, which plan/ does not import)."""
     from .alternatives import SAME_STRATEGY_AND_DEVICES, nearest_fitting
-    from .hardware import devices_per_node_warning, load_hardware
+    from .hardware import devices_per_node_warning, load_hardware, trainer_name
     from .step_time import build_terms, for_device, plan_terms
     from .spec import normalize_precision
     from .strategies import trainer_refuses
@@ -309,7 +309,7 @@ def _plan(a, job_terms=None) -> int:
                 refused.append(_refused(name, exc, len(names)))
                 continue
             same = built == model.n_params and not _attention_what_if(model, hw.kind)
-            plans.append((terms, hw, train_command(a, terms, hw.name) if same else None))
+            plans.append((terms, hw, train_command(a, terms, trainer_name(hw)) if same else None))
     docs, warned = [], []
     for terms, hw, command in plans:
         docs.append(plan_terms(terms, hw, a.tokens))

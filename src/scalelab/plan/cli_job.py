@@ -66,9 +66,11 @@ def default_precision(hw) -> str:
     return "32" if hw.kind == "cpu" else "bf16-mixed"
 
 
-def train_command(a, terms, hardware: str) -> str | None:
+def train_command(a, terms, hardware: str | None) -> str | None:
     """The scalelab-train overrides that run the job a flag-form plan describes (None when the
-    model is not one the trainer builds: an MLP, or an MLP width that is not a multiple)."""
+    model is not one the trainer builds: an MLP, or an MLP width that is not a multiple).
+    hardware: the trainer's name of the profile (hardware.trainer_name); None, a profile given as a
+    path, is no trainer choice: no hardware_profile= (the trainer's auto detects the device)."""
     L, m = terms.layout, terms.model
     if a.model:
         model = [f"model={a.model}"]
@@ -80,7 +82,9 @@ def train_command(a, terms, hardware: str) -> str | None:
         return None
     ov = [f"strategy={terms.strategy.name}", *model, f"trainer.devices={L.devices_per_node}",
           f"data.global_batch_size={L.global_batch}", f"trainer.precision={_TRAIN_PRECISION[terms.precision]}",
-          f"optim={'adamw' if terms.optimizer == 'adam' else 'sgd'}", f"hardware_profile={hardware}"]
+          f"optim={'adamw' if terms.optimizer == 'adam' else 'sgd'}"]
+    if hardware:
+        ov.append(f"hardware_profile={hardware}")
     if L.nodes > 1:
         ov += [f"trainer.num_nodes={L.nodes}", "launcher=srun"]
     if terms.strategy.pipeline and terms.strategy.tensor_parallel:   # nd: the degrees by name

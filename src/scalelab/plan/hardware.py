@@ -145,6 +145,18 @@ def list_hardware() -> list[str]:
     return sorted({HOST_CPU, *(p.stem for p in d.glob("*.yaml"))}) if d.is_dir() else [HOST_CPU]
 
 
+def trainer_name(hw: Hardware) -> str | None:
+    """The name scalelab-train's hardware_profile= knows this profile by (conf/hardware/NAME.yaml:
+    its file's stem; this host's probe: this_cpu), or None for a profile read from a path elsewhere:
+    no trainer choice (a calibrated copy keeping `name: h100_sxm` would name the stock profile)."""
+    p = Path(hw.source)
+    if p.parent.resolve() == (conf_dir() / "hardware").resolve():
+        return p.stem
+    if hw.name == HOST_CPU and p.name.startswith(f"{HOST_CPU}-") and p.parent.name == "hardware":
+        return HOST_CPU
+    return None
+
+
 def _number(value, key: str, source: str, positive: bool = False) -> float:
     """A profile's figure as a float, or one PlanError line naming the key and value: `memory_bytes:
     80GB` was a ValueError traceback, `compute_efficiency: 0` a ZeroDivisionError, `memory_bytes: -1`

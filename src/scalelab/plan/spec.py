@@ -6,7 +6,6 @@ table and config reading live in strategies.py (re-exported here).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 from . import mesh
@@ -241,9 +240,9 @@ class ModelSpec:
     @classmethod
     def from_params(cls, n_params: float, seq_len: int = 2048, vocab: int = 50257):
         """Guess a GPT shape for N parameters: 12 L h^2 ~ N with h ~ 128 L (the aspect ratio of
-        GPT-3 175B and LLaMA-7B); h rounded to a multiple of 1024 (128 when small) so that the
-        heads (of size 128) split 8 ways for tensor parallelism; then L = (N - embeddings) / (12 h^2)."""
-        n, hidden = _guess_hidden(n_params)
+        GPT-3 175B and LLaMA-7B) beside the embeddings (_guess_hidden); heads of 128; then
+        L = (N - embeddings) / (12 h^2)."""
+        n, hidden = _guess_hidden(n_params, vocab + seq_len)      # a tied head
         layers = max(1, round((n - (vocab + seq_len) * hidden) / (12 * hidden * hidden)))
         return cls(n, layers, hidden, hidden // 128, vocab, seq_len, shape_inferred=True)
 
@@ -252,7 +251,7 @@ class ModelSpec:
         """from_params' width for N parameters, the layers that bring scalelab-train's GPT (untied
         head, no biases: trainer_gpt_params) nearest to N, planned at that shape's exact count: the
         model its `scalelab-train` command builds (7B -> 33 x 4096 = 7,064,420,352)."""
-        n, hidden = _guess_hidden(n_params)
+        n, hidden = _guess_hidden(n_params, 2 * vocab + seq_len)  # the trainer's untied head
         ends = cls.trainer_gpt_params(0, hidden, vocab, seq_len)   # embeddings, final LayerNorm, head
         per_layer = cls.trainer_gpt_params(1, hidden, vocab, seq_len) - ends
         layers = max(1, round((n - ends) / per_layer))
@@ -276,15 +275,21 @@ def _within_limits(n_params=None, layers=None) -> None:
         raise PlanError(f"--layers {layers} is beyond what the planner models (at most {MAX_LAYERS})")
 
 
-def _guess_hidden(n_params: float) -> tuple[int, int]:
-    """(N, width) for N parameters: 12 L h^2 ~ N with h ~ 128 L; h a multiple of 1024 (128 when small)."""
+def _guess_hidden(n_params: float, embedding_per_width: int) -> tuple[int, int]:
+    """(N, width) for N parameters: the blocks' 12 L h^2 plus the embeddings' (embedding_per_width
+    x h) ~ N, with h ~ 128 L. The embeddings count: left out, a 125M model with GPT-2's vocabulary
+    was guessed 1024 wide with 2 layers (its embedding and head 103M of the 125M); with them 6 x
+    1024 (GPT-3's is 12 x 768). h a multiple of 1024 from 4096 (heads of 128 split 8 ways for
+    tensor parallelism), of 256 below (an even head count)."""
     n = int(float(n_params))
     if n < 1:
         raise PlanError(f"--params must be positive, got {n_params!r}")
     _within_limits(n_params=n)
-    layers = max(1.0, (n / (12 * 128 ** 2)) ** (1 / 3))
-    h = math.sqrt(n / (12 * layers))
-    step = 1024 if h >= 1024 else 128
+    lo, hi = 0.0, max(1.0, (128 * n / 12) ** (1 / 3))   # 12 h^3 / 128 + e h rises in h: bisect it
+    for _ in range(100):
+        h = (lo + hi) / 2
+        lo, hi = (lo, h) if 12 * h ** 3 / 128 + embedding_per_width * h > n else (h, hi)
+    step = 1024 if h >= 4096 else 256
     return n, max(128, round(h / step) * step)
 
 

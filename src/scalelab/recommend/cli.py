@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     v.add_argument("--verify", type=int, default=0, metavar="K", help="run the top K as short real jobs and re-rank")
     v.add_argument("--verify-steps", type=int, help="optimizer steps per verification job (default 20)")
     v.add_argument("--verify-repeats", type=int,
-                   help="runs per candidate, interleaved (seeds); the median is ranked (default 1; 3 on a shared host)")
+                   help="runs per candidate, interleaved (seeds); the median is ranked (default 1; give 3 on a shared host, where one short run varies 10-25 %%)")
     v.add_argument("--base-lr", type=float, help="LR at --base-batch (default: conf/optim's lr)")
     v.add_argument("--base-batch", type=int, help="batch --base-lr was tuned at (default: lr_scaling's 16)")
     v.add_argument("--lr-check", help="grid (three runs, default with --verify) | none")

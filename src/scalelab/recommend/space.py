@@ -18,7 +18,7 @@ import shlex
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from scalelab.plan.hardware import Hardware, list_hardware
+from scalelab.plan.hardware import Hardware, trainer_name
 from scalelab.plan.spec import STRATEGIES, ModelSpec, PlanError, get_strategy, padded_vocab, tp_indivisible
 from scalelab.plan.peak_memory import device_total_bytes, fits_host
 from scalelab.plan.step_time import Terms, build_terms, step_time
@@ -132,6 +132,12 @@ def no_degree_reason(strategy: str, model: ModelSpec, devices: int, nodes: int) 
         return "tensor parallelism splits the GPT models only"
     if st.pipeline and model.kind == "gpt" and model.n_layers < 2:
         return f"a pipeline needs 2 or more layers (the model has {model.n_layers})"
+    world = devices * nodes
+    if st.name == "fsdp_tp" and tp_degrees(model, devices) and all(world // t == 1 for t in tp_degrees(model, devices)):
+        # at dp 1 it has nothing to shard over: the tp candidate of the same degree is that layout
+        return (f"it shards over data-parallel replicas (dp = devices / tp > 1): every tp degree that "
+                f"divides the model ({', '.join(map(str, tp_degrees(model, devices)))}) leaves dp 1 on {where}; "
+                "tp runs that layout")
     return f"no tp/pp degree fits {where} and the model's shape"
 
 
@@ -326,11 +332,8 @@ def train_overrides(c: Candidate, req: Request) -> list[str]:
     the strategy's degree options, precision, optimizer, checkpointing), one mapping for both."""
     from scalelab.plan.cli import train_command
 
-    cmd = train_command(SimpleNamespace(model=req.model_name), c.terms, req.hardware_name)
+    cmd = train_command(SimpleNamespace(model=req.model_name), c.terms, trainer_name(req.hardware))
     if cmd is None:
         raise PlanError("this model shape has no scalelab-train model (an MLP, or an MLP width that is not a "
                         "multiple of the hidden size); give --model NAME")
-    ov = shlex.split(cmd)[1:]
-    if req.hardware_name not in list_hardware():   # a profile given as a path: not a trainer choice
-        ov = [o for o in ov if not o.startswith("hardware_profile=")]
-    return ov
+    return shlex.split(cmd)[1:]
