@@ -147,6 +147,18 @@ def test_sharded_checkpoint_resumes_on_the_same_curve(strategy, request, ref):
     assert rec["loss"]["final"] == pytest.approx(ref["single"]["loss"]["final"], rel=REL)
 
 
+def test_tp_on_one_device_resumes_a_sharded_checkpoint(tp_runs, tmp_path_factory, ref):
+    """At one device tp applies neither TP nor replicate: plain parameters, which Lightning's loader
+    refused ("Could not find a distributed model") for every checkpoint, the job's own included, so
+    a tp@1 baseline never resumed. Here the 2-rank tp checkpoint, into tp@1: steps 11-20 on the
+    uninterrupted curve (the same loader reads a tp@1 job's own checkpoint)."""
+    job = _job(tmp_path_factory, "tp1_resumed", ["strategy=tp", "trainer.devices=1", "trainer.max_steps=20",
+                                                  f"checkpoint.resume_from={tp_runs['ckpt']}"])
+    rec = _rec(job)
+    assert rec["status"] == "completed" and rec["resumed_at_step"] == 10 and rec["steps_this_attempt"] == 10
+    _assert_same_curve(rec, ref["single"], range(11, 21))
+
+
 @pytest.mark.parametrize("strategy", ["fsdp", "tp"])
 def test_consolidated_export_loads_strict_into_plain_gpt(strategy, request, fsdp_runs, tp_runs):
     import torch

@@ -76,12 +76,14 @@ def test_a_damaged_newest_checkpoint_is_passed_over_and_stale_tmp_removed(tmp_pa
     # resumed with other optimizer settings: this run's from the resumed step on (torch's load_state_dict
     # restored the checkpoint's param groups whole, and they trained on, silently)
     tuned = train([*start, "optim.optimizer.momentum=0.5", "optim.optimizer.weight_decay=0.01", "trainer.max_steps=17",
-                   f"hydra.run.dir={tmp_path / 'd'}"], tmp_path)
+                   "lr_scaling.decay=cosine", f"hydra.run.dir={tmp_path / 'd'}"], tmp_path)
     assert ("resumed with this run's optimizer settings (momentum 0.9 -> 0.5; weight_decay 0.0 -> 0.01): the "
             "checkpoint's came back with its state") in tuned.stdout + tuned.stderr
-    # and with a longer schedule (said on the console now: Lightning's rank_zero_info line reached no handler)
-    assert ("[scalelab] resumed at step 15 with another LR schedule (max_steps 15 -> 17): from here on it is this "
-            "run's own") in tuned.stdout + tuned.stderr
+    # and with another schedule (said on the console now: Lightning's rank_zero_info line reached no handler);
+    # the constant LR of the runs above, trained longer, said so too though every step's LR was the same
+    assert ("[scalelab] resumed at step 15 with another LR schedule (max_steps 15 -> 17; decay constant -> cosine): "
+            "from here on it is this run's own") in tuned.stdout + tuned.stderr
+    assert "another LR schedule" not in out
     rec = json.loads((tmp_path / "d" / "run.json").read_text())
     assert rec["resumed_at_step"] == 15 and rec["steps"] == 17
     assert (rec["optimizer_settings"]["momentum"], rec["optimizer_settings"]["weight_decay"]) == (0.5, 0.01)

@@ -111,3 +111,23 @@ def test_lr_is_logged_once_per_optimizer_step_under_accumulation(tmp_path):
     # 3 optimizer steps of 4 micro-batches: 3 rows, warm-up 1/3, 2/3, then the peak
     assert [step for step, _ in logger.rows] == [0, 1, 2]
     assert [m["lr-SGD"] for _, m in logger.rows] == pytest.approx([1 / 3, 2 / 3, 1.0])
+
+
+def test_a_constant_lr_trained_longer_is_the_same_schedule():
+    """Resumed with a larger max_steps, a constant LR trains every step at the LR it had: the
+    console said "another LR schedule (max_steps 10 -> 20)" on every such rerun. By hand: warm-up
+    0.1 of 10 steps is 1 step, of 20 steps 2 (0.1 x 20 + 0.5, rounded down): the steps 1-2 of the
+    longer run train at lr/3, 2 lr/3 against lr/2, lr: another schedule; 3 steps given as a count are 3 in both."""
+    from scalelab.scaling.lr import same_lr_at_every_step
+
+    def sched(max_steps, warmup=0, decay="constant"):
+        return {"max_steps": max_steps, "warmup": warmup, "decay": decay, "min_lr_ratio": 0.1, "lr": 0.1,
+                "schedule_version": 2}
+
+    assert same_lr_at_every_step(sched(10), sched(20))
+    assert same_lr_at_every_step(sched(10, warmup=3), sched(20, warmup=3))
+    assert not same_lr_at_every_step(sched(10, warmup=0.1), sched(20, warmup=0.1))
+    assert not same_lr_at_every_step(sched(10, decay="cosine"), sched(20, decay="cosine"))   # where it ends moves
+    assert not same_lr_at_every_step(sched(10), {**sched(20), "lr": 0.2})
+    assert not same_lr_at_every_step(sched(10), sched(20, decay="cosine"))
+    assert same_lr_at_every_step(sched(10, decay="cosine"), sched(10, decay="cosine"))

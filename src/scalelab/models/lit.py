@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
 from scalelab.models.build import build_net
-from scalelab.scaling.lr import build_scheduler
+from scalelab.scaling.lr import build_scheduler, same_lr_at_every_step
 
 
 class LitModule(L.LightningModule):
@@ -212,6 +212,8 @@ class LitModule(L.LightningModule):
         step = int(self.trainer.global_step)
         for config in self.trainer.lr_scheduler_configs:
             lr = follow_schedule(config.scheduler, self.schedule, self.lr, step)
+        if same_lr_at_every_step(saved, now):   # a constant LR trained longer: the same LR at every step
+            return
         changed = "; ".join(f"{k} {saved.get(k)} -> {v}" for k, v in now.items() if saved.get(k) != v)
         if self.trainer.is_global_zero:   # (Lightning's rank_zero_info: an INFO record no handler showed)
             print(f"[scalelab] resumed at step {step} with another LR schedule ({changed}): from here on it is "

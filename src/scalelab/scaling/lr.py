@@ -13,11 +13,13 @@ min_lr_ratio * lr, built from torch.optim.lr_scheduler parts.
 from __future__ import annotations
 
 import math
-
-from torch.optim import Optimizer
-from torch.optim.lr_scheduler import ConstantLR, CosineAnnealingLR, LinearLR, LRScheduler, SequentialLR
+from typing import TYPE_CHECKING
 
 from scalelab.errors import ConfigError
+
+if TYPE_CHECKING:   # torch in build_scheduler only: the launcher's preflight (config.py) imports the rules
+    from torch.optim import Optimizer   # and paid 1.7 s of importing torch for them, per command
+    from torch.optim.lr_scheduler import LRScheduler
 
 RULES = ("none", "linear", "sqrt")
 # The schedule's shape, in each checkpoint's scalelab_schedule: 2 = warm-up step k at (k+1)/(n+1),
@@ -45,8 +47,24 @@ def warmup_steps(warmup: float | int, max_steps: int) -> int:
     return max(1, int(warmup * max_steps + 0.5)) if 0 < warmup < 1 else int(warmup)
 
 
+def same_lr_at_every_step(a: dict, b: dict) -> bool:
+    """Whether two schedules (build_scheduler's keywords, plus lr) train every step at the same LR:
+    a constant LR whose warm-up is as long in both differs in max_steps alone, by where it ends
+    (a run trained longer: nothing to say of its schedule)."""
+    differ = {k for k in {*a, *b} if a.get(k) != b.get(k)}
+    if not differ <= {"max_steps"} or a.get("decay") != "constant":
+        return not differ
+
+    def n_warm(d: dict) -> int:
+        return min(warmup_steps(d["warmup"], d["max_steps"]), d["max_steps"])
+
+    return n_warm(a) == n_warm(b)
+
+
 def build_scheduler(optimizer: Optimizer, max_steps: int, warmup: float | int, decay: str,
                     min_lr_ratio: float) -> LRScheduler:
+    from torch.optim.lr_scheduler import ConstantLR, CosineAnnealingLR, LinearLR, SequentialLR
+
     if decay not in DECAYS:
         raise ConfigError(f"lr_scaling.decay={decay!r} is not known: choose one of {', '.join(DECAYS)}")
     n_warm = min(warmup_steps(warmup, max_steps), max_steps)
