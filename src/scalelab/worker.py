@@ -295,8 +295,16 @@ def _resume_point(cfg, job_dir: Path, rank: int) -> tuple[str | None, int | None
     checkpoint.resume_from, where the job started (its own checkpoints are later: the Ctrl-C and
     restart lines promise them)."""
     start = str(cfg.checkpoint.resume_from) if cfg.checkpoint.resume_from else None
-    if cfg.checkpoint.get("resume", "auto") != "auto":
+
+    def from_start() -> tuple[str | None, None]:
+        if start and rank == 0:   # said as a job's own resume is (it went unsaid: only run.json told)
+            step = checkpoint_step(Path(start))
+            print(f"[scalelab] resuming from {start} (" + (f"step {step}; " if step is not None else "")
+                  + "checkpoint.resume_from)", flush=True)
         return start, None
+
+    if cfg.checkpoint.get("resume", "auto") != "auto":
+        return from_start()
     max_steps = cfg.trainer.max_steps
     slurm_job = os.environ.get("SLURM_JOB_ID") if requeue.requeue_count() > 0 else None  # a requeue: its own
     path, step, problems, passed_last = resume_point(job_dir, max_steps, slurm_job)
@@ -311,7 +319,7 @@ def _resume_point(cfg, job_dir: Path, rank: int) -> tuple[str | None, int | None
             print(f"[scalelab] resuming from {path} (step {step}" + ("; this job's own, after "
                   "checkpoint.resume_from" if start else "") + ")", flush=True)
             (job_dir / RESUMED).write_text(str(step))
-    return (str(path), step) if path is not None else (start, None)
+    return (str(path), step) if path is not None else from_start()
 
 
 def _profile_window(cfg, spec, resumed: bool = False) -> ProfileWindow | None:

@@ -84,6 +84,8 @@ def test_a_damaged_newest_checkpoint_is_passed_over_and_stale_tmp_removed(tmp_pa
     assert ("[scalelab] resumed at step 15 with another LR schedule (max_steps 15 -> 17; decay constant -> cosine): "
             "from here on it is this run's own") in tuned.stdout + tuned.stderr
     assert "another LR schedule" not in out
+    # another run's checkpoint is named on the console as a job's own is (no manifest: its entries' step)
+    assert f"[scalelab] resuming from {copy} (step 15; checkpoint.resume_from)" in tuned.stdout, tuned.stdout[-3000:]
     rec = json.loads((tmp_path / "d" / "run.json").read_text())
     assert rec["resumed_at_step"] == 15 and rec["steps"] == 17
     assert (rec["optimizer_settings"]["momentum"], rec["optimizer_settings"]["weight_decay"]) == (0.5, 0.01)
