@@ -82,10 +82,16 @@ def test_fp16_amp_on_cpu_is_refused_before_any_rank_starts():
                            capture_output=True, text=True, timeout=120)
     plan = _cli("plan", "strategy=single", "model=gpt_nano", "trainer.precision=16-mixed", "trainer.accelerator=cpu")
     flags = _cli("plan", "--model", "gpt_nano", "--strategy", "ddp", "--precision", "fp16", "--hardware", "this_cpu")
-    for proc in (train, plan, flags):
+    for proc in (train, plan):
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.strip().splitlines()[-1].startswith(want), proc.stderr
         assert "Traceback" not in proc.stderr
+    # the flag form names the flag typed (the trainer's key named nothing the user gave)
+    assert flags.returncode == 2 and flags.stderr == (
+        "error: --precision fp16 on CPU: Lightning runs it as bf16-mixed there (its fp16 AMP is GPU-only); "
+        "give --precision bf16-mixed or 32\n"), flags.stderr
+    shape = _cli("plan", "--layers", "4", "--hidden", "64", "--strategy", "ddp")
+    assert shape.returncode == 2 and shape.stderr.startswith("error: --layers --hidden without --heads: "), shape.stderr
     # on a GPU profile it stays a plan (DDP fp16 with a loss scaler)
     assert _plan_json("--model", "gpt_nano", "--strategy", "ddp", "--precision", "fp16")["inputs"]["precision"] \
         == "fp16-mixed"

@@ -205,6 +205,11 @@ def _model_shape_from_args(a) -> ModelSpec:
             raise PlanError(f"--ffn-hidden {a.ffn_hidden} needs the whole shape (--layers --hidden --heads): "
                             "with --params alone the shape is guessed, MLP width 4 x hidden")
         return ModelSpec.trainer_gpt_for_params(a.params, seq, vocab)
+    given = [f for f, v in (("--layers", a.layers), ("--hidden", a.hidden), ("--heads", a.heads)) if v is not None]
+    if given:   # "no model" hid which of the shape's flags were missing
+        missing = [f for f in ("--layers", "--hidden", "--heads") if f not in given]
+        raise PlanError(f"{' '.join(given)} without {', '.join(missing)}: give the whole shape (--layers L --hidden H "
+                        "--heads A [--vocab V --seq-len S]), or --params N, or --model NAME")
     raise PlanError("no model: give --params N, or --layers L --hidden H --heads A "
                     "[--vocab V --seq-len S], or --model NAME")
 
@@ -299,8 +304,9 @@ def _plan(a, job_terms=None) -> int:
                 # a precision the trainer refuses for this strategy is no same job (it was planned
                 # and printed as one: fsdp at fp16-mixed; the override form said why it cannot run)
                 refusal = trainer_refuses(get_strategy(name), normalize_precision(precision), hw.kind)
-                if refusal:
-                    raise PlanError(refusal)
+                if refusal:   # in the flags given: the trainer's keys named nothing typed here
+                    raise PlanError(refusal.replace("trainer.precision=16-mixed", f"--precision {a.precision or precision}").replace(
+                        "give trainer.precision=bf16-mixed or 32-true", "give --precision bf16-mixed or 32"))
                 terms = build_terms(model, name, micro_batch=_micro_batch(a, model, name, kw), **kw)
             except PlanError as exc:
                 if a.global_batch is None and "--global-batch" in str(exc):   # a value the user did not give
