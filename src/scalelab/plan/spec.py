@@ -278,8 +278,8 @@ def _within_limits(n_params=None, layers=None) -> None:
 def _guess_hidden(n_params: float, embedding_per_width: int) -> tuple[int, int]:
     """(N, width) for N parameters: the blocks' 12 L h^2 plus the embeddings' (embedding_per_width
     x h) ~ N, with h ~ 128 L. The embeddings count: left out, a 125M model with GPT-2's vocabulary
-    was guessed 1024 wide with 2 layers (its embedding and head 103M of the 125M); with them 6 x
-    1024 (GPT-3's is 12 x 768). h a multiple of 1024 from 4096 (heads of 128 split 8 ways for
+    was guessed 1024 wide with 2 layers (its embedding and head 103M of the 125M); with them 7 x
+    768 with the trainer's untied head, 6 x 1024 with a tied one (GPT-3's is 12 x 768). h a multiple of 1024 from 4096 (heads of 128 split 8 ways for
     tensor parallelism), of 256 below (an even head count)."""
     n = int(float(n_params))
     if n < 1:

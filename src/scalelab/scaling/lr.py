@@ -13,13 +13,11 @@ min_lr_ratio * lr, built from torch.optim.lr_scheduler parts.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import ConstantLR, CosineAnnealingLR, LinearLR, LRScheduler, SequentialLR
 
 from scalelab.errors import ConfigError
-
-if TYPE_CHECKING:   # torch in build_scheduler only: the launcher's preflight (config.py) imports the rules
-    from torch.optim import Optimizer   # and paid 1.7 s of importing torch for them, per command
-    from torch.optim.lr_scheduler import LRScheduler
 
 RULES = ("none", "linear", "sqrt")
 # The schedule's shape, in each checkpoint's scalelab_schedule: 2 = warm-up step k at (k+1)/(n+1),
@@ -63,8 +61,6 @@ def same_lr_at_every_step(a: dict, b: dict) -> bool:
 
 def build_scheduler(optimizer: Optimizer, max_steps: int, warmup: float | int, decay: str,
                     min_lr_ratio: float) -> LRScheduler:
-    from torch.optim.lr_scheduler import ConstantLR, CosineAnnealingLR, LinearLR, SequentialLR
-
     if decay not in DECAYS:
         raise ConfigError(f"lr_scaling.decay={decay!r} is not known: choose one of {', '.join(DECAYS)}")
     n_warm = min(warmup_steps(warmup, max_steps), max_steps)

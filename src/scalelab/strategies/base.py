@@ -7,14 +7,13 @@ names its StrategyPlan subclass. The valid names are the yaml files (see registr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
+from torch import nn
 
 from scalelab.errors import ConfigError
 from scalelab.scaling.batch import BatchPlan
-
-if TYPE_CHECKING:   # torch where it runs: the launcher's preflight validates RunSpecs and StrategyPlans
-    import torch    # without importing torch (1.7 s per command, on the job's critical path's CPUs)
-    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -128,8 +127,6 @@ class StrategyPlan:
 
     def init_device(self, run: RunSpec, local_rank: int) -> torch.device:
         """Where this rank builds the plain model (see replicates_model and meta_init)."""
-        import torch
-
         if run.accelerator == "gpu" and self.replicates_model:
             return torch.device("cuda", local_rank)
         if self.meta_init:
@@ -156,8 +153,6 @@ class StrategyPlan:
 
     def state_bytes(self, trainer: Any, pl_module: Any) -> dict[str, int]:
         """Bytes of parameters and optimizer state this rank holds (after an optimizer step)."""
-        import torch
-
         params = sum(local_bytes(p) for p in pl_module.net.parameters())
         opt = sum(local_bytes(v) for o in trainer.optimizers for st in o.state.values()
                   for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
