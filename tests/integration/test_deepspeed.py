@@ -196,6 +196,13 @@ def test_states_are_partitioned_vs_ddp(strategy, request, ref):
 
 
 # -- checkpoint round trip --------------------------------------------------------------------
+def test_zero_with_sgd_says_nothing_of_an_untested_optimizer(zero2_saved, zero3_saved):
+    """DeepSpeed's "**** You are using ZeRO with an untested optimizer, proceed with caution" came with
+    every ZeRO run with SGD (console and ranks.log): scalelab tests that pairing against one device here."""
+    for job in (zero2_saved, zero3_saved):
+        assert "untested optimizer" not in (job / "ranks.log").read_text()
+
+
 def test_zero2_and_zero3_checkpoints_carry_their_config(zero2_saved, zero3_saved):
     """In the engine's model states (ZeRO-1/2: mp_rank_00_..., ZeRO-3: zero_pp_rank_0_mp_rank_00_...)."""
     for saved in (zero2_saved, zero3_saved):
