@@ -78,7 +78,7 @@ def _cli(*args):
 def test_fp16_fsdp_and_empty_strategy_lists_are_one_line():
     shape = ["--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256", "--seq-len", "64", "--devices", "2"]
     for args, want in (([*shape, "--strategy", "fsdp", "--precision", "fp16-mixed"],
-                        "error: trainer.precision=16-mixed is not supported by strategy=fsdp"),
+                        "error: --precision fp16-mixed is not supported by strategy=fsdp"),   # the flag typed
                        ([*shape, "--strategy", ","], "error: --strategy ',' names no strategy; valid: single, ddp,")):
         proc = _cli("plan", *args)
         assert proc.returncode == 2 and proc.stderr.startswith(want) and proc.stderr.count("\n") == 1, proc.stderr
