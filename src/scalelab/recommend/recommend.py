@@ -215,7 +215,7 @@ def _break_ties(shown, objective: str, req: Request, tokens, budget_s):
                "chosen": names[0], "simplicity_order": list(SIMPLICITY),
                "note": (f"tie: {', '.join(names)} are predicted within {PLANNER_MARGIN:.0%} of the best "
                         f"({best.strategy}, {fmt_score(objective, score(best, objective, req.hardware, tokens))}), "
-                        f"inside the planner's margin of error; broken by simplicity (ddp, zero1, zero2, "
+                        f"inside the planner's margin of error; broken by simplicity (single, ddp, zero1, zero2, "
                         f"fsdp_grad_op, fsdp, zero3, offload, then tp/pipeline/nd): {names[0]} first"
                         + ("" if names[0] == best.strategy else f"; by prediction alone, {best.strategy}")
                         + " (column 'pred #')")}
