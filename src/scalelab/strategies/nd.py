@@ -279,7 +279,7 @@ class ND(Pipeline):
             "rank_order": "tp fastest, then dp, then pp: rank = (pp * dp_size + dp) * tp_size + tp",
             "layers_per_stage": split.get("layers_per_stage"),
             "stage_layers": split.get("stage_layers"),
-            "sequence_parallel": self.sequence_parallel,
+            "sequence_parallel": self.sequence_parallel and self.tp > 1,  # what ran (tp 1: nothing to shard)
             "coordinates": [dict(zip(MESH_DIMS, r.get("coords") or rank_coordinates(i, self.pp, dp, self.tp)))
                             for i, r in enumerate(per_rank)],
             "groups": mesh_groups(self.pp, dp, self.tp),

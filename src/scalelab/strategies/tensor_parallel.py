@@ -245,7 +245,9 @@ class TensorParallel(MeshParallelPlan):
         super().validate(run)
 
     def record_fields(self, per_rank: list[Any], warmup_steps: int, profiled_steps: int = 0) -> dict:
-        return {"sequence_parallel": self.sequence_parallel}
+        # what ran: at tp 1 (auto on one rank, or tensor_parallel_size=1) there is no sequence to
+        # shard, parallelize() applies no TP plan, and the run must not read as sequence-parallel
+        return {"sequence_parallel": self.sequence_parallel and self.tp_size(len(per_rank)) > 1}
 
     def parallelize(self, net: nn.Module, device_mesh: Any) -> nn.Module:
         tp_mesh, dp_mesh = device_mesh["tensor_parallel"], device_mesh["data_parallel"]
