@@ -95,6 +95,7 @@ RECORD_NAMES = ("run.json", "sweep.json", CONFIG_FILE, "multirun.yaml")
 # (its record, or the resolved config it writes before any rank); a job's folder also by Hydra's
 # .hydra. One list each for job_dir's refusals, the --out guard and results.sweep.
 SWEEP_MARKS = ("multirun.yaml", "sweep.json")
+REPORT_FILE = "report.html"  # SWEEP_DIR/report.html: the sweep's dashboard, rewritten by `scalelab aggregate`
 RUN_MARKS = ("run.json", CONFIG_FILE)
 JOB_MARKS = (*RUN_MARKS, ".hydra")
 
@@ -142,4 +143,8 @@ def out_problem(path: str | Path, what: str = "--out", inputs: list[str | Path] 
     found = _results_folder(p.resolve().parent)
     if found and (found[0] == "job" or p.name in RECORD_NAMES or p.resolve().parent != found[1]):
         return f"{what} {path} is inside the {found[0]} folder {found[1]}: writing there could replace its records; {choose}"
+    if found and p.name == REPORT_FILE and p.exists():
+        # `compare SWEEP OTHER --out SWEEP/report.html` replaced the sweep's own dashboard (found by review)
+        return (f"{what} {path} is the sweep's own dashboard (scalelab aggregate {found[1]} writes it): "
+                f"give another name, e.g. {found[1] / 'compare.html'}")
     return path_problem(path, what)

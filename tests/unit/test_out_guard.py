@@ -68,8 +68,23 @@ def test_the_guard_names_what_it_protects(results, tmp_path):
     assert "inside the sweep folder" in out_problem(sweep / "run.json")                 # a record name, new
     # what stays writable: a new file beside a sweep's report, anywhere outside results, a new run.json elsewhere
     assert out_problem(sweep / "table.csv") is None
+    assert out_problem(sweep / "report.html") is None                   # not yet written: nothing to replace
     assert out_problem(tmp_path / "reports" / "table.csv") is None
     assert out_problem(tmp_path / "fresh" / "run.json") is None
+
+
+def test_compare_keeps_a_sweeps_own_dashboard(results, capsys):
+    """`compare SWEEP OTHER --out SWEEP/report.html` replaced the dashboard the sweep wrote (found by
+    review): refused, with a name beside it that may be written."""
+    run, sweep = results
+    (sweep / "report.html").write_text("<html>the sweep's</html>")
+    before = _contents(run, sweep)
+    code, cap = run_cli(["compare", str(sweep), str(run), "--format", "html", "--out", str(sweep / "report.html")],
+                        capsys)
+    assert code == 2 and cap.err == (f"error: --out {sweep / 'report.html'} is the sweep's own dashboard "
+                                     f"(scalelab aggregate {sweep} writes it): give another name, e.g. "
+                                     f"{sweep / 'compare.html'}\n"), cap.err
+    assert _contents(run, sweep) == before
 
 
 def test_slurm_render_still_writes_elsewhere(results, capsys, tmp_path):

@@ -9,12 +9,10 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from scalelab.paths import command
+from scalelab.paths import REPORT_FILE, command
 from scalelab.results.record import read_records
 from scalelab.results.sweep import NO_RECORD_WHY, aggregate, attach_efficiency, summary_run_id
 from scalelab.results.table import print_table
-
-REPORT_FILE = "report.html"  # the sweep's dashboard (scalelab compare SWEEP_DIR --format html)
 
 
 def cpu_note(records: list[dict]) -> str | None:
