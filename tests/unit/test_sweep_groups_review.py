@@ -82,6 +82,10 @@ def test_a_short_run_above_the_baseline_is_marked(tmp_path):
     table = render(records, "markdown").splitlines()
     col = [c.strip() for c in table[0].split("|")].index("samples/s")
     assert [[c.strip() for c in line.split("|")][col] for line in table[2:4]] == ["20.0", "44.0*"]
+    # and its step times (median and p90 100 ms in each record): the p90 of 3 steps is their max (review)
+    for head, cell in (("step ms (med)", "100.0"), ("step ms (p90)", "100.0")):
+        col = [c.strip() for c in table[0].split("|")].index(head)
+        assert [[c.strip() for c in line.split("|")][col] for line in table[2:4]] == [cell, cell + "*"], head
     chart = efficiency_chart([summary], records, "strong")
     assert any(n.startswith("short runs (fewer than 5 measured steps)") and n.endswith("s/1") for n in chart["notes"])
 

@@ -117,7 +117,7 @@ def _kib(b):
 SHORT_MARK = "*"
 OVERSUB_MARK = "!"   # on the world cell of a run whose ranks x threads exceeded its node's cores
 # the cells a few steps' figure is in: sorted by tokens/s or MFU, a 3-step figure ranked unmarked (review)
-SHORT_HEADS = ("samples/s", "tokens/s", "step ms (med)", "MFU %")
+SHORT_HEADS = ("samples/s", "tokens/s", "step ms (med)", "step ms (p90)", "MFU %")
 SHORT_NOTE = f"{SHORT_MARK} fewer than 5 measured steps: not steady-state figures (raise trainer.max_steps)"
 SHORT_BASE_NOTE = ("efficiency (vs ... short run): every run at its group's smallest world size was a short run, so "
                    "the efficiencies are against a figure that is not steady-state")
