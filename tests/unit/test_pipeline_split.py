@@ -117,7 +117,11 @@ def test_chunks_in_virtual_stage_order_compute_the_plain_gpt():
      ["stages_per_rank=1", "interleaved_1f1b needs stages_per_rank >= 2"]),
     (["strategy=pipeline", "trainer.devices=2", "strategy.stages_per_rank=2"], ["schedule=1f1b", "interleaved_1f1b"]),
     (["strategy=pipeline", "trainer.devices=2", "strategy.schedule=interleaved_1f1b", "strategy.stages_per_rank=2"],
-     ["2 x 2 = 4 virtual stages", "2 layers", "stages_per_rank <= 1"]),
+     # stages_per_rank <= 1 would be no interleaving at all, which the line above refuses (review)
+     ["2 x 2 = 4 virtual stages", "2 layers",
+      ": use schedule=1f1b or gpipe (stages_per_rank=1), or model.arch.n_layers >= 4"]),
+    (["strategy=pipeline", "trainer.devices=2", "strategy.schedule=interleaved_1f1b", "strategy.stages_per_rank=3",
+      "model.arch.n_layers=4"], ["2 x 3 = 6 virtual stages", "4 layers", ": use stages_per_rank <= 2 or raise"]),
     (["strategy=pipeline", "trainer.devices=4", "model.arch.n_layers=8", "strategy.schedule=interleaved_1f1b",
       "strategy.stages_per_rank=2", "strategy.microbatches=9", "data.global_batch_size=18"],
      ["microbatches=9", "2 rounds", "choose one of 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15, 16"]),

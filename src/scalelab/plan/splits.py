@@ -84,8 +84,10 @@ def pipeline_schedule_refusal(schedule: str, pp: int, m: int, v: int, n_layers: 
         return (f"strategy.microbatches={m} is fewer than the {pp} {what}, which schedule=1f1b needs "
                 f"at least: use >= {pp} micro-batches or schedule=gpipe")
     if v > 1 and pp * v > n_layers:
-        return (f"strategy.stages_per_rank={v}: {pp} x {v} = {pp * v} virtual stages but the model has "
-                f"{n_layers} layers: use stages_per_rank <= {max(n_layers // pp, 1)} or raise model.arch.n_layers")
+        most = n_layers // pp   # 1 (or 0) is no interleaving: that schedule needs stages_per_rank >= 2
+        fix = (f"use stages_per_rank <= {most} or raise model.arch.n_layers" if most >= 2 else
+               f"use schedule=1f1b or gpipe (stages_per_rank=1), or model.arch.n_layers >= {2 * pp}")
+        return f"strategy.stages_per_rank={v}: {pp} x {v} = {pp * v} virtual stages but the model has {n_layers} layers: {fix}"
     if v > 1 and pp < 2:
         return f"strategy.schedule=interleaved_1f1b needs >= 2 {what}, got {pp}"
     rounds = max(1, m // pp)
