@@ -25,6 +25,12 @@ def _compare(args: argparse.Namespace) -> int:
     if args.format == "html" and not args.out and sys.stdout.isatty():   # megabytes of HTML on the terminal
         print("error: --format html writes a file: add --out report.html", file=sys.stderr)
         return 2
+    twice = next((f"--{n.replace('_', '-')} {' '.join(getattr(args, n))}" for n in ("sort", "group_by")
+                  if len(getattr(args, n) or []) > 1), None)
+    if twice:   # argparse kept the last one, silently (review)
+        print(f"error: {twice}: give one key (it orders or groups by one key)", file=sys.stderr)
+        return 2
+    args.sort, args.group_by = ((v or [None])[0] for v in (args.sort, args.group_by))
     empty = next((f"--{n.replace('_', '-')}" for n in ("sort", "group_by") if getattr(args, n) == ""), None)
     if empty:   # `--sort=` was ignored silently
         print(f"error: {empty} needs a key (a dotted path into run.json, e.g. throughput.tokens_per_s)", file=sys.stderr)
@@ -222,8 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                      help=f"keep runs whose KEY equals VALUE (VALUE may be a,b; a float also matches as the table shows "
                           f"it (--where lr=0.00424)); repeatable. KEY: {keys}")
-    cmp.add_argument("--sort", metavar="KEY", help="order by KEY (--sort=-KEY: descending)")
-    cmp.add_argument("--group-by", metavar="KEY", help="one section (table) / series label (html) per value of KEY")
+    cmp.add_argument("--sort", action="append", metavar="KEY", help="order by KEY (--sort=-KEY: descending)")
+    cmp.add_argument("--group-by", action="append", metavar="KEY", help="one section (table) / series label (html) per value of KEY")
     cmp.set_defaults(func=_compare)
     agg = sub.add_parser("aggregate", help="(re)compute a sweep's sweep.json and summary, on demand")
     agg.add_argument("sweep_dir")
