@@ -59,6 +59,18 @@ def test_two_sweeps_named_alike_keep_their_own_efficiency(two, capsys):
     assert sorted(jobs) == ["A/sw/0", "A/sw/1", "B/sw/0", "B/sw/1"]     # before: sw/0, sw/0, sw/1, sw/1
 
 
+def test_a_renamed_copy_of_a_sweep_is_labelled_by_its_own_folders(tmp_path, capsys):
+    """`cp -r sweepA sweepB`: B's records keep the job names sweepA/0, sweepA/1. Their rows read
+    "sweepA/0 [0]": the copy's last folder only, which said nothing of which copy (review)."""
+    import shutil
+
+    a = _sweep(tmp_path / "sweepA", [100.0, 150.0])
+    shutil.copytree(a, tmp_path / "sweepB")
+    code, out, err = _run(["compare", str(a), str(tmp_path / "sweepB"), "--format", "markdown"], capsys)
+    jobs = [line.split("|")[1].strip() for line in out.splitlines()[2:] if line.startswith("|")]
+    assert code == 0 and sorted(jobs) == ["sweepA/0", "sweepA/0 [sweepB/0]", "sweepA/1", "sweepA/1 [sweepB/1]"], err
+
+
 def test_one_sweep_keeps_its_short_job_names(two, capsys):
     code, out, _ = _run(["compare", str(two[0]), "--format", "markdown"], capsys)
     assert [line.split("|")[1].strip() for line in out.splitlines()[2:] if line.startswith("|")] == ["sw/0", "sw/1"]

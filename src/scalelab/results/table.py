@@ -198,13 +198,14 @@ def job_labels(records: list[dict]) -> dict[int, str]:
         if len(set(folders)) < 2:
             continue
         tail = tuple(p for p in name.split("/") if p)
-        for k in range(1, max(len(f.parts) for f in folders) + 1):
+        n = len(tail)
+        for k in range(max(len(f.parts) for f in folders) + 1):   # k folders above the name's own
             labels = []
             for f in folders:
-                if tail and f.parts[-len(tail):] == tail:
-                    labels.append("/".join(f.parts[:-len(tail)][-k:] + tail).replace("//", "/"))
-                else:
-                    labels.append(f"{name} [{'/'.join(f.parts[-k:])}]")
+                if tail and f.parts[-n:] == tail:
+                    labels.append("/".join(f.parts[len(f.parts) - n - k:]).replace("//", "/"))
+                else:   # a renamed copy (sweepA copied to sweepB): its own folders, as many as the name has
+                    labels.append(f"{name} [{'/'.join(f.parts[-(max(n, 1) + k):])}]")
             if len(set(labels)) == len(set(folders)):
                 break
         out.update({id(r): lab for r, lab in zip(runs, labels)})
