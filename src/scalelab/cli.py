@@ -8,6 +8,7 @@ from pathlib import Path
 
 
 def _compare(args: argparse.Namespace) -> int:
+    from scalelab.results.callbacks import cpu_note
     from scalelab.results.record import read_records
     from scalelab.results.sweep import summaries_for
     from scalelab.results.table import SelectError, filter_records, group_records, print_rich, render, sort_records
@@ -63,10 +64,15 @@ def _compare(args: argparse.Namespace) -> int:
         sort_records(records, args.sort)          # check the keys before any output
         if args.group_by:
             group_records(records, args.group_by)
+        # several CPU ranks on one host: the line a sweep's own table has under it (callbacks.cpu_note)
+        note = cpu_note(records) if args.format == "table" else None
         if args.format == "table" and not args.out and sys.stdout.isatty():
             print_rich(records, args.group_by, args.sort)
+            if note:
+                print(note)
             return 0
         text = render(records, args.format, group_by=args.group_by, sort=args.sort, summaries=summaries)
+        text += f"\n{note}" if note else ""
     except SelectError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

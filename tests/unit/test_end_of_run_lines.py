@@ -129,3 +129,20 @@ def test_a_cpu_sweep_s_table_says_what_cpu_figures_show():
         "note: CPU ranks share one host's memory bus and caches")
     assert cpu_note([{"world_size": 1, "hardware": {"accelerator": "cpu"}}]) is None        # one rank: nothing shared
     assert cpu_note([{"world_size": 8, "hardware": {"accelerator": "cuda"}}]) is None
+
+
+def test_compare_says_it_under_its_table_too(tmp_path, capsys):
+    """`scalelab compare` printed the same table without the line (review); csv and json stay data."""
+    from scalelab.cli import main
+    from scalelab.results.record import write_json
+
+    from .test_report import _rec
+
+    for i, world in enumerate((1, 2)):   # CPU ranks, a node's worth each (_rec's hardware and devices_per_node)
+        (tmp_path / str(i)).mkdir()
+        write_json(tmp_path / str(i) / "run.json", _rec(i, "ddp", world, 16, 100.0))
+    for fmt, said in (("table", True), ("csv", False), ("json", False)):
+        with pytest.raises(SystemExit) as done:
+            main(["compare", str(tmp_path), "--format", fmt])
+        out = capsys.readouterr().out
+        assert done.value.code == 0 and out.rstrip().splitlines()[-1].startswith("note: CPU ranks share") is said, out
