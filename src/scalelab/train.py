@@ -232,10 +232,10 @@ def run_job(cfg: DictConfig) -> dict:
             record["error"] = timed_out(cfg)
         if layout is not None and rc != 0:   # one node of a multi-node job (launcher=torchrun) failed
             failed_on_node(record, job_dir, layout)
-        if record.get("failed_after_record"):   # rank 0 closed its W&B run as finished before the failure
+        if record["status"] == "failed":   # rank 0's W&B run: closed as finished before the failure, or never
             from scalelab.results.run_logger import mark_failed
 
-            mark_failed(job_dir, resolved.get("logger") or {}, redact_text(record["error"]), cache)
+            mark_failed(job_dir, resolved.get("logger") or {}, redact_text(record["error"]), cache, since=spawned)
     record.update(elastic)                   # restarts and steps redone (launcher=local, torchrun)
     from scalelab.data.prepare import run_data
 

@@ -42,6 +42,8 @@ def test_online_init_error_trains_offline_with_one_warning(tmp_path, monkeypatch
         "world_size": 2, "global_batch_size": rec["global_batch_size"], "lr_rule": rec["lr_rule"]}
     assert len([h for h in run["history"] if "train/loss" in h]) == 8
     assert run["summary"]["throughput/samples_per_s"] == pytest.approx(rec["throughput"]["samples_per_s"])
+    # status as run.json says it (an earlier attempt the launcher marked failed had it "failed")
+    assert run["summary"]["status"] == "completed" and run["summary"].get("error") is None, run["summary"]
     leaks = [p for p in job.rglob("*") if p.is_file() and FAKE_KEY.encode() in p.read_bytes()]
     assert leaks == []
     assert worker_pids(tmp_path) == []

@@ -27,7 +27,7 @@ def test_the_default_is_no_limit():
 
 def test_a_given_limit_ends_the_job_and_fails_it(tmp_path):
     t0 = time.monotonic()
-    proc = train([*FAST, "strategy=ddp", "trainer.devices=2", "trainer.max_steps=1000000", "logger=none",
+    proc = train([*FAST, "strategy=ddp", "trainer.devices=2", "trainer.max_steps=1000000", "logger=wandb",
                   "trainer.timeout_s=5", f"hydra.run.dir={tmp_path / 'j'}"], tmp_path, timeout=120, check=False)
     took = time.monotonic() - t0
     rec = json.loads((tmp_path / "j" / "run.json").read_text())
@@ -40,6 +40,14 @@ def test_a_given_limit_ends_the_job_and_fails_it(tmp_path):
     # per rank and a count of traceback lines read as a crash): ranks.log keeps them
     assert "SIGTERMException" not in out and "not shown here" not in out, out[-2000:]
     assert "SIGTERMException" in (tmp_path / "j" / "ranks.log").read_text()
+    # rank 0's W&B run, which the launcher's stop left with no end at all (review 2026-12-04), ends
+    # failed saying why: the launcher continues it (a second offline folder that `wandb sync` joins)
+    from scalelab.results.wandb_offline import find_runs, read_run
+
+    runs = [read_run(p) for p in find_runs(tmp_path / "j")]
+    assert len({r["run"].get("run_id") for r in runs}) == 1 and len(runs) == 2, runs
+    assert runs[-1]["exit_code"] == 1 and runs[-1]["summary"]["status"] == "failed", runs[-1]
+    assert runs[-1]["summary"]["error"] == "timed out after trainer.timeout_s=5 s"
 
 
 def test_a_job_that_checkpoints_says_where_it_goes_on_from_when_its_limit_ends_it(tmp_path):

@@ -114,8 +114,11 @@ def test_a_failed_job_s_wandb_run_has_its_steps_and_ends_failed(tmp_path):
                   "trainer.max_steps=8", "logger=wandb", f"hydra.run.dir={job}"], tmp_path, check=False)
     assert proc.returncode == 1, proc.stdout[-2000:]
     runs = find_runs(job)
-    assert len(runs) == 1, runs                                  # one W&B run: rank 0's
-    run = read_run(runs[0])
+    # one W&B run: rank 0's, and the launcher's continuation of it that puts the error in its summary
+    assert len(runs) == 2 and len({p.name for p in runs}) == 1, runs
+    run, marked = (read_run(p) for p in runs)
     assert run["exit_code"] == 1 and run["config"].get("world_size") == 2, run["config"]
     steps = sorted({h["trainer/global_step"] for h in run["history"] if "train/loss" in h})
     assert steps[:3] == [0, 1, 2], steps                         # rank 1 raised in step 3
+    assert marked["exit_code"] == 1 and marked["summary"]["status"] == "failed", marked
+    assert "injected rank crash at step 3" in marked["summary"]["error"], marked["summary"]

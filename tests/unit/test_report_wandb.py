@@ -4,6 +4,7 @@ without an API key falls back to offline with one line saying how to sync."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -141,6 +142,9 @@ def test_a_job_that_fails_after_its_record_ends_its_w_and_b_run_failed(tmp_path,
     run.log({"train/loss": 3.0})
     run.finish()
     mark_failed(job, {"name": "csv"}, "x")                                               # no W&B run: nothing
+    assert len(find_runs(job)) == 1
+    # an attempt that started after the run was last written to failed: not its run
+    mark_failed(job, {"name": "wandb", "mode": "offline", "project": "p"}, "x", since=time.time() + 60)
     assert len(find_runs(job)) == 1
     mark_failed(job, {"name": "wandb", "mode": "offline", "project": "p"}, "timed out after trainer.timeout_s=4 s")
     wandb.teardown()   # the service has written both runs' files out (a loaded CI host read one before it had)

@@ -141,15 +141,21 @@ def log_summary(logger, record: dict) -> None:
         summary["throughput/tokens_per_s"] = record["throughput"]["tokens_per_s"]
     logger.log_metrics(summary, step=record["steps"])
     if hasattr(logger, "finish"):  # TolerantWandbLogger
-        logger.finish(summary)     # one W&B run per job, closed by the job
+        # status and error as run.json has them: an attempt that failed had them set (mark_failed) in
+        # the run this resumed attempt continues, which `wandb sync` merges
+        logger.finish({**summary, "status": record["status"], "error": record.get("error")})   # one run per job
     else:
         logger.save()
 
 
-def mark_failed(job_dir: Path, logger_cfg: dict, error: str, cache_dir: Path | None = None) -> None:
-    """The job's W&B run, closed as finished by rank 0 after it recorded a completed run, ends failed
-    when the job fails after that (a peer in its teardown, trainer.timeout_s in an exit that hung:
-    job_outcome.collect's failed_after_record): run.json said failed, W&B finished OK (found by review).
+def mark_failed(job_dir: Path, logger_cfg: dict, error: str, cache_dir: Path | None = None,
+                since: float | None = None) -> None:
+    """The job's W&B run ends failed, with the error in its summary, when the job failed: rank 0 had
+    closed it as finished when the job failed after its record (a peer in its teardown,
+    trainer.timeout_s in an exit that hung: job_outcome.collect's failed_after_record), or never
+    closed it, ended by the launcher (trainer.timeout_s, a peer's failure): run.json said failed,
+    W&B finished OK or nothing at all (found by review). Only a run this attempt's rank 0 wrote to
+    (a W&B folder of its id touched at or after SINCE): an earlier attempt's run is not this failure.
     The launcher resumes the run by its id (offline: another offline-run-*-ID folder of it, which
     `wandb sync` joins), adds status and error to its summary and closes it with exit code 1."""
     import sys
@@ -158,8 +164,11 @@ def mark_failed(job_dir: Path, logger_cfg: dict, error: str, cache_dir: Path | N
     if (logger_cfg or {}).get("name") != "wandb" or logger_cfg.get("mode") == "disabled" or not path.exists():
         return
     run_id = path.read_text().strip()
+    folders = list((Path(job_dir) / "wandb").glob(f"*run-*-{run_id}"))   # offline-run-TS-ID, run-TS-ID
+    if not run_id or (since is not None and not any(f.stat().st_mtime >= since - 1 for f in folders)):
+        return
     # online only where the job's run is online: one that fell back offline left offline folders alone
-    offline = logger_cfg.get("mode") != "online" or any((Path(job_dir) / "wandb").glob(f"offline-run-*-{run_id}"))
+    offline = logger_cfg.get("mode") != "online" or any(f.name.startswith("offline-") for f in folders)
     from scalelab.paths import default_wandb_env
     from scalelab.results.record import redact_argv
 
