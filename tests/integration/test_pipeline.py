@@ -235,6 +235,21 @@ def test_pipeline_times_data_parallel_matches_single_device(tmp_path, core_sweep
     GPT(GPTConfig(n_layers=2, n_heads=4, d_model=64, seq_len=64, vocab_size=256)).load_state_dict(state, strict=True)
 
 
+def test_bf16_true_runs_and_is_planned(tmp_path):
+    """bf16-true, which the trainer takes for a pipeline, aborted both ranks in gloo (review
+    2026-12-04): under it Lightning's default dtype is bf16, and the other stages' placeholder loss
+    (and gradient-norm square) for the last stage's fp32 broadcast was made bf16. The planner,
+    which now models bf16-true, predicts each rank's model states exactly: 2 + 2 + 4 bytes a parameter."""
+    from scalelab.plan import terms_from_run
+
+    train([*PIPE, "trainer.max_steps=6", "trainer.precision=bf16-true", "trainer.gradient_clip_val=0.5",
+           f"hydra.run.dir={tmp_path / 'r'}"], tmp_path)
+    rec = _run(tmp_path, "r")
+    assert rec["status"] == "completed" and all(math.isfinite(v) for v in _curve(rec)), rec.get("error")
+    st = terms_from_run(rec).states
+    assert st.total_bytes == max(rec["memory"]["model_state_bytes_per_rank"])
+
+
 @pytest.mark.slow
 def test_gradient_clipping_spans_all_stages(tmp_path):
     """trainer.gradient_clip_val clips by the norm over the whole model (squares summed over stages),

@@ -69,6 +69,10 @@ def test_the_flag_forms_precision_refusals_are_the_trainers(name):
         assert bool(trainer) == bool(trainer_refuses(get_strategy(name), "fp16-mixed", target)), (target, trainer)
         assert trainer is None or "16-mixed" in trainer
         assert trainer_refuses(get_strategy(name), "bf16-mixed", target) is None
+        # bf16-true: every strategy but DeepSpeed's (which keeps its own fp32 master copy)
+        trainer = _trainer_verdict(name, "bf16-true", target)
+        assert bool(trainer) == bool(trainer_refuses(get_strategy(name), "bf16-true", target)), (target, trainer)
+        assert bool(trainer) == name.startswith("zero") and (trainer is None or "bf16-true" in trainer), trainer
 
 
 def _cli(*args):

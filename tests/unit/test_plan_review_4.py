@@ -112,8 +112,3 @@ def test_strategy_lists_batch_splits_and_call_counts_as_a_user_reads_them():
     assert (_calls(1079), _calls(1.0), _calls(2.82653)) == ("1079", "1", "2.83")
 
 
-def test_bf16_true_is_named_as_not_modelled_not_as_unknown():
-    proc = _cli("plan", "strategy=fsdp", "model=gpt_nano", "trainer.precision=bf16-true", "trainer.devices=2")
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
-    assert proc.stderr.startswith("error: precision 'bf16-true' (bf16 weights, gradients and optimizer states, no "
-                                  "fp32 master copy) is not modelled by the planner"), proc.stderr

@@ -80,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="sequences per device per forward/backward (default as the trainer derives it: the global "
                         "batch / data-parallel ranks, no accumulation; a pipeline cuts that into its micro-batches); "
                         "smaller than that: gradient accumulation")
-    j.add_argument("--precision", help="32, bf16-mixed or fp16-mixed (default: 32 on a CPU profile such as "
+    j.add_argument("--precision", help="32, bf16-mixed, fp16-mixed or bf16-true (default: 32 on a CPU profile such as "
                                        "this_cpu, bf16-mixed on a GPU one; as recommend and the trainer)")
     j.add_argument("--optimizer", help="adam or sgd (with momentum) (default adam)")
     j.add_argument("--activation-checkpointing", help=" | ".join(CHECKPOINTING) + " (default none)")
@@ -305,8 +305,8 @@ def _plan(a, job_terms=None) -> int:
                 # and printed as one: fsdp at fp16-mixed; the override form said why it cannot run)
                 refusal = trainer_refuses(get_strategy(name), normalize_precision(precision), hw.kind)
                 if refusal:   # in the flags given: the trainer's keys named nothing typed here
-                    raise PlanError(refusal.replace(
-                        "trainer.precision=16-mixed", f"--precision {a.precision or precision}").replace(
+                    raise PlanError(refusal.replace("trainer.precision=16-mixed", f"--precision {a.precision or precision}")
+                                    .replace("trainer.precision=bf16-true", f"--precision {a.precision or precision}").replace(
                         "give trainer.precision=bf16-mixed or 32-true", "give --precision bf16-mixed or 32"))
                 terms = build_terms(model, name, micro_batch=_micro_batch(a, model, name, kw), **kw)
             except PlanError as exc:

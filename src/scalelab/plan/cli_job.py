@@ -57,7 +57,7 @@ def _strategy_option(name: str, key: str):
     return _strategy_config(name).get(key)
 
 
-_TRAIN_PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed"}
+_TRAIN_PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed", "bf16-true": "bf16-true"}
 
 
 def default_precision(hw) -> str:

@@ -150,7 +150,11 @@ def _buckets(size: float, bucket: float, first: float | None = None) -> int:
 def comm_element_bytes(strategy: Strategy, precision: str) -> tuple[int, int]:
     """(gradient, parameter) bytes per element on the wire. Autocast DDP keeps fp32 gradients;
     FSDP2 gathers 16-bit parameters under mixed precision and reduces in fp32 (scalelab's
-    MixedPrecisionPolicy: reduce_dtype fp32, strategies/fsdp.py); DeepSpeed communicates 16-bit."""
+    MixedPrecisionPolicy: reduce_dtype fp32, strategies/fsdp.py); DeepSpeed communicates 16-bit.
+    bf16-true: the parameters and gradients themselves are bf16, and so is what they send (FSDP2's
+    default policy reduces in the parameters' dtype)."""
+    if precision == "bf16-true":
+        return 2, 2
     if precision == "32" or strategy.family == "torch":
         return 4, 4
     if strategy.family == "fsdp":
@@ -327,7 +331,10 @@ def tp_element_bytes(strategy: Strategy, layout: Layout, precision: str, device:
       MixedPrecisionPolicy (bf16-mixed: param_dtype bf16) casts the weights and each Block's input;
     - norm: LayerNorm outputs (the column-parallel inputs, whose gradients are all-reduced backward):
       the residual's dtype, except that CUDA autocast runs layer_norm in fp32 (its fp32 op list;
-      CPU autocast runs it in its input's dtype)."""
+      CPU autocast runs it in its input's dtype);
+    bf16-true: the whole module is bf16, every one of them 16-bit."""
+    if precision == "bf16-true":
+        return {"compute": 2, "residual": 2, "norm": 2}
     c = 4 if precision == "32" else 2
     cast = precision == "bf16-mixed" and _wrapped_by_fsdp2(strategy, layout)
     r = 2 if cast else 4

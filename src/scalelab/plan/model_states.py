@@ -12,6 +12,8 @@ How each strategy family stores the states (bytes per parameter: params, grads, 
 - torch (single/ddp/tp/pipeline) and fsdp under Lightning: mixed precision is autocast, weights
   and grads stay fp32 -> 4, 4, 8 (Adam m, v) or 4 (SGD momentum), whatever the precision. FSDP
   keeps fp32 shards and gathers 16-bit copies (Lightning's FSDPPrecision param_dtype).
+  bf16-true (not DeepSpeed): the module itself is bf16, so are its gradients and the optimizer's
+  states (created like the parameters) -> 2, 2, 4 (Adam) or 2 (SGD momentum); no autocast copies.
 - deepspeed (zero*): mixed precision "as DeepSpeed does it" -> 2, 2, K with K = 12 (Adam) or 8
   (SGD: master + momentum). In fp32, ZeRO-1/2 still clone the fp32 partition for the optimizer
   (stage_1_and_2.py, `single_partition_of_fp32_groups`), so K = 12 there too, and so does ZeRO-3
@@ -43,7 +45,7 @@ from dataclasses import dataclass, asdict
 
 from .activations import stage_in_flight
 from .flops import stage_layers
-from .spec import Layout, ModelSpec, Strategy
+from .spec import AUTOCAST, Layout, ModelSpec, Strategy
 from .zero3_trace import gpt_units, kept_gathered_elements
 
 
@@ -114,6 +116,8 @@ def bytes_per_param(strategy: Strategy, precision: str, optimizer: str) -> tuple
             master = 4
             return 4, 4, moments + master
         return 2, 2, moments + 4                       # K = 12 for Adam (ZeRO paper)
+    if precision == "bf16-true":
+        return 2, 2, moments // 2
     return 4, 4, moments
 
 
@@ -354,7 +358,7 @@ def model_states(model: ModelSpec, strategy: Strategy, layout: Layout, precision
     # (ZeRO-3 gathers only what does not persist: nothing at all on a tiny model)
     largest = min(model.largest_layer_params / layout.tp, psi - persistent_elems)
     buffers, after_backward, copies, copies_gone, gone_at_head = 0.0, 0.0, 0.0, 0.0, 0.0
-    if strategy.family == "torch" and not strategy.shard_params and precision != "32":
+    if strategy.family == "torch" and not strategy.shard_params and precision in AUTOCAST:
         # Autocast's 16-bit copies of the fp32 weights: autograd keeps them for backward, so they
         # live from forward to the end of backward (2 bytes per parameter; measured on an H200:
         # the 1.2B GPT's single run holds 2.25 GiB more than its states and activations). Also

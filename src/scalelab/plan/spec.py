@@ -14,7 +14,7 @@ from .splits import _divisors, check_sequence_length, check_tp_splits, padded_vo
 from .strategies import STRATEGIES, Strategy, _strategy_config, get_strategy, strategy_names
 
 __all__ = ["PlanError", "conf_dir", "STRATEGIES", "Strategy", "_strategy_config", "get_strategy", "strategy_names",
-           "PRECISIONS", "normalize_precision", "compute_dtype", "activation_bytes", "OPTIMIZERS",
+           "PRECISIONS", "AUTOCAST", "normalize_precision", "compute_dtype", "activation_bytes", "OPTIMIZERS",
            "normalize_optimizer", "CHECKPOINTING", "normalize_checkpointing", "ATTENTION", "ModelSpec", "Layout",
            "resolve_layout", "tp_indivisible", "padded_vocab", "check_tp_splits", "check_sequence_length",
            "pipeline_schedule_refusal", "sdpa_kernel"]
@@ -27,16 +27,17 @@ _PRECISION_ALIASES = {
     "32": "32", "32-true": "32", "fp32": "32",
     "bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed",
     "fp16-mixed": "fp16-mixed", "16-mixed": "fp16-mixed", "fp16": "fp16-mixed", "16": "fp16-mixed",
+    "bf16-true": "bf16-true", "bf16_true": "bf16-true",
 }
-PRECISIONS = ("32", "bf16-mixed", "fp16-mixed")
+# bf16-true: the module itself in bf16 (Lightning casts it): weights, gradients and optimizer
+# states 16-bit, no fp32 master copy and no autocast (the trainer takes it for every strategy but
+# DeepSpeed's: plan.strategies.trainer_refuses)
+PRECISIONS = ("32", "bf16-mixed", "fp16-mixed", "bf16-true")
+AUTOCAST = ("bf16-mixed", "fp16-mixed")   # fp32 weights, 16-bit matmuls under torch.autocast
 
 
 def normalize_precision(p: str) -> str:
     key = str(p).strip().lower()
-    if key in ("bf16-true", "bf16_true"):   # the trainer takes it (fsdp, tp, fsdp_tp, pipeline, nd)
-        raise PlanError(f"precision {p!r} (bf16 weights, gradients and optimizer states, no fp32 master copy) is "
-                        "not modelled by the planner: plan bf16-mixed for its compute and activations (its model "
-                        "states are then over-counted: 16 bytes per parameter with Adam, bf16-true keeps 8)")
     if key not in _PRECISION_ALIASES:
         raise PlanError(f"unknown precision {p!r}; valid: {', '.join(PRECISIONS)} "
                         "(aliases: 32-true, bf16, 16-mixed, fp16)")
@@ -45,7 +46,7 @@ def normalize_precision(p: str) -> str:
 
 def compute_dtype(precision: str) -> str:
     """Key into a hardware profile's peak_flops for the matmuls of this precision."""
-    return {"32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}[precision]
+    return {"32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16-true": "bf16"}[precision]
 
 
 def activation_bytes(precision: str) -> int:

@@ -161,7 +161,7 @@ def sixteen_bit_blocks(ran: Strategy, layout, precision: str, device: str) -> bo
     0.5 % over four shapes, the autocast one 1.20-1.23x over. On CUDA autocast runs layer_norm in
     fp32 (its input saved as an fp32 copy, its output cast per matmul): the autocast formula
     (comm.tp_element_bytes says the same of the LayerNorm outputs; not yet measured on a GPU)."""
-    if ran.family == "deepspeed":
+    if ran.family == "deepspeed" or precision == "bf16-true":   # bf16-true: the module itself is bf16
         return True
     return precision == "bf16-mixed" and device == "cpu" and _wrapped_by_fsdp2(ran, layout)
 

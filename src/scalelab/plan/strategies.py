@@ -57,9 +57,12 @@ class Strategy:
 
 
 def trainer_refuses(s: Strategy, precision: str, device: str) -> str | None:
-    """Why scalelab-train refuses strategy S at PRECISION (normalized: 32, bf16-mixed, fp16-mixed)
-    on a DEVICE kind ("cpu" | "gpu"), else None: its strategies' validate, restated (plan/ imports
-    no trainer code); tests/unit/test_plan_review_2.py checks every pair against the trainer's own."""
+    """Why scalelab-train refuses strategy S at PRECISION (normalized: 32, bf16-mixed, fp16-mixed,
+    bf16-true) on a DEVICE kind ("cpu" | "gpu"), else None: its strategies' validate, restated (plan/
+    imports no trainer code); tests/unit/test_plan_review_2.py checks every pair against the trainer's own."""
+    if precision == "bf16-true" and s.family == "deepspeed":   # DeepSpeed keeps its own fp32 master copy
+        return (f"strategy={s.name}: trainer.precision=bf16-true is not supported by DeepSpeed here: use bf16-mixed "
+                "or 32")
     if precision != "fp16-mixed":
         return None
     if s.pipeline:   # pipeline, nd: the schedule's own backward

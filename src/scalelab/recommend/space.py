@@ -22,6 +22,7 @@ from scalelab.plan.hardware import Hardware, trainer_name
 from scalelab.plan.spec import STRATEGIES, ModelSpec, PlanError, get_strategy, padded_vocab, tp_indivisible
 from scalelab.plan.peak_memory import device_total_bytes, fits_host
 from scalelab.plan.step_time import Terms, build_terms, step_time
+from scalelab.plan.strategies import trainer_refuses
 
 # Strategies that compute the same gradients as single-device training (the default search).
 EXACT = ("single", "ddp", "fsdp", "fsdp_grad_op", "zero1", "zero2", "zero3", "zero2_offload",
@@ -188,6 +189,9 @@ def skip_reason(strategy: str, req: Request, world: int) -> str | None:
         return "offload moves states to host memory, which is the device's own memory on a CPU"
     if world == 1 and strategy != "single" and not (st.offload_optimizer or st.offload_params):
         return "on one device it shards and syncs nothing: single without the wrapper's overhead"
+    refusals = [trainer_refuses(st, p, req.hardware.kind) for p in req.precisions]
+    if all(refusals):   # at every precision asked (--precision bf16-true: DeepSpeed's ZeRO)
+        return "the trainer refuses it: " + refusals[0].removeprefix(f"strategy={strategy}: ")
     return None
 
 
@@ -305,6 +309,10 @@ def enumerate_candidates(req: Request, smallest: dict | None = None,
 
 def _build(req: Request, name, devices, nodes, tp, pp, micro, m, gb, ckpt, prec, prune,
            smallest: dict | None = None) -> Candidate | None:
+    refusal = trainer_refuses(get_strategy(name), prec, req.hardware.kind)   # fp16 under FSDP2, bf16-true with ZeRO
+    if refusal:
+        prune(f"precision {prec} refused by the trainer for this strategy")
+        return None
     try:
         terms = build_terms(req.model, name, devices=devices, nodes=nodes, tp=tp, pp=pp, micro_batch=micro,
                             global_batch=gb, precision=prec, optimizer=req.optimizer,

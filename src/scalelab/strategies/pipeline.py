@@ -302,7 +302,9 @@ class Pipeline(PipelineRecord, StrategyPlan):
         if self.is_last:
             loss = torch.stack([l.detach().float() for l in losses]).mean()
         else:
-            loss = torch.full((), float("nan"), device=device)  # no loss on this stage (see loss_ranks); no H2D copy
+            # no loss on this stage (see loss_ranks); no H2D copy. fp32 as the last stage's: under
+            # bf16-true Lightning's default dtype is bf16, and the broadcast's sizes differed (gloo aborted)
+            loss = torch.full((), float("nan"), dtype=torch.float32, device=device)
         # rank 0 logs and draws the progress line; it is stage 0, so it gets the last stage's loss. On
         # every rank whatever its logger or progress bar: nodes may differ in those (same_job.NODE_OWN),
         # and a broadcast some ranks skip hangs the others (one scalar a step; with logger=none the
@@ -330,7 +332,7 @@ class Pipeline(PipelineRecord, StrategyPlan):
                 g.clamp_(-clip, clip)
             return
         sq = torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads else \
-            torch.zeros((), device=pl_module.device)
+            torch.zeros((), dtype=torch.float32, device=pl_module.device)   # fp32 as the others' (bf16-true)
         dist.all_reduce(sq, group=self._pp_group)
         # torch scales by min(1, clip / (norm + 1e-6)) on the device: no .item() (a device drain per step)
         torch.nn.utils.clip_grads_with_norm_(params, float(clip), sq.sqrt())
