@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import shlex
 import sys
 from dataclasses import replace
@@ -305,8 +306,8 @@ def _plan(a, job_terms=None) -> int:
                 # and printed as one: fsdp at fp16-mixed; the override form said why it cannot run)
                 refusal = trainer_refuses(get_strategy(name), normalize_precision(precision), hw.kind)
                 if refusal:   # in the flags given: the trainer's keys named nothing typed here
-                    raise PlanError(refusal.replace("trainer.precision=16-mixed", f"--precision {a.precision or precision}")
-                                    .replace("trainer.precision=bf16-true", f"--precision {a.precision or precision}").replace(
+                    typed = f"--precision {a.precision or precision}"
+                    raise PlanError(re.sub(r"trainer\.precision=(16-mixed|bf16-true)", typed, refusal).replace(
                         "give trainer.precision=bf16-mixed or 32-true", "give --precision bf16-mixed or 32"))
                 terms = build_terms(model, name, micro_batch=_micro_batch(a, model, name, kw), **kw)
             except PlanError as exc:

@@ -74,21 +74,13 @@ HEADER_KEYS = {"world": "world_size", "batch": "global_batch_size", "samples/s":
                "device MiB/rank": "memory/peak_device_bytes_max", "state KiB/rank": "memory/model_state_bytes_max"}
 
 
-def _dotted(d: dict, prefix: str = "") -> list[str]:
-    """Every dotted path to a value in D (lists are values: their indices are not listed)."""
-    out = []
-    for k, v in d.items():
-        out += _dotted(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [f"{prefix}{k}"]
-    return out
-
-
 def check_key(records: list[dict], key: str, option: str) -> None:
     if not key or all(lookup(r, key) is MISSING for r in records):
         header = HEADER_KEYS.get(key) or HEADER_KEYS.get(key.lstrip("-"))
         hint = (f"; the column {key.lstrip('-')} is the key {header}, in run.json's units (seconds, bytes, "
                 "fractions)" if header else "")
         if not header:   # a misspelt key (`--sort throughput.tokens_per_sec`) named no valid one (review)
-            have = sorted({k for r in records for k in _dotted(r)} | set(WANDB_KEYS))
+            have = sorted({k for r in records for k in flatten(r)} | set(WANDB_KEYS))
             close = difflib.get_close_matches(key.lstrip("-"), have, n=3, cutoff=0.75)
             hint = f"; did you mean {' or '.join(close)}?" if close else ""
         raise SelectError(f"{option} {key!r}: no run has this key{hint} (keys are dotted paths into run.json or W&B "
