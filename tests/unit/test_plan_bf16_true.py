@@ -7,6 +7,8 @@ grad_bytes); the activations and the step's peak are checked against the CPU all
 test_plan_allocator_peak.py. Before, the planner refused bf16-true."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -70,6 +72,30 @@ def test_sharded_states_and_what_ddp_and_fsdp_send():
     for name in ("param_all_gather_fwd", "grad_reduce_scatter"):
         assert sent("fsdp", "bf16-true", name) == pytest.approx(2 * n), name
     assert sent("fsdp", "bf16-mixed", "grad_reduce_scatter") == pytest.approx(4 * n)
+    # local SGD averages the parameters themselves (bf16: 2 bytes), every 4 steps (its default period);
+    # PowerSGD's P and Q are in the buckets' dtype: half the bf16-mixed (fp32 gradient) bytes (review)
+    assert sent("local_sgd", "bf16-true", "param_average_all_reduce") == pytest.approx(2 * n / 4)
+    assert sent("local_sgd", "bf16-mixed", "param_average_all_reduce") == pytest.approx(4 * n / 4)
+    assert sent("ddp_powersgd", "bf16-true", "dp_powersgd_all_reduce") * 2 == pytest.approx(
+        sent("ddp_powersgd", "bf16-mixed", "dp_powersgd_all_reduce"))
+
+
+def test_ddp_buckets_hold_twice_the_bf16_gradients():
+    """DDP's buckets are bytes of the gradients' own dtype (bucket_cap_mb 25, the first 1 MiB): n
+    parameters are 4n bytes of fp32 gradients under bf16-mixed, 1 + ceil((4n - 1 MiB) / 25 MiB)
+    buckets, and 2n bytes of bf16 ones under bf16-true (the planner counted 4n for both)."""
+    spec = ModelSpec.from_shape(8, 1024, 8, 50257, 1024)
+    n = spec.n_params
+
+    def calls(precision):
+        t = build_terms(spec, "ddp", devices=2, micro_batch=1, global_batch=2, precision=precision)
+        (c,) = [c for c in collectives(t.model, t.strategy, t.layout, precision) if c.name == "dp_grad_all_reduce"]
+        return c.calls
+
+    first, cap = 2**20, 25 * 2**20
+    assert calls("bf16-mixed") == 1 + math.ceil((4 * n - first) / cap)
+    assert calls("bf16-true") == 1 + math.ceil((2 * n - first) / cap)
+    assert calls("bf16-true") < calls("bf16-mixed")
 
 
 def test_the_plan_command_takes_it_and_its_same_job_runs_it():
@@ -113,3 +139,31 @@ def test_recommend_leaves_out_what_the_trainer_refuses_at_the_precision_asked(tm
     assert {r[10] for r in rows} == {"bf16-true"}                            # (micro x m is three words)
     both = [line.split() for line in rec("bf16-true,32").splitlines() if line[:1].isdigit()]
     assert {r[10] for r in both if r[1].startswith("zero")} == {"32"}, both
+
+
+def test_the_mlp_task_feeds_a_bf16_module_bf16():
+    """model=mlp at bf16-true (the module itself in bf16) failed in its first matmul: the bytes were
+    scaled to an fp32 input ('mat1 and mat2 must have the same dtype'), while plan and recommend
+    printed the job as one to run (review)."""
+    from scalelab.models.lit import LitModule
+    from scalelab.models.mlp import MLPConfig
+
+    lit = LitModule(MLPConfig(), "classify", torch.optim.SGD, 0.1, 10, 0, "constant", 0.1)
+    batch = torch.randint(0, 256, (4, MLPConfig().in_features + 1))
+    fp32 = lit.loss(batch)
+    lit.net.to(torch.bfloat16)                                  # as Lightning's bf16-true precision does
+    bf16 = lit.loss(batch)
+    assert bf16.dtype == torch.float32 and abs(bf16.item() - fp32.item()) < 0.05 * fp32.item()
+
+
+def test_the_nearest_layouts_that_fit_are_ones_the_trainer_runs():
+    """30B parameters (47 x 7168) on 8 H200s under ddp at bf16-true does not fit; the layouts said to
+    fit instead named strategy=zero3, which the trainer refuses at bf16-true (review)."""
+    from scalelab.plan.alternatives import nearest_fitting
+    from scalelab.plan.hardware import load_hardware
+
+    spec = ModelSpec.trainer_gpt(47, 7168, 56, 50257, 2048)
+    hw = load_hardware("h200")
+    terms = build_terms(spec, "ddp", devices=8, micro_batch=2, global_batch=16, precision="bf16-true")
+    names = {alt["strategy"] for alt in nearest_fitting(terms, hw)}
+    assert names and not any(n.startswith("zero") for n in names), names

@@ -139,3 +139,7 @@ def test_times_keep_their_units_below_a_microsecond():
 
     assert [fmt_time(x) for x in (9.27e-07, 2.11e-4, 0.0, 5e-11, 90.0, 7200.0)] == \
         ["927 ns", "211 us", "0 s", "0.05 ns", "1.5 min", "2 h"]
+    # a figure that rounds up to the next unit reads in it: 999.6 ms is "1 s", not "1e+03 ms" (review)
+    from scalelab.plan.report import _si
+
+    assert (fmt_time(0.9996), fmt_time(59.99), _si(999_600), _si(999_400)) == ("1 s", "1 min", "1M", "999k")

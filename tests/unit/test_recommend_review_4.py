@@ -57,7 +57,7 @@ def test_fp16_on_a_cpu_profile_is_one_line(tmp_path, capsys):
     assert a.func(a) == 2
     assert capsys.readouterr().err == ("error: --precision 16: fp16 mixed precision needs a GPU (the trainer refuses "
                                        "it on CPU), and --hardware this_cpu is a CPU profile; valid there: 32, "
-                                       "bf16-mixed\n")
+                                       "bf16-mixed, bf16-true\n")
 
 
 def test_several_global_batches_show_each_row_s_batch_and_say_throughput_is_not_training_speed(tmp_path, capsys):

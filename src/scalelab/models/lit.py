@@ -50,7 +50,10 @@ class LitModule(L.LightningModule):
             return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
         # classify: a window of bytes scaled to [0, 1] -> the class of the byte that follows
         n = self.arch.in_features
-        logits = self.net(batch[:, :n].float() / 255.0)
+        # in the weights' dtype: fp32 (autocast casts for its matmuls), bf16 where the module itself
+        # is (bf16-true; DeepSpeed's 16-bit modes): an fp32 input there was a dtype error in its first matmul
+        dtype = next(self.net.parameters()).dtype
+        logits = self.net(batch[:, :n].to(dtype) / 255.0)
         return F.cross_entropy(logits.float(), batch[:, n] % self.arch.num_classes)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> dict:

@@ -15,6 +15,7 @@ from .hardware import Hardware
 from .spec import STRATEGIES, PlanError
 from .peak_memory import device_total_bytes, fits, tight
 from .step_time import Terms, build_terms, step_time
+from .strategies import trainer_refuses
 
 
 # Strategies that train something else than the job asked for: independent replicas (single at
@@ -91,6 +92,8 @@ def nearest_fitting(terms: Terms, hw: Hardware, limit: int = 5, only: tuple[str,
             for _, change in combo:
                 kw.update(change)
             if isinstance(kw["strategy"], str):   # a new strategy picks its own tp/pp defaults
+                if trainer_refuses(STRATEGIES[kw["strategy"]], terms.precision, hw.kind):
+                    continue   # zero3 at bf16-true, fsdp at fp16-mixed: no layout to run (review)
                 kw.update(tp=None if STRATEGIES[kw["strategy"]].tensor_parallel else 1,
                           pp=None if STRATEGIES[kw["strategy"]].pipeline else 1)
             cand = _fitting(terms, kw, "micro_batch" in keys, hw)

@@ -215,14 +215,15 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
 
     if n > 1 and strategy.name != "single":
         if strategy.family == "torch" and strategy.local_sgd_period:
-            # Post-local SGD: no gradient sync; the flattened fp32 parameters are averaged (one
-            # all-reduce) every local_sgd_period steps, after the optimizer step.
-            out.append(Collective("param_average_all_reduce", "all_reduce", "dp", n, psi * 4,
+            # Post-local SGD: no gradient sync; the flattened parameters (fp32; bf16 under
+            # bf16-true) are averaged (one all-reduce) every local_sgd_period steps, after the step.
+            out.append(Collective("param_average_all_reduce", "all_reduce", "dp", n, psi * p,
                                   1 / strategy.local_sgd_period, False, dp_x))
         elif strategy.family == "torch" and strategy.powersgd_rank:
-            # PowerSGD: per bucket one all-reduce of the uncompressed vectors, one of P, one of Q.
-            calls = 3 * _buckets(psi * 4, DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES)
-            size = powersgd_elements(model, strategy.powersgd_rank) * psi / model.n_params * 4
+            # PowerSGD: per bucket one all-reduce of the uncompressed vectors, one of P, one of Q,
+            # in the bucket's dtype (the gradients': fp32, bf16 under bf16-true)
+            calls = 3 * _buckets(psi * g, DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES)
+            size = powersgd_elements(model, strategy.powersgd_rank) * psi / model.n_params * g
             out.append(Collective("dp_powersgd_all_reduce", "all_reduce", "dp", n, size / calls,
                                   calls, True, dp_x))
         elif strategy.family == "torch" and strategy.replicate_units:
@@ -231,9 +232,9 @@ def collectives(model: ModelSpec, strategy: Strategy, layout: Layout, precision:
             out.append(Collective("dp_grad_all_reduce", "all_reduce", "dp", n, psi * g / calls,
                                   calls, True, dp_x))
         elif strategy.family == "torch":
-            g = strategy.grad_comm_bytes or g
-            calls = _buckets(psi * 4, DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES)
-            out.append(Collective("dp_grad_all_reduce", "all_reduce", "dp", n, psi * g / calls,
+            calls = _buckets(psi * g, DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES)   # of the gradients' dtype
+            wire = strategy.grad_comm_bytes or g                                  # a compression hook's
+            out.append(Collective("dp_grad_all_reduce", "all_reduce", "dp", n, psi * wire / calls,
                                   calls, True, dp_x))
         elif strategy.family == "fsdp" and strategy.pipeline:
             out += _fsdp_under_pipeline(model, strategy, layout, psi, g, p)

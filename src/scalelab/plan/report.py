@@ -22,6 +22,7 @@ def fmt_bytes(n) -> str:
 
 
 def fmt_time(s: float) -> str:
+    s = float(f"{s:.3g}")   # rounded first: 999.6 ms is "1 s", not "1e+03 ms"
     for unit, div in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
         if s >= div:
             return f"{s / div:.3g} {unit}"
@@ -29,6 +30,7 @@ def fmt_time(s: float) -> str:
 
 
 def _si(x: float) -> str:
+    x = float(f"{x:.3g}")   # rounded first: 999.6k is "1M", not "1e+03k" (review)
     for unit, div in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(x) >= div:
             return f"{x / div:.3g}{unit}"

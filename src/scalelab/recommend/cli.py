@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--objective", default="throughput", help=" | ".join(OBJECTIVES))
     s.add_argument("--strategies", help="comma list or `all` (default: every strategy that computes exact "
                                         "gradients; `all` adds ddp_compress, ddp_powersgd, local_sgd)")
-    s.add_argument("--precision", help="comma list of 32, bf16-mixed, fp16-mixed (default: 32 on a CPU profile, "
+    s.add_argument("--precision", help="comma list of 32, bf16-mixed, fp16-mixed, bf16-true (default: 32 on a CPU profile, "
                                        "bf16-mixed on a GPU one)")
     s.add_argument("--optimizer", default="adam", help="adam (AdamW) or sgd")
     s.add_argument("--activation-checkpointing", default="none,selective,full", help="comma list")
@@ -161,7 +161,7 @@ def _request(a: argparse.Namespace):
                                                               "--precision"))
     if cpu and "fp16-mixed" in precisions:   # every layout "refused by the trainer", then exit 1 (review)
         raise PlanError(f"--precision {a.precision}: fp16 mixed precision needs a GPU (the trainer refuses it on CPU), "
-                        f"and --hardware {a.hardware} is a CPU profile; valid there: 32, bf16-mixed")
+                        f"and --hardware {a.hardware} is a CPU profile; valid there: 32, bf16-mixed, bf16-true")
     ckpt = _list(a.activation_checkpointing, "--activation-checkpointing", CHECKPOINTING)
     batches = _list(a.global_batch or str(_default_batch()), "--global-batch", cast=int)
     if any(b < 1 for b in batches):
