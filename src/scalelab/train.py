@@ -178,6 +178,9 @@ def run_job(cfg: DictConfig) -> dict:
             cmd.insert(1, f"--cpus-per-task={os.environ['SLURM_CPUS_PER_TASK']}")
         signals = requeue.BatchSignals(job_dir)
         mark_attempt(job_dir)
+    from scalelab.results.run_logger import wandb_folders
+
+    earlier_wandb = wandb_folders(job_dir)   # W&B runs of earlier attempts: not this attempt's failure
     spawned = timing.now()
     _MARKS["stop_record"] = (job_dir, resolved, spec, threads, layout)   # what a Ctrl-C writes (_stop)
     if cfg.launcher.name == "local":   # forks of a pre-imported server (scalelab.spawn)
@@ -235,7 +238,8 @@ def run_job(cfg: DictConfig) -> dict:
         if record["status"] == "failed":   # rank 0's W&B run: closed as finished before the failure, or never
             from scalelab.results.run_logger import mark_failed
 
-            mark_failed(job_dir, resolved.get("logger") or {}, redact_text(record["error"]), cache, since=spawned)
+            mark_failed(job_dir, resolved.get("logger") or {}, redact_text(record["error"]), cache,
+                        earlier=earlier_wandb)
     record.update(elastic)                   # restarts and steps redone (launcher=local, torchrun)
     from scalelab.data.prepare import run_data
 

@@ -4,7 +4,6 @@ without an API key falls back to offline with one line saying how to sync."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -143,8 +142,10 @@ def test_a_job_that_fails_after_its_record_ends_its_w_and_b_run_failed(tmp_path,
     run.finish()
     mark_failed(job, {"name": "csv"}, "x")                                               # no W&B run: nothing
     assert len(find_runs(job)) == 1
-    # an attempt that started after the run was last written to failed: not its run
-    mark_failed(job, {"name": "wandb", "mode": "offline", "project": "p"}, "x", since=time.time() + 60)
+    # an attempt whose rank 0 began no run of its own failed (its run folders were there before it): not its run
+    from scalelab.results.run_logger import wandb_folders
+
+    mark_failed(job, {"name": "wandb", "mode": "offline", "project": "p"}, "x", earlier=wandb_folders(job))
     assert len(find_runs(job)) == 1
     mark_failed(job, {"name": "wandb", "mode": "offline", "project": "p"}, "timed out after trainer.timeout_s=4 s")
     wandb.teardown()   # the service has written both runs' files out (a loaded CI host read one before it had)

@@ -148,14 +148,20 @@ def log_summary(logger, record: dict) -> None:
         logger.save()
 
 
+def wandb_folders(job_dir: Path) -> set[str]:
+    """The names of the job's W&B run folders (offline-run-TS-ID, run-TS-ID): each init makes one."""
+    return {f.name for f in (Path(job_dir) / "wandb").glob("*run-*-*") if f.is_dir()}
+
+
 def mark_failed(job_dir: Path, logger_cfg: dict, error: str, cache_dir: Path | None = None,
-                since: float | None = None) -> None:
+                earlier: set[str] | None = None) -> None:
     """The job's W&B run ends failed, with the error in its summary, when the job failed: rank 0 had
     closed it as finished when the job failed after its record (a peer in its teardown,
     trainer.timeout_s in an exit that hung: job_outcome.collect's failed_after_record), or never
     closed it, ended by the launcher (trainer.timeout_s, a peer's failure): run.json said failed,
-    W&B finished OK or nothing at all (found by review). Only a run this attempt's rank 0 wrote to
-    (a W&B folder of its id touched at or after SINCE): an earlier attempt's run is not this failure.
+    W&B finished OK or nothing at all (found by review). Only a run this attempt's rank 0 began (a
+    W&B folder of its id not among EARLIER, the folders before its ranks started; no clock is
+    compared): an earlier attempt's run is not this failure.
     The launcher resumes the run by its id (offline: another offline-run-*-ID folder of it, which
     `wandb sync` joins), adds status and error to its summary and closes it with exit code 1."""
     import sys
@@ -165,7 +171,7 @@ def mark_failed(job_dir: Path, logger_cfg: dict, error: str, cache_dir: Path | N
         return
     run_id = path.read_text().strip()
     folders = list((Path(job_dir) / "wandb").glob(f"*run-*-{run_id}"))   # offline-run-TS-ID, run-TS-ID
-    if not run_id or (since is not None and not any(f.stat().st_mtime >= since - 1 for f in folders)):
+    if not run_id or (earlier is not None and not any(f.name not in earlier for f in folders)):
         return
     # online only where the job's run is online: one that fell back offline left offline folders alone
     offline = logger_cfg.get("mode") != "online" or any(f.name.startswith("offline-") for f in folders)
