@@ -138,6 +138,13 @@ def run_job(cfg: DictConfig) -> dict:
             log.info(results_line(job_dir))
         return done
     OmegaConf.save(OmegaConf.create(scrub(resolved)), job_dir / job_dir_check.CONFIG_FILE)
+    if (done or {}).get("status") == "completed" and done.get("record_on_node") is None:
+        # a completed run this one replaces (trained longer, or checkpoint.resume=never): its record is
+        # kept beside, as run.completed-STEPS.json (compare reads run.json only). It was deleted here,
+        # and a continuation that then failed left no completed figures at all (found by review).
+        aside = job_dir / f"run.completed-{done.get('steps')}.json"
+        (job_dir / RUN_FILE).replace(aside)
+        log.info(f"[scalelab] the completed record of {done.get('steps')} steps this run replaces is kept as {aside}")
     (job_dir / RUN_FILE).unlink(missing_ok=True)
     # a failed record's steps and resume point come from this run's marks only; an earlier run's
     # restarts (torchrun) are not this run's

@@ -115,9 +115,14 @@ def test_a_run_continued_from_its_own_last_ckpt_keeps_its_whole_curve(tmp_path):
     train([*args, "trainer.max_steps=4"], tmp_path)
     first = json.loads((job / "run.json").read_text())
     assert (job / "checkpoints" / "last.ckpt.curve-rank0.json").is_file()
-    train([*args, "trainer.max_steps=6", f"checkpoint.resume_from={job / 'checkpoints' / 'last.ckpt'}"], tmp_path)
+    proc = train([*args, "trainer.max_steps=6", f"checkpoint.resume_from={job / 'checkpoints' / 'last.ckpt'}"],
+                 tmp_path)
     rec = json.loads((job / "run.json").read_text())
     assert (rec["resumed_at_step"], rec["steps"]) == (4, 6)
+    # the 4-step record it replaced is kept beside (deleted before: a continuation that failed left none)
+    assert json.loads((job / "run.completed-4.json").read_text()) == first
+    assert f"the completed record of 4 steps this run replaces is kept as {job / 'run.completed-4.json'}" in \
+        proc.stdout + proc.stderr
     assert [s for s, _ in rec["loss"]["curve"]] == list(range(1, 7))
     assert rec["loss"]["curve"][:4] == first["loss"]["curve"] and rec["loss"]["first"] == first["loss"]["first"]
 
