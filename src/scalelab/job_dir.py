@@ -155,6 +155,12 @@ def _record_here(job_dir: Path) -> dict:
     return record if isinstance(record, dict) else {}
 
 
+def completed_run(record: dict | None) -> bool:
+    """Whether the folder's record is a completed run to lose by replacing it: a node's own record
+    (launcher=torchrun, node >= 1: record_on_node) is none, node 0 decides."""
+    return bool(record) and record.get("status") == "completed" and record.get("record_on_node") is None
+
+
 def _shorter(job_dir: Path, earlier: dict, cfg: dict) -> str | None:
     """One line when this job, run again with a smaller trainer.max_steps, would replace a longer
     completed run's record or lose its checkpoints past the new last step (they would also be
@@ -187,10 +193,7 @@ def _longer(job_dir: Path, earlier: dict, cfg: dict) -> str | None:
     # resume=never starts over on purpose; resume_from goes on from the checkpoint it names
     if ckpt.get("resume", "auto") == "never" or ckpt.get("resume_from") or valid_checkpoints(job_dir / "checkpoints")[0]:
         return None
-    record = _record_here(job_dir)
-    # a node's own record (launcher=torchrun, node >= 1) is no run to lose: node 0 decides
-    done = record.get("status") == "completed" and record.get("record_on_node") is None
-    if not done:
+    if not completed_run(_record_here(job_dir)):
         return None
     last = job_dir / "checkpoints" / "last.ckpt"   # checkpoint.save=true's, which resume=auto does not read
     go_on = (f", or checkpoint.resume_from={last} to go on from its last step" if last.exists() else "")

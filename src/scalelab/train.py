@@ -138,7 +138,7 @@ def run_job(cfg: DictConfig) -> dict:
             log.info(results_line(job_dir))
         return done
     OmegaConf.save(OmegaConf.create(scrub(resolved)), job_dir / job_dir_check.CONFIG_FILE)
-    if (done or {}).get("status") == "completed" and done.get("record_on_node") is None:
+    if job_dir_check.completed_run(done):
         # a completed run this one replaces (trained longer, or checkpoint.resume=never): its record is
         # kept beside, as run.completed-STEPS.json (compare reads run.json only). It was deleted here,
         # and a continuation that then failed left no completed figures at all (found by review).

@@ -170,11 +170,11 @@ def mark_failed(job_dir: Path, logger_cfg: dict, error: str, cache_dir: Path | N
     if (logger_cfg or {}).get("name") != "wandb" or logger_cfg.get("mode") == "disabled" or not path.exists():
         return
     run_id = path.read_text().strip()
-    folders = list((Path(job_dir) / "wandb").glob(f"*run-*-{run_id}"))   # offline-run-TS-ID, run-TS-ID
-    if not run_id or (earlier is not None and not any(f.name not in earlier for f in folders)):
+    folders = {f for f in wandb_folders(job_dir) if f.endswith(f"-{run_id}")}   # this run's, every attempt's
+    if not run_id or (earlier is not None and not folders - earlier):
         return
     # online only where the job's run is online: one that fell back offline left offline folders alone
-    offline = logger_cfg.get("mode") != "online" or any(f.name.startswith("offline-") for f in folders)
+    offline = logger_cfg.get("mode") != "online" or any(f.startswith("offline-") for f in folders)
     from scalelab.paths import default_wandb_env
     from scalelab.results.record import redact_argv
 
